@@ -1,0 +1,12 @@
+"""hpcmtl: MPI-native multi-task learning (DMTRL and friends) for HPC clusters."""
+__version__ = "0.1.0"
+
+from .errors import InputError  # noqa: F401
+
+
+def __getattr__(name):
+    # estimators import scikit-learn; load them only when asked for
+    if name in ("DMTRL", "MemoryTasks"):
+        from . import estimators
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'hpcmtl' has no attribute {name!r}")

@@ -1,0 +1,397 @@
+# cython: language_level=3
+"""Compiled arithmetic for hpcmtl.  No MPI, no I/O, no Python objects in loops.
+
+Rows of a task block come through one interface whether the block is dense or
+CSR (see ``RowView``): a dense row is ``(shared 0..d-1 indices, X[i], d)``, a
+CSR row is ``(indices[indptr[i]:indptr[i+1]], data[...], nnz)``, so every
+solver loop below is written once.
+
+Loss ids (mapped once from a validated name in ``hpcmtl.losses``):
+0 hinge, 1 smoothed hinge (parameter gamma), 2 squared, 3 logistic.
+
+Local SDCA solves the DMTRL local subproblem (paper 001, Eq. 4) coordinate by
+coordinate: for coordinate j of task i, with
+``u = w_i + (rho sigma_ii / lam) delta_b_i`` and
+``q = rho sigma_ii ||x_j||^2 / (lam n_i)`` it maximizes
+``-l*(-(a + delta)) - delta u.x_j - (q/2) delta^2`` over delta.
+"""
+from libc.math cimport exp, log, log1p, fabs, sqrt, INFINITY
+from libc.stdint cimport uint64_t, int64_t
+from libc.stdlib cimport malloc, free
+
+import numpy as np
+
+cdef enum LossId:
+    HINGE = 0
+    SMOOTHED_HINGE = 1
+    SQUARED = 2
+    LOGISTIC = 3
+
+
+# ---------------------------------------------------------------------------
+# Row interface
+# ---------------------------------------------------------------------------
+cdef struct RowView:
+    const double* data        # dense: n x d row-major values; CSR: data
+    const int* indices        # dense: shared 0..d-1; CSR: column indices
+    const int64_t* indptr     # CSR row pointers (unused when dense)
+    int dense
+    int n_features
+
+
+cdef inline int get_row(const RowView* rows, Py_ssize_t i,
+                        const double** values, const int** idx) noexcept nogil:
+    """Point ``values``/``idx`` at row ``i``; return its number of entries."""
+    cdef int64_t start
+    if rows.dense:
+        values[0] = rows.data + i * rows.n_features
+        idx[0] = rows.indices
+        return rows.n_features
+    start = rows.indptr[i]
+    values[0] = rows.data + start
+    idx[0] = rows.indices + start
+    return <int>(rows.indptr[i + 1] - start)
+
+
+cdef inline double sparse_dot(const double* values, const int* idx, int nnz,
+                              const double* w) noexcept nogil:
+    # np.dot(x_row, w)
+    cdef double s = 0.0
+    cdef int k
+    for k in range(nnz):
+        s += values[k] * w[idx[k]]
+    return s
+
+
+cdef RowView make_view(const double[::1] data, const int[::1] indices,
+                       const int64_t[::1] indptr, bint dense, int n_features):
+    cdef RowView rows
+    rows.data = &data[0] if data.shape[0] > 0 else NULL
+    rows.indices = &indices[0] if indices.shape[0] > 0 else NULL
+    rows.indptr = &indptr[0]
+    rows.dense = dense
+    rows.n_features = n_features
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Random numbers: splitmix64, seeded once from Python per (seed, task, round)
+# ---------------------------------------------------------------------------
+cdef inline uint64_t splitmix64(uint64_t* state) noexcept nogil:
+    cdef uint64_t z
+    state[0] += <uint64_t>0x9E3779B97F4A7C15ULL
+    z = state[0]
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline Py_ssize_t bounded_rand(uint64_t* state, Py_ssize_t n) noexcept nogil:
+    # uniform integer in [0, n): top 53 bits scaled (bias < 2^-53 n)
+    return <Py_ssize_t>((splitmix64(state) >> 11) * (1.0 / 9007199254740992.0) * n)
+
+
+cdef void shuffle(int* perm, Py_ssize_t n, uint64_t* state) noexcept nogil:
+    # perm = rng.permutation(n) (Fisher-Yates)
+    cdef Py_ssize_t i, j
+    cdef int t
+    for i in range(n):
+        perm[i] = <int>i
+    for i in range(n - 1, 0, -1):
+        j = bounded_rand(state, i + 1)
+        t = perm[i]
+        perm[i] = perm[j]
+        perm[j] = t
+
+
+# ---------------------------------------------------------------------------
+# Losses: primal value, conjugate l*(-alpha), and the coordinate maximizer
+# ---------------------------------------------------------------------------
+cdef inline double primal_loss(int loss, double z, double y, double gamma) noexcept nogil:
+    cdef double m, t
+    if loss == HINGE:
+        m = 1.0 - y * z
+        return m if m > 0.0 else 0.0
+    elif loss == SMOOTHED_HINGE:
+        m = 1.0 - y * z
+        if m <= 0.0:
+            return 0.0
+        if m >= gamma:
+            return m - 0.5 * gamma
+        return 0.5 * m * m / gamma
+    elif loss == SQUARED:
+        t = z - y
+        return 0.5 * t * t
+    else:  # LOGISTIC: log(1 + exp(-y z)), stable
+        t = -y * z
+        if t > 0.0:
+            return t + log1p(exp(-t))
+        return log1p(exp(t))
+
+
+cdef inline double xlogx(double b) noexcept nogil:
+    return b * log(b) if b > 0.0 else 0.0
+
+
+cdef inline double conjugate_neg(int loss, double a, double y, double gamma) noexcept nogil:
+    """l*(-a) for a dual variable a with label y (a feasible: y a in [0, 1])."""
+    cdef double b
+    if loss == HINGE:
+        return -y * a
+    elif loss == SMOOTHED_HINGE:
+        return -y * a + 0.5 * gamma * a * a
+    elif loss == SQUARED:
+        return 0.5 * a * a - a * y
+    else:  # LOGISTIC
+        b = y * a
+        if b < 0.0:
+            b = 0.0
+        elif b > 1.0:
+            b = 1.0
+        return xlogx(b) + xlogx(1.0 - b)
+
+
+cdef inline double clip01(double b) noexcept nogil:
+    if b < 0.0:
+        return 0.0
+    if b > 1.0:
+        return 1.0
+    return b
+
+
+cdef inline double logistic_root(double z, double q, double b) noexcept nogil:
+    """Root in (0, 1) of g(t) = log((1 - t) / t) - z - q (t - b).
+
+    g is decreasing; the root lies between b and s = sigmoid(-z) (g(s) has the
+    sign of b - s), so Newton runs inside that bracket with bisection as the
+    safeguard.
+    """
+    cdef double s, lo, hi, t, g, gp, tn
+    cdef int it
+    if z >= 0.0:
+        s = exp(-z) / (1.0 + exp(-z))
+    else:
+        s = 1.0 / (1.0 + exp(z))
+    if q <= 0.0:
+        return s
+    lo = b if b < s else s
+    hi = s if b < s else b
+    if lo < 1e-300:
+        lo = 1e-300
+    if hi > 1.0 - 1e-16:
+        hi = 1.0 - 1e-16
+    if hi <= lo:
+        return lo
+    t = s
+    if t < lo or t > hi:
+        t = 0.5 * (lo + hi)
+    for it in range(100):
+        g = log1p(-t) - log(t) - z - q * (t - b)
+        if g > 0.0:
+            lo = t
+        elif g < 0.0:
+            hi = t
+        else:
+            return t
+        gp = -1.0 / (t * (1.0 - t)) - q
+        tn = t - g / gp
+        if not (tn > lo and tn < hi):
+            tn = 0.5 * (lo + hi)
+        if fabs(tn - t) <= 1e-16 * t or hi - lo <= 1e-16 * hi:
+            return tn
+        t = tn
+    return t
+
+
+cdef inline double coordinate_delta(int loss, double y, double a, double ux,
+                                    double q, double gamma) noexcept nogil:
+    """argmax_delta  -l*(-(a + delta)) - delta * ux - (q / 2) delta^2."""
+    cdef double b, margin, bn
+    if loss == SQUARED:
+        return (y - ux - a) / (1.0 + q)
+    b = y * a
+    margin = 1.0 - y * ux
+    if loss == HINGE:
+        if q > 0.0:
+            bn = clip01(b + margin / q)
+        elif margin > 0.0:
+            bn = 1.0
+        elif margin < 0.0:
+            bn = 0.0
+        else:
+            bn = b
+    elif loss == SMOOTHED_HINGE:
+        bn = clip01((q * b + margin) / (gamma + q))
+    else:  # LOGISTIC
+        bn = logistic_root(y * ux, q, b)
+    return y * bn - a
+
+
+# ---------------------------------------------------------------------------
+# Public kernels
+# ---------------------------------------------------------------------------
+def coordinate_step(int loss, double y, double a, double ux, double q, double gamma=1.0):
+    """One coordinate maximizer (exposed so tests compare it with NumPy)."""
+    return coordinate_delta(loss, y, a, ux, q, gamma)
+
+
+def sdca_local(const double[::1] data, const int[::1] indices,
+               const int64_t[::1] indptr, bint dense, int n_features,
+               const double[::1] y, double[::1] alpha,
+               const double[::1] w, double[::1] delta_b,
+               const double[::1] sq_norms, int[::1] perm,
+               int loss, double gamma, double rho_sigma_over_lam,
+               double n_task, Py_ssize_t n_steps, uint64_t seed):
+    """Local SDCA (paper 001, Algorithm 2) on one task block, in place.
+
+    Parameters
+    ----------
+    data, indices, indptr, dense, n_features : the block's rows (row interface)
+    y : labels of the block's rows
+    alpha : dual variables of the block, updated in place
+    w : the task's current weight vector w_i (fixed during the call)
+    delta_b : output, ``(1/n_i) sum_j (alpha_new - alpha_old)_j x_j`` (zeroed here)
+    sq_norms : ``||x_j||^2`` per row
+    perm : workspace of block length
+    rho_sigma_over_lam : ``rho sigma_ii / lam``
+    n_task : n_i, the size of the whole task (a split block keeps its task's n_i)
+    n_steps : H, number of coordinate steps (successive random permutations)
+    seed : 64-bit seed of this block's stream for this round
+
+    Returns the number of steps taken.
+    """
+    cdef Py_ssize_t n = y.shape[0]
+    cdef int d = n_features
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef uint64_t state = seed
+    cdef Py_ssize_t step = 0, pos, j
+    cdef int k, nnz
+    cdef const double* vals
+    cdef const double* wp = &w[0]
+    cdef const int* idx
+    cdef double ux, q, delta, c_u, c_b
+    cdef double inv_n = 1.0 / n_task
+    cdef double* u
+    if n == 0 or n_steps <= 0:
+        delta_b[:] = 0.0
+        return 0
+    u = <double*>malloc(d * sizeof(double))
+    if u == NULL:
+        raise MemoryError("local SDCA workspace")
+    with nogil:
+        for k in range(d):
+            delta_b[k] = 0.0
+            u[k] = wp[k]          # u = w + (rho sigma / lam) delta_b
+        pos = n
+        while step < n_steps:
+            if pos == n:
+                shuffle(&perm[0], n, &state)
+                pos = 0
+            j = perm[pos]
+            pos += 1
+            step += 1
+            nnz = get_row(&rows, j, &vals, &idx)
+            ux = sparse_dot(vals, idx, nnz, u)
+            q = rho_sigma_over_lam * sq_norms[j] * inv_n
+            delta = coordinate_delta(loss, y[j], alpha[j], ux, q, gamma)
+            if delta == 0.0:
+                continue
+            alpha[j] += delta
+            c_b = delta * inv_n
+            c_u = rho_sigma_over_lam * c_b
+            for k in range(nnz):
+                delta_b[idx[k]] += c_b * vals[k]     # delta_b += delta x_j / n_i
+                u[idx[k]] += c_u * vals[k]
+    free(u)
+    return step
+
+
+def objective_terms(const double[::1] data, const int[::1] indices,
+                    const int64_t[::1] indptr, bint dense, int n_features,
+                    const double[::1] y, const double[::1] alpha,
+                    const double[::1] w, int loss, double gamma):
+    """Return ``(sum_j l(w.x_j, y_j), sum_j l*(-alpha_j))`` over a block."""
+    cdef Py_ssize_t n = y.shape[0], j
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef const double* vals
+    cdef const int* idx
+    cdef int nnz
+    cdef double loss_sum = 0.0, conj_sum = 0.0
+    with nogil:
+        for j in range(n):
+            nnz = get_row(&rows, j, &vals, &idx)
+            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, &w[0]), y[j], gamma)
+            conj_sum += conjugate_neg(loss, alpha[j], y[j], gamma)
+    return loss_sum, conj_sum
+
+
+def ssdca_epoch(const double[::1] data, const int[::1] indices,
+                const int64_t[::1] indptr, bint dense, int n_features,
+                const double[::1] y, double[::1] alpha,
+                const int[::1] task_of_row, const double[::1] n_of_task,
+                double[:, ::1] WT, double[:, ::1] BT, const double[:, ::1] Sigma,
+                const double[::1] sq_norms, int[::1] perm,
+                int loss, double gamma, double lam, Py_ssize_t n_steps, uint64_t seed):
+    """Single-machine SDCA over all coordinates of all tasks with exact W.
+
+    ``WT`` (m x d) is W transposed and ``BT`` (m x d) is B transposed; after
+    each step on row j of task i, ``B[:, i] += delta x_j / n_i`` and
+    ``W += outer(delta x_j / n_i, Sigma[i]) / lam`` keep ``W = B Sigma / lam``.
+    """
+    cdef Py_ssize_t n = y.shape[0], m = WT.shape[0]
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef uint64_t state = seed
+    cdef Py_ssize_t step = 0, pos, j, t
+    cdef int k, nnz, i
+    cdef const double* vals
+    cdef const int* idx
+    cdef double ux, q, delta, c_b, c_w
+    if n == 0 or n_steps <= 0:
+        return 0
+    with nogil:
+        pos = n
+        while step < n_steps:
+            if pos == n:
+                shuffle(&perm[0], n, &state)
+                pos = 0
+            j = perm[pos]
+            pos += 1
+            step += 1
+            i = task_of_row[j]
+            nnz = get_row(&rows, j, &vals, &idx)
+            ux = sparse_dot(vals, idx, nnz, &WT[i, 0])
+            q = Sigma[i, i] * sq_norms[j] / (lam * n_of_task[i])
+            delta = coordinate_delta(loss, y[j], alpha[j], ux, q, gamma)
+            if delta == 0.0:
+                continue
+            alpha[j] += delta
+            c_b = delta / n_of_task[i]
+            for k in range(nnz):
+                BT[i, idx[k]] += c_b * vals[k]
+            for t in range(m):
+                c_w = c_b * Sigma[i, t] / lam
+                if c_w != 0.0:
+                    for k in range(nnz):
+                        WT[t, idx[k]] += c_w * vals[k]
+    return step
+
+
+def row_sq_norms(const double[::1] data, const int[::1] indices,
+                 const int64_t[::1] indptr, bint dense, int n_features, Py_ssize_t n_rows):
+    """``||x_j||^2`` for every row of a block."""
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    out = np.empty(n_rows, dtype=np.float64)
+    cdef double[::1] o = out
+    cdef Py_ssize_t j
+    cdef int k, nnz
+    cdef const double* vals
+    cdef const int* idx
+    cdef double s
+    with nogil:
+        for j in range(n_rows):
+            nnz = get_row(&rows, j, &vals, &idx)
+            s = 0.0
+            for k in range(nnz):
+                s += vals[k] * vals[k]
+            o[j] = s
+    return out

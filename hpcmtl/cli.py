@@ -1,0 +1,421 @@
+"""The ``hpcmtl`` command: data | train | evaluate | demo.
+
+``hpcmtl train ...`` runs serially; ``mpiexec -n P hpcmtl train ...`` (or
+``srun``) runs the same command distributed: rank 0 is the server, ranks
+1..P-1 the workers.  Bad input ends every rank with one line and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+
+from . import __version__
+from .errors import InputError
+
+TRAIN_METHODS = ("dmtrl", "stl", "ssdca", "mtrl-central")
+SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, exit code 2 and 'did you mean' for options."""
+
+    def error(self, message):
+        hint = ""
+        if "unrecognized arguments" in message:
+            options = _all_options(self)
+            for word in message.split(":", 1)[1].split():
+                match = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
+                if match:
+                    hint = f" Did you mean '{match[0]}'?"
+                    break
+        elif "invalid choice" in message:
+            import re
+            m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+            if m:
+                choices = [c.strip(" '\"") for c in m.group(2).split(",")]
+                match = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+                if match:
+                    hint = f" Did you mean '{match[0]}'?"
+        print(f"hpcmtl: error: {self.prog}: {message}.{hint}".replace("..", "."), file=sys.stderr)
+        sys.exit(2)
+
+
+def _all_options(parser):
+    """Option strings of a parser and of all its sub-commands."""
+    out = []
+    for action in parser._actions:
+        out += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _all_options(sub)
+    return sorted(set(out))
+
+
+def _positive_float(name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _count(name, minimum=1):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def build_parser():
+    p = Parser(prog="hpcmtl", description="MPI-native multi-task learning")
+    p.add_argument("--version", action="version", version=f"hpcmtl {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    # -- data ---------------------------------------------------------------
+    data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    conv = dsub.add_parser("convert", help="convert a public format into a task dataset")
+    conv.add_argument("--format", required=True, choices=("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters"))
+    conv.add_argument("inputs", nargs="+", metavar="IN")
+    conv.add_argument("output", metavar="OUT.h5")
+    conv.add_argument("--test-out", metavar="TEST.h5", help="mnist/reuters: also write the test split")
+    conv.add_argument("--stream", action="store_true", help="reuters: write online streams instead of task datasets")
+    conv.add_argument("--min-docs", type=_count("--min-docs"), default=100, help="reuters: minimum training documents of a topic")
+    conv.add_argument("--n-features", type=_count("--n-features"), default=None,
+                      help="svmlight: number of features; mds: hashing dimension (10000); reuters: vocabulary size (20000)")
+    conv.add_argument("--task-column", default="task")
+    conv.add_argument("--label-column", default="y")
+    conv.add_argument("--seed", type=_count("--seed", 0), default=0)
+    conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
+
+    split = dsub.add_parser("split", help="split every task into train and test (stratified for +-1 labels)")
+    split.add_argument("input", metavar="IN.h5")
+    split.add_argument("train", metavar="TRAIN.h5")
+    split.add_argument("test", metavar="TEST.h5")
+    split.add_argument("--test-fraction", type=_positive_float("--test-fraction"), default=0.25)
+    split.add_argument("--seed", type=_count("--seed", 0), default=0)
+    split.add_argument("--force", action="store_true")
+
+    info = dsub.add_parser("info", help="tasks, sizes, nnz, label balance")
+    info.add_argument("input", metavar="FILE.h5")
+    info.add_argument("--json", action="store_true")
+
+    synth = dsub.add_parser("synth", help="generate the papers' synthetic data (with ground truth)")
+    synth.add_argument("name", choices=SYNTH_NAMES)
+    synth.add_argument("output", metavar="OUT.h5")
+    synth.add_argument("--test", metavar="OUT_TEST.h5")
+    synth.add_argument("--seed", type=_count("--seed", 0), default=0)
+    synth.add_argument("--scale", type=_positive_float("--scale"), default=1.0,
+                       help="size multiplier (mnist-scale / mds-scale: 1 = MNIST- / MDS-sized)")
+    synth.add_argument("--n-train", type=_count("--n-train"), default=100, help="joint-sparse: examples per task")
+    synth.add_argument("--force", action="store_true")
+
+    # -- train ----------------------------------------------------------------
+    tr = sub.add_parser("train", help="train a model (distributed under mpiexec)")
+    tr.add_argument("method", choices=TRAIN_METHODS)
+    tr.add_argument("--train", required=True, metavar="TRAIN.h5")
+    tr.add_argument("--out", required=True, metavar="RESULT.h5")
+    tr.add_argument("--test", metavar="TEST.h5")
+    tr.add_argument("--loss", default="hinge", help="hinge, smoothed-hinge, squared or logistic")
+    tr.add_argument("--lam", type=_positive_float("--lam"), required=True)
+    tr.add_argument("--gamma", type=_positive_float("--gamma"), default=1.0, help="smoothed-hinge parameter")
+    tr.add_argument("--tol", type=_positive_float("--tol"), default=1e-6, help="relative duality gap of a W-step")
+    tr.add_argument("--max-rounds", type=_count("--max-rounds"), default=500)
+    tr.add_argument("--outer", type=_count("--outer"), default=10, help="maximum Omega-steps + 1")
+    tr.add_argument("--outer-tol", type=float, default=1e-5)
+    tr.add_argument("--local-iters", type=_positive_float("--local-iters"), default=1.0,
+                    help="local SDCA steps per round, as a multiple of the block's rows")
+    tr.add_argument("--eta", type=_positive_float("--eta"), default=1.0)
+    tr.add_argument("--gap-every", type=_count("--gap-every"), default=1)
+    tr.add_argument("--seed", type=_count("--seed", 0), default=0)
+    tr.add_argument("--rff-dim", type=_count("--rff-dim", 0), default=0)
+    tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
+    tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
+    tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
+    tr.add_argument("--quiet", action="store_true")
+
+    ev = sub.add_parser("evaluate", help="test metrics of a result file")
+    ev.add_argument("result", metavar="RESULT.h5")
+    ev.add_argument("test", metavar="TEST.h5")
+    ev.add_argument("--json", action="store_true")
+
+    demo = sub.add_parser("demo", help="Synthetic 1 under mpiexec -n 5: STL vs learned task relationships")
+    demo.add_argument("--out", default="demo-output")
+    demo.add_argument("--ranks", type=_count("--ranks"), default=5)
+    return p
+
+
+# ---------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------
+def cmd_data(args):
+    from . import store
+    if args.data_command == "info":
+        with store.TaskFile(args.input) as tf:
+            info = tf.info()
+        if args.json:
+            print(json.dumps(info))
+        else:
+            print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
+                  f"{info['storage']}, {info['n_samples']} samples, density {info['density']:.4g}")
+            for t in info["tasks"]:
+                extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
+                         else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}")
+                print(f"  {t['name']:>20s}  n={t['n_samples']:<8d} nnz={t['nnz']:<10d} {extra}")
+        return 0
+    if args.data_command == "split":
+        return data_split(args)
+    if args.data_command == "synth":
+        return data_synth(args)
+    return data_convert(args)
+
+
+def data_split(args):
+    import numpy as np
+    from sklearn.model_selection import train_test_split
+
+    from . import store
+    if not args.test_fraction < 1:
+        raise InputError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
+    for path in (args.train, args.test):
+        store.check_writable(path, args.force)
+    with store.TaskFile(args.input) as tf:
+        blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+        truth, names = tf.read_truth(), tf.names
+    train, test = ([], []), ([], [])
+    for b in blocks:
+        binary = np.all(np.abs(b.y) == 1) and min(np.sum(b.y == 1), np.sum(b.y == -1)) >= 2
+        idx = np.arange(b.n_rows)
+        if b.n_rows < 2:
+            raise InputError(f"{args.input}: task '{b.name}': field 'y': {b.n_rows} sample(s) cannot be split")
+        tr_idx, te_idx = train_test_split(idx, test_size=args.test_fraction, random_state=args.seed,
+                                          stratify=b.y if binary else None)
+        for part, rows in ((train, np.sort(tr_idx)), (test, np.sort(te_idx))):
+            part[0].append(b.X[rows])
+            part[1].append(b.y[rows])
+    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force)
+    store.write_tasks(args.test, *test, names=names, force=args.force)
+    print(f"wrote {args.train} and {args.test}")
+    return 0
+
+
+def data_synth(args):
+    from . import store, synthetic
+    outputs = [args.output] + ([args.test] if args.test else [])
+    for path in outputs:
+        store.check_writable(path, args.force)
+    name = args.name
+    if name in ("dmtrl1", "dmtrl2"):
+        train, test, truth = synthetic.dmtrl(int(name[-1]), args.seed, args.scale)
+    elif name == "joint-sparse":
+        train, test, truth = synthetic.joint_sparse(args.seed, n_train=args.n_train)
+    elif name in ("mnist-scale", "mds-scale"):
+        train, test, truth = synthetic.scaled(name.split("-")[0], args.seed, args.scale)
+    elif name == "seasonal":
+        full, truth = synthetic.seasonal(args.seed, n_per_month=int(470 * args.scale))
+        store.write_tasks(args.output, *full[:2], names=full[2], truth=truth, force=args.force)
+        if args.test:
+            raise InputError("seasonal: split it with 'hpcmtl data split' (the study needs train/validation/test)")
+        print(f"wrote {args.output}")
+        return 0
+    else:  # multilabel-stream
+        X, Y, truth = synthetic.multilabel_stream(args.seed, n_rounds=int(20000 * args.scale))
+        store.write_stream(args.output, X, Y, truth=truth, force=args.force)
+        print(f"wrote {args.output}")
+        return 0
+    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force)
+    if args.test:
+        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force)
+    print("wrote " + " and ".join(outputs))
+    return 0
+
+
+def data_convert(args):
+    from . import converters, store
+    outputs = [args.output] + ([args.test_out] if args.test_out else [])
+    for path in outputs:
+        store.check_writable(path, args.force)
+    fmt, inputs = args.format, args.inputs
+    test = None
+    attrs = {"source_format": fmt}
+    if fmt == "malsar":
+        if len(inputs) != 1:
+            raise InputError("malsar takes one .mat file")
+        train = converters.from_malsar(inputs[0])
+    elif fmt == "svmlight":
+        train = converters.from_svmlight(inputs, args.n_features)
+    elif fmt == "csv":
+        train = converters.from_csv(inputs[0], args.task_column, args.label_column)
+    elif fmt == "npz":
+        train = converters.from_npz(inputs[0])
+    elif fmt == "mnist":
+        if len(inputs) == 1 and os.path.isdir(inputs[0]):
+            d = inputs[0]
+            train = converters.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
+                                                os.path.join(d, "train-labels-idx1-ubyte.gz"), args.seed)
+            if args.test_out:
+                test = converters.mnist_one_vs_all(os.path.join(d, "t10k-images-idx3-ubyte.gz"),
+                                                   os.path.join(d, "t10k-labels-idx1-ubyte.gz"), args.seed)
+        else:
+            train = converters.from_mnist(inputs, args.seed)
+    elif fmt == "mds":
+        train = converters.from_mds(inputs, args.n_features or 10000)
+    else:  # reuters
+        if args.stream:
+            return reuters_stream(args)
+        train, test = converters.from_reuters(inputs[0], args.min_docs, args.n_features or 20000)
+    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force)
+    written = [args.output]
+    if args.test_out:
+        if test is None:
+            raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
+        store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force)
+        written.append(args.test_out)
+    print("wrote " + " and ".join(written))
+    return 0
+
+
+def reuters_stream(args):
+    from . import converters, store
+    train, test = converters.read_reuters(args.inputs[0])
+    topics = converters.reuters_topics(train, args.min_docs)
+    Xtr, Xte = converters.reuters_features(train, test, args.n_features or 20000)
+    store.write_stream(args.output, Xtr, converters.reuters_labels(train, topics), label_names=topics,
+                       attrs={"source_format": "reuters"}, force=args.force)
+    written = [args.output]
+    if args.test_out:
+        store.write_stream(args.test_out, Xte, converters.reuters_labels(test, topics), label_names=topics,
+                           attrs={"source_format": "reuters"}, force=args.force)
+        written.append(args.test_out)
+    print("wrote " + " and ".join(written))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# train / evaluate
+# ---------------------------------------------------------------------------
+def config_from_args(args):
+    from .dmtrl import DMTRLConfig
+    relationship = {"dmtrl": "learned", "stl": "identity", "ssdca": "learned", "mtrl-central": "learned"}[args.method]
+    return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds,
+                       outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
+                       eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
+                       rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, method=args.method).validate()
+
+
+def progress_printer(quiet):
+    if quiet:
+        return None
+
+    def show(row):
+        print(f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
+              f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
+              f"{row['bytes'] / 1e6:9.3f} MB", flush=True)
+    return show
+
+
+def cmd_train(args, cluster):
+    from . import store
+    from .baselines import mtrl_central, ssdca
+    from .dmtrl import train
+    config = config_from_args(args)                 # identical on every rank: fails together
+    store.check_writable(args.out, args.force)
+    source = store.TaskFile(args.train)
+    test_source = store.TaskFile(args.test) if args.test else None
+    progress = progress_printer(args.quiet) if cluster.is_server else None
+    if args.method in ("ssdca", "mtrl-central"):
+        if not cluster.is_server:
+            return None                             # centralized baselines run on rank 0 only
+        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, progress=progress)
+        if test_source is not None:
+            result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source)
+    else:
+        result = train(cluster, source, config, test_source, progress=progress)
+    if result is None:
+        return None
+    config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
+                      test=os.path.abspath(args.test) if args.test else None)
+    extra = {"rho": result.rho, "converged": int(result.converged)}
+    store.write_result(args.out, result.W, result.Sigma, result.history, config_out, cluster.size,
+                       __version__, task_names=result.task_names, extra=extra, force=args.force)
+    if not args.quiet:
+        h = result.history
+        print(f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "
+              f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved, "
+              f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}")
+        if result.test:
+            print("test: " + json.dumps(result.test["summary"]))
+        print(f"result written to {args.out}")
+    return result
+
+
+def evaluate_arrays(W, config, test_source):
+    """Per-task and summary metrics of a model on a test task source."""
+    import numpy as np
+
+    from .features import feature_map_from_config
+    from .losses import get_loss
+    from .metrics import summarize, task_metrics
+    loss = get_loss(config["loss"])
+    n_features = int(config.get("n_features", W.shape[0]))
+    if test_source.n_features != n_features:
+        raise InputError(f"{test_source.path}: has {test_source.n_features} features, the model was trained on {n_features}")
+    phi = feature_map_from_config(config, n_features)
+    if test_source.n_tasks != W.shape[1]:
+        raise InputError(f"{test_source.path}: has {test_source.n_tasks} tasks, the model has {W.shape[1]}")
+    tasks = []
+    for i in range(test_source.n_tasks):
+        blk = test_source.read_task(i)
+        X = phi(blk.X) if phi is not None else blk.X
+        scores = np.asarray(X @ W[:, i]).ravel()
+        tasks.append(dict(name=blk.name, **task_metrics(blk.y, scores, not loss.binary_labels)))
+    return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}
+
+
+def cmd_evaluate(args):
+    from . import store
+    result = store.read_result(args.result)
+    with store.TaskFile(args.test) as test_source:
+        metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source)
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        s = metrics["summary"]
+        keys = ("rmse", "explained_variance") if "rmse" in s else ("error_rate", "auc")
+        print(f"{'task':>20s}  " + "  ".join(f"{k:>18s}" for k in keys))
+        for t in metrics["tasks"]:
+            print(f"{t['name']:>20s}  " + "  ".join(f"{t[k]:18.6f}" for k in keys))
+        print(f"{'all (pooled)':>20s}  " + "  ".join(f"{s[k]:18.6f}" for k in keys))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        from .cluster import run_main
+        return run_main(lambda cluster: cmd_train(args, cluster))
+    try:
+        if args.command == "data":
+            return cmd_data(args)
+        if args.command == "evaluate":
+            return cmd_evaluate(args)
+        if args.command == "demo":
+            from .demo import run_demo
+            return run_demo(args.out, args.ranks)
+    except InputError as exc:
+        print(f"hpcmtl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,294 @@
+"""Who is server and who is worker, which rows each worker owns, and every MPI call.
+
+Roles: rank 0 is the server; ranks 1..P-1 are workers.  With P = 1 rank 0 is
+both, and the very same code runs in one process (the server "sends" commands
+to its in-process worker through the same collectives on a communicator of
+size one).
+
+Protocol: the server drives.  Each step starts with a small control broadcast
+(a command id and a few integers); every rank then runs the command's worker
+handler on its own blocks and takes part in the command's collective
+(Gatherv of per-block columns to the server, Scatterv of per-block columns from
+it, Bcast of small shared vectors).  Algorithms register handlers; they never
+touch MPI themselves.
+
+Failure: :func:`run_main` turns an :class:`~hpcmtl.errors.InputError` raised
+identically on every rank into exit code 2 with one line printed by rank 0, and
+any other exception on any rank into one line naming the rank and a
+``MPI_Abort`` that ends every rank (no hang).  :meth:`Cluster.agree` lets
+rank-local validation (each worker checks only its own tasks) fail together
+before the first data collective.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, Preempted
+
+
+# ---------------------------------------------------------------------------
+# Partition arithmetic (pure: testable without MPI)
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Block:
+    task: int
+    part: int
+    start: int
+    stop: int
+    worker: int          # worker index 0..n_workers-1
+
+    @property
+    def n_rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan_blocks(n_samples, nnz, n_workers: int, split_large: bool = False):
+    """Assign task row blocks to workers, balanced by non-zeros, deterministically.
+
+    Greedy longest-processing-time: blocks in order of decreasing nnz (ties by
+    task, part) go to the least-loaded worker (ties by worker index).  With
+    ``split_large`` a task whose nnz exceeds the ideal share ``sum(nnz) /
+    n_workers`` is cut into ``ceil(nnz / share)`` row ranges of near-equal size
+    (at most ``n_workers`` and at most ``n_i`` pieces).
+
+    Returns the blocks sorted by (worker, task, part): the order in which a
+    Gatherv over workers delivers their columns.
+    """
+    n_samples = np.asarray(n_samples, dtype=np.int64)
+    nnz = np.asarray(nnz, dtype=np.float64)
+    if n_workers < 1:
+        raise ValueError("need at least one worker")
+    pieces = []
+    share = nnz.sum() / n_workers
+    for t, (n, z) in enumerate(zip(n_samples, nnz)):
+        k = 1
+        if split_large and share > 0 and z > share:
+            k = int(min(n_workers, n, int(np.ceil(z / share))))
+        edges = np.linspace(0, n, k + 1).round().astype(np.int64)
+        for p in range(k):
+            pieces.append((t, p, int(edges[p]), int(edges[p + 1]), z * (edges[p + 1] - edges[p]) / max(n, 1)))
+    order = sorted(range(len(pieces)), key=lambda b: (-pieces[b][4], pieces[b][0], pieces[b][1]))
+    load = np.zeros(n_workers)
+    owner = {}
+    for b in order:
+        w = int(np.argmin(load))       # first minimum: lowest index wins ties
+        owner[b] = w
+        load[w] += pieces[b][4] + 1.0  # +1: even empty tasks cost a little
+    blocks = [Block(t, p, s, e, owner[b]) for b, (t, p, s, e, _) in enumerate(pieces)]
+    return sorted(blocks, key=lambda b: (b.worker, b.task, b.part))
+
+
+# ---------------------------------------------------------------------------
+# Commands of the server-driven protocol
+# ---------------------------------------------------------------------------
+CONTROL_SIZE = 4
+STOP = 0
+
+
+class Cluster:
+    """MPI roles, block ownership and the collectives hpcmtl uses.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator (default ``MPI.COMM_WORLD``); passed in, never global.
+    """
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.n_workers = 1 if self.size == 1 else self.size - 1
+        self.bytes_moved = 0
+        self.blocks = []
+        self.handlers = {}
+
+    # -- roles -------------------------------------------------------------
+    @property
+    def is_server(self) -> bool:
+        return self.rank == 0
+
+    def worker_rank(self, worker: int) -> int:
+        return 0 if self.size == 1 else worker + 1
+
+    @property
+    def my_worker(self):
+        """This rank's worker index, or None for a server that owns no blocks."""
+        if self.size == 1:
+            return 0
+        return None if self.rank == 0 else self.rank - 1
+
+    def set_plan(self, blocks):
+        self.blocks = list(blocks)
+        me = self.my_worker
+        self.my_blocks = [b for b in self.blocks if b.worker == me]
+        counts = np.zeros(self.size, dtype=np.int64)
+        for b in self.blocks:
+            counts[self.worker_rank(b.worker)] += 1
+        self.block_counts = counts
+
+    # -- small metadata (pickle-based, rare) -------------------------------
+    def bcast_object(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def gather_objects(self, obj):
+        return self.comm.gather(obj, root=0)
+
+    def agree(self, error: str | None):
+        """Fail together: if any rank reports an error, every rank raises it.
+
+        The first error in rank order wins, so every rank raises the same
+        one-line :class:`InputError` and rank 0 prints it.
+        """
+        errors = self.comm.allgather(error)
+        for e in errors:
+            if e is not None:
+                raise InputError(e)
+
+    # -- hot path: uppercase collectives on NumPy buffers ---------------------
+    def send_command(self, command: int, a: int = 0, b: int = 0, c: int = 0):
+        """Server: broadcast a command; returns it (workers call :meth:`receive_command`)."""
+        ctrl = np.array([command, a, b, c], dtype=np.int64)
+        self.comm.Bcast(ctrl, root=0)
+        self.bytes_moved += ctrl.nbytes * (self.size - 1)
+        return ctrl
+
+    def receive_command(self):
+        ctrl = np.empty(CONTROL_SIZE, dtype=np.int64)
+        self.comm.Bcast(ctrl, root=0)
+        return ctrl
+
+    def gather_block_rows(self, local: np.ndarray, width: int) -> np.ndarray | None:
+        """Gatherv ``(n_my_blocks x width)`` rows to the server, in plan order."""
+        local = np.ascontiguousarray(local, dtype=np.float64).reshape(-1, width)
+        if self.size == 1:
+            return local.copy()
+        recv = None
+        if self.is_server:
+            counts = self.block_counts * width
+            recv = np.empty((len(self.blocks), width), dtype=np.float64)
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+        else:
+            self.comm.Gatherv(local, None, root=0)
+        return recv
+
+    def scatter_block_rows(self, rows: np.ndarray | None, width: int) -> np.ndarray:
+        """Scatterv ``(n_blocks x width)`` rows from the server; each rank gets its blocks'."""
+        mine = np.empty((len(self.my_blocks), width), dtype=np.float64)
+        if self.size == 1:
+            mine[...] = rows
+            return mine
+        if self.is_server:
+            counts = self.block_counts * width
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            send = np.ascontiguousarray(rows, dtype=np.float64)
+            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+        else:
+            self.comm.Scatterv(None, mine, root=0)
+        return mine
+
+    def gather_variable(self, local: np.ndarray):
+        """Gatherv of variable-length float vectors (one per rank); server gets the list."""
+        local = np.ascontiguousarray(local, dtype=np.float64).reshape(-1)
+        if self.size == 1:
+            return [local.copy()]
+        counts = np.array(self.comm.gather(local.size, root=0) or [], dtype=np.int64)
+        if self.is_server:
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            recv = np.empty(int(counts.sum()), dtype=np.float64)
+            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+            return [recv[s:s + c] for s, c in zip(displs, counts)]
+        self.comm.Gatherv(local, None, root=0)
+        return None
+
+    def scatter_variable(self, pieces):
+        """Scatterv of variable-length float vectors (server gives one per rank)."""
+        if self.size == 1:
+            return np.array(pieces[0], dtype=np.float64)
+        counts = self.comm.bcast([len(p) for p in pieces] if self.is_server else None, root=0)
+        mine = np.empty(counts[self.rank], dtype=np.float64)
+        if self.is_server:
+            counts = np.asarray(counts, dtype=np.int64)
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            send = np.concatenate([np.asarray(p, dtype=np.float64) for p in pieces]) if counts.sum() else np.zeros(0)
+            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+        else:
+            self.comm.Scatterv(None, mine, root=0)
+        return mine
+
+    def bcast_array(self, array: np.ndarray | None, shape, dtype=np.float64) -> np.ndarray:
+        """Bcast a shared array (e.g. sigma_ii and rho) from the server."""
+        buf = np.ascontiguousarray(array, dtype=dtype) if self.is_server else np.empty(shape, dtype=dtype)
+        if self.size > 1:
+            self.comm.Bcast(buf, root=0)
+            if self.is_server:
+                self.bytes_moved += buf.nbytes * (self.size - 1)
+        return buf
+
+    def reduce_sum(self, local: np.ndarray) -> np.ndarray | None:
+        """Reduce(SUM) to the server (where several ranks contribute to the same numbers)."""
+        local = np.ascontiguousarray(local, dtype=np.float64)
+        if self.size == 1:
+            return local.copy()
+        recv = np.empty_like(local) if self.is_server else None
+        self.comm.Reduce(local, recv, op=self.MPI.SUM, root=0)
+        if self.is_server:
+            self.bytes_moved += local.nbytes * (self.size - 1)
+        return recv
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code: int):
+        self.comm.Abort(code)
+
+
+# ---------------------------------------------------------------------------
+# Running a command on every rank with shared failure handling
+# ---------------------------------------------------------------------------
+def run_main(fn, comm=None, stderr=None) -> int:
+    """Run ``fn(cluster)`` on every rank; return the exit code.
+
+    * :class:`InputError` (raised identically on every rank): rank 0 prints
+      ``hpcmtl: error: <message>``; every rank returns 2.
+    * :class:`Preempted`: every rank returns its exit code (checkpoint written).
+    * anything else: the failing rank prints one line naming itself and the
+      cause, then ``MPI_Abort`` ends every rank of the job.
+    """
+    stderr = stderr or sys.stderr
+    cluster = Cluster(comm)
+    try:
+        fn(cluster)
+        return 0
+    except InputError as exc:
+        if cluster.rank == 0:
+            print(f"hpcmtl: error: {exc}", file=stderr, flush=True)
+        return InputError.exit_code
+    except Preempted as exc:
+        if cluster.rank == 0:
+            print(f"hpcmtl: {exc}", file=stderr, flush=True)
+        return Preempted.exit_code
+    except BaseException as exc:  # noqa: BLE001 - anything else must end every rank
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return 0
+        where = f"rank {cluster.rank} of {cluster.size}"
+        task = getattr(exc, "hpcmtl_task", None)
+        if task is not None:
+            where += f", task '{task}'"
+        print(f"hpcmtl: fatal error on {where}: {type(exc).__name__}: {exc}", file=stderr, flush=True)
+        if os.environ.get("HPCMTL_TRACEBACK"):
+            traceback.print_exc(file=stderr)
+        if cluster.size > 1:
+            cluster.abort(1)
+        return 1

@@ -1,0 +1,157 @@
+"""scikit-learn-style estimators over the same engines the CLI runs.
+
+``fit`` runs the serial path (P = 1): the very code ``mpiexec -n P hpcmtl
+train`` runs, on a communicator of size one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+
+from .errors import InputError
+from .taskdata import TaskBlock, dense_or_csr
+
+
+class MemoryTasks:
+    """A task source over in-memory arrays (same interface as ``store.TaskFile``)."""
+
+    def __init__(self, Xs, ys, names=None, path="<memory>"):
+        if len(Xs) != len(ys) or len(Xs) == 0:
+            raise InputError("need one label vector per task and at least one task")
+        self.path = path
+        self.Xs = [dense_or_csr(X) for X in Xs]
+        self.ys = [np.asarray(y, dtype=np.float64).reshape(-1) for y in ys]
+        self.names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
+        self.n_tasks = len(self.Xs)
+        self.n_features = self.Xs[0].shape[1]
+        self.n_samples = np.array([X.shape[0] for X in self.Xs], dtype=np.int64)
+        self.nnz = np.array([X.nnz if sp.issparse(X) else np.count_nonzero(X) for X in self.Xs], dtype=np.int64)
+        from .store import _check_task  # the same checks as files get
+        for i, (X, y) in enumerate(zip(self.Xs, self.ys)):
+            _check_task(path, i, self.names[i], X, y, self.n_features)
+
+    def read_block(self, i, start=0, stop=None, part=0):
+        stop = int(self.n_samples[i]) if stop is None else stop
+        return TaskBlock(i, self.names[i], int(self.n_samples[i]), start,
+                         self.Xs[i][start:stop], self.ys[i][start:stop], part)
+
+    def read_task(self, i):
+        return self.read_block(i)
+
+    @classmethod
+    def from_task_ids(cls, X, y, tasks):
+        """Split stacked rows by a task-id array (task order = sorted unique ids)."""
+        tasks = np.asarray(tasks)
+        y = np.asarray(y)
+        if tasks.shape[0] != X.shape[0] or y.shape[0] != X.shape[0]:
+            raise InputError(f"X has {X.shape[0]} rows, y has {y.shape[0]}, tasks has {tasks.shape[0]}")
+        ids = np.unique(tasks)
+        Xc = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+        Xs = [Xc[tasks == t] for t in ids]
+        ys = [y[tasks == t] for t in ids]
+        return cls(Xs, ys, names=[str(t) for t in ids]), ids
+
+
+def _as_source(X, y, tasks):
+    if tasks is None:
+        if not isinstance(X, (list, tuple)):
+            raise InputError("fit needs a task-id array (fit(X, y, tasks)) or lists of per-task arrays")
+        return MemoryTasks(list(X), list(y)), np.arange(len(X))
+    return MemoryTasks.from_task_ids(X, y, tasks)
+
+
+class DMTRL(BaseEstimator):
+    """Distributed multi-task relationship learning (paper 001) as an estimator.
+
+    Minimizes ``sum_i (1/n_i) sum_j l(w_i . x_ij, y_ij) + (lam/2) tr(W Omega W^T)``
+    over W and (for ``relationship='learned'``) ``Sigma = Omega^-1`` with
+    ``tr(Sigma) = 1``, by the primal-dual W-step / Omega-step alternation.
+
+    Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig`.  Fitted attributes:
+    ``W_`` (d x m), ``Sigma_`` (m x m), ``history_`` (dict of arrays),
+    ``tasks_`` (task ids in column order), ``converged_``.
+    """
+
+    def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
+                 outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
+                 sigma=None, rff_dim=0, rff_gamma=1.0):
+        self.loss = loss
+        self.lam = lam
+        self.gamma = gamma
+        self.tol = tol
+        self.max_rounds = max_rounds
+        self.outer = outer
+        self.outer_tol = outer_tol
+        self.local_iters = local_iters
+        self.seed = seed
+        self.eta = eta
+        self.gap_every = gap_every
+        self.relationship = relationship
+        self.sigma = sigma
+        self.rff_dim = rff_dim
+        self.rff_gamma = rff_gamma
+
+    def _config(self):
+        from .dmtrl import DMTRLConfig
+        params = self.get_params()
+        params.pop("sigma")
+        return DMTRLConfig(**params).validate(type(self).__name__)
+
+    def fit(self, X, y, tasks=None):
+        """Fit on stacked rows with a task-id array, or on lists of per-task arrays."""
+        from mpi4py import MPI
+
+        from .cluster import Cluster
+        from .dmtrl import train
+        config = self._config()
+        source, ids = _as_source(X, y, tasks)
+        result = train(Cluster(MPI.COMM_SELF), source, config, sigma_fixed=self.sigma)
+        self.W_ = result.W
+        self.Sigma_ = result.Sigma
+        self.history_ = result.history
+        self.converged_ = result.converged
+        self.tasks_ = ids
+        self.n_features_in_ = source.n_features
+        self._feature_map = None
+        if config.rff_dim:
+            from .features import rff_map
+            self._feature_map = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed)
+        return self
+
+    def decision_function(self, X, tasks=None):
+        """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
+        if isinstance(X, (list, tuple)) and tasks is None:
+            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+        tasks = np.asarray(tasks)
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        column = {t: k for k, t in enumerate(self.tasks_)}
+        unknown = set(np.unique(tasks)) - set(column)
+        if unknown:
+            raise InputError(f"unknown task ids {sorted(unknown)[:5]}")
+        Z = self._feature_map(X) if self._feature_map is not None else X
+        cols = np.array([column[t] for t in tasks])
+        if sp.issparse(Z):
+            Z = sp.csr_matrix(Z)
+            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
+        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
+
+    def predict(self, X, tasks=None):
+        scores = self.decision_function(X, tasks)
+        if self.loss == "squared":
+            return scores
+        if isinstance(scores, list):
+            return [np.where(s >= 0, 1.0, -1.0) for s in scores]
+        return np.where(scores >= 0, 1.0, -1.0)
+
+    def score(self, X, y, tasks=None):
+        """Accuracy for classification losses, R^2 (pooled) for the squared loss."""
+        pred = self.predict(X, tasks)
+        if isinstance(pred, list):
+            pred = np.concatenate(pred)
+            y = np.concatenate([np.asarray(v) for v in y])
+        y = np.asarray(y, float)
+        if self.loss == "squared":
+            return float(1.0 - np.mean((pred - y) ** 2) / np.var(y))
+        return float(np.mean(pred == y))

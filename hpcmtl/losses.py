@@ -1,0 +1,94 @@
+"""Loss registry: the one place a loss name becomes a kernel id.
+
+Each loss knows its kernel id, whether labels must be exactly -1/+1, and which
+metrics make sense for it.  Primal values and conjugates are computed by the
+compiled kernels; the slow NumPy versions here are the reference the tests
+compare against.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Loss:
+    name: str
+    kernel_id: int
+    binary_labels: bool
+    smooth: bool
+    description: str
+
+
+LOSSES = {
+    "hinge": Loss("hinge", 0, True, False, "max(0, 1 - y z)"),
+    "smoothed-hinge": Loss("smoothed-hinge", 1, True, True,
+                           "0 if yz >= 1; 1 - yz - gamma/2 if yz <= 1 - gamma; (1 - yz)^2 / (2 gamma)"),
+    "squared": Loss("squared", 2, False, True, "0.5 (z - y)^2"),
+    "logistic": Loss("logistic", 3, True, True, "log(1 + exp(-y z))"),
+}
+
+
+def closest(name: str, choices) -> str:
+    """' Did you mean X?' for a misspelt choice, or ''."""
+    match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)
+    return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def get_loss(name: str) -> Loss:
+    """Validated lookup; unknown names get the closest valid one suggested."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise InputError(
+            f"unknown loss '{name}'; valid losses: {', '.join(LOSSES)}.{closest(name, LOSSES)}"
+        ) from None
+
+
+def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
+    """Hinge-type and logistic losses need labels exactly -1 or +1."""
+    if loss.binary_labels:
+        bad = ~((y == 1.0) | (y == -1.0))
+        if np.any(bad):
+            value = y[np.argmax(bad)]
+            raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}")
+
+
+# --- slow NumPy references (tests only compare the kernels with these) -------
+
+def primal_reference(name: str, z, y, gamma: float = 1.0):
+    z = np.asarray(z, float)
+    y = np.asarray(y, float)
+    if name == "hinge":
+        return np.maximum(0.0, 1.0 - y * z)
+    if name == "smoothed-hinge":
+        m = 1.0 - y * z
+        return np.where(m <= 0, 0.0, np.where(m >= gamma, m - gamma / 2, m * m / (2 * gamma)))
+    if name == "squared":
+        return 0.5 * (z - y) ** 2
+    if name == "logistic":
+        return np.logaddexp(0.0, -y * z)
+    raise KeyError(name)
+
+
+def conjugate_reference(name: str, a, y, gamma: float = 1.0):
+    """l*(-a) for feasible a."""
+    a = np.asarray(a, float)
+    y = np.asarray(y, float)
+    if name == "hinge":
+        return -y * a
+    if name == "smoothed-hinge":
+        return -y * a + 0.5 * gamma * a * a
+    if name == "squared":
+        return 0.5 * a * a - a * y
+    if name == "logistic":
+        b = np.clip(y * a, 0.0, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t1 = np.where(b > 0, b * np.log(np.where(b > 0, b, 1.0)), 0.0)
+            t2 = np.where(b < 1, (1 - b) * np.log(np.where(b < 1, 1 - b, 1.0)), 0.0)
+        return t1 + t2
+    raise KeyError(name)

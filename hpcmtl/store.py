@@ -1,0 +1,452 @@
+"""HDF5 files of hpcmtl: task datasets, result files and checkpoints.
+
+Every HDF5 path string of the package lives in this module.
+
+Task dataset (format ``hpcmtl-tasks``, version 1)::
+
+    /                 attrs: format, format_version, n_tasks, n_features, storage
+    /task_table       compound (name, n_samples, nnz), one row per task
+    /tasks/000000/y   labels (n_i,)
+    /tasks/000000/X   dense (n_i x d)                 when storage == "dense"
+    /tasks/000000/{data,indices,indptr}               when storage == "csr"
+    /truth/...        optional ground truth of synthetic data (W, correlation, ...)
+
+Result file (format ``hpcmtl-result``): ``/model/W`` (d x m), ``/model/Sigma``
+(m x m), ``/history/<column>`` and root attributes ``config`` (JSON),
+``hpcmtl_version``, ``n_ranks``.  Checkpoints (format ``hpcmtl-checkpoint``)
+hold everything needed to continue bit for bit.
+
+Every file is written under a temporary name in the target directory and
+renamed into place only when complete, so a killed writer never leaves a
+half-written file under the final name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import InputError
+from .taskdata import TaskBlock
+
+TASKS_FORMAT = "hpcmtl-tasks"
+RESULT_FORMAT = "hpcmtl-result"
+CHECKPOINT_FORMAT = "hpcmtl-checkpoint"
+STREAM_FORMAT = "hpcmtl-stream"
+FORMAT_VERSION = 1
+
+_TABLE = "task_table"
+_TASKS = "tasks"
+_TRUTH = "truth"
+
+
+def _task_group(i: int) -> str:
+    return f"{_TASKS}/{i:06d}"
+
+
+# ---------------------------------------------------------------------------
+# Atomic writing
+# ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_h5(path: str, force: bool = True):
+    """Open a temporary HDF5 file beside ``path``; rename it into place on success.
+
+    On any exception the temporary file is removed and ``path`` is untouched.
+    """
+    path = os.fspath(path)
+    if not force and os.path.exists(path):
+        raise InputError(f"{path}: output file exists (use --force to overwrite)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{path}: cannot write output: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"{path}: cannot write output: directory {directory} is not writable")
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def check_writable(path: str, force: bool) -> None:
+    """Refuse an output path early (before any work): exists without force, or unwritable."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not force:
+        raise InputError(f"{path}: output file exists (use --force to overwrite)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{path}: cannot write output: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"{path}: cannot write output: directory {directory} is not writable")
+
+
+def _open_read(path: str, expected_format: str) -> h5py.File:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        raise InputError(f"{path}: not an HDF5 file") from None
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    if fmt != expected_format:
+        f.close()
+        raise InputError(f"{path}: attribute 'format' is {fmt!r}, expected {expected_format!r}")
+    version = int(f.attrs.get("format_version", -1))
+    if version != FORMAT_VERSION:
+        f.close()
+        raise InputError(f"{path}: attribute 'format_version' is {version}, this hpcmtl reads version {FORMAT_VERSION}")
+    return f
+
+
+# ---------------------------------------------------------------------------
+# Task datasets
+# ---------------------------------------------------------------------------
+def _check_task(path, i, name, X, y, n_features):
+    where = f"{path}: task '{name}' (#{i})"
+    n = X.shape[0]
+    if n == 0:
+        raise InputError(f"{where}: field 'y': empty task (0 samples)")
+    if X.ndim != 2:
+        raise InputError(f"{where}: field 'X': expected a 2-D matrix, got shape {X.shape}")
+    if n_features is not None and X.shape[1] != n_features:
+        raise InputError(f"{where}: field 'X': has {X.shape[1]} features, other tasks have {n_features}")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise InputError(f"{where}: field 'y': has shape {y.shape}, expected ({n},)")
+    values = X.data if sp.issparse(X) else X
+    if not np.all(np.isfinite(values)):
+        raise InputError(f"{where}: field 'X': contains NaN or Inf")
+    if not np.all(np.isfinite(y)):
+        raise InputError(f"{where}: field 'y': contains NaN or Inf")
+
+
+def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True):
+    """Write a task dataset.
+
+    Parameters
+    ----------
+    Xs : list of (n_i x d) dense arrays or sparse matrices (any sparse -> CSR storage)
+    ys : list of (n_i,) label arrays
+    names : task names (default ``task0``, ``task1``, ...)
+    truth : optional dict of arrays (ground truth of synthetic data)
+    attrs : optional dict of extra root attributes (strings / numbers)
+    """
+    path = os.fspath(path)
+    if len(Xs) != len(ys) or len(Xs) == 0:
+        raise InputError(f"{path}: need one label vector per task and at least one task")
+    names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: task names are not unique")
+    storage = "csr" if any(sp.issparse(X) for X in Xs) else "dense"
+    d = None
+    mats = []
+    for i, (X, y) in enumerate(zip(Xs, ys)):
+        X = sp.csr_matrix(X, dtype=np.float64) if storage == "csr" else np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64).reshape(-1) if np.ndim(y) <= 2 else np.asarray(y)
+        _check_task(path, i, names[i], X, y, d)
+        d = X.shape[1]
+        mats.append((X, y))
+    with atomic_h5(path, force=force) as f:
+        f.attrs["format"] = TASKS_FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["n_tasks"] = len(mats)
+        f.attrs["n_features"] = d
+        f.attrs["storage"] = storage
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+        table = np.zeros(len(mats), dtype=[("name", h5py.string_dtype()), ("n_samples", "i8"), ("nnz", "i8")])
+        for i, (X, y) in enumerate(mats):
+            g = f.create_group(_task_group(i))
+            g.create_dataset("y", data=y)
+            if storage == "csr":
+                X.sort_indices()
+                g.create_dataset("data", data=X.data)
+                g.create_dataset("indices", data=X.indices.astype(np.int32))
+                g.create_dataset("indptr", data=X.indptr.astype(np.int64))
+                nnz = X.nnz
+            else:
+                g.create_dataset("X", data=X)
+                nnz = int(np.count_nonzero(X))
+            table[i] = (names[i], X.shape[0], nnz)
+        f.create_dataset(_TABLE, data=table)
+        if truth:
+            t = f.create_group(_TRUTH)
+            for key, value in truth.items():
+                t.create_dataset(key, data=np.asarray(value))
+
+
+class TaskFile:
+    """Read-only view of a task dataset; task data is read only on request.
+
+    ``TaskFile(path)`` validates the format and reads the task table (names,
+    sizes, nnz) without touching any task's data.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._f = _open_read(self.path, TASKS_FORMAT)
+        f = self._f
+        try:
+            self.n_tasks = int(f.attrs["n_tasks"])
+            self.n_features = int(f.attrs["n_features"])
+            storage = f.attrs["storage"]
+            self.storage = storage.decode() if isinstance(storage, bytes) else str(storage)
+            table = f[_TABLE][()]
+        except KeyError as exc:
+            self.close()
+            raise InputError(f"{self.path}: missing {exc.args[0]!s} (root attributes n_tasks, n_features, storage and dataset '{_TABLE}' are required)") from None
+        if self.storage not in ("dense", "csr"):
+            self.close()
+            raise InputError(f"{self.path}: attribute 'storage' is {self.storage!r}, expected 'dense' or 'csr'")
+        if len(table) != self.n_tasks:
+            self.close()
+            raise InputError(f"{self.path}: '{_TABLE}' has {len(table)} rows but n_tasks is {self.n_tasks}")
+        self.names = [n.decode() if isinstance(n, bytes) else str(n) for n in table["name"]]
+        self.n_samples = np.asarray(table["n_samples"], dtype=np.int64)
+        self.nnz = np.asarray(table["nnz"], dtype=np.int64)
+        self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def task_index(self, name) -> int:
+        if name in self.names:
+            return self.names.index(name)
+        raise InputError(f"{self.path}: no task named '{name}'")
+
+    def _where(self, i):
+        return f"{self.path}: task '{self.names[i]}' (#{i})"
+
+    def read_block(self, i: int, start: int = 0, stop: int | None = None, part: int = 0) -> TaskBlock:
+        """Rows ``start:stop`` of task ``i`` as a validated ``TaskBlock``."""
+        n = int(self.n_samples[i])
+        stop = n if stop is None else stop
+        where = self._where(i)
+        gname = _task_group(i)
+        if gname not in self._f:
+            raise InputError(f"{where}: group '/{gname}' is missing")
+        g = self._f[gname]
+        try:
+            if "y" not in g:
+                raise InputError(f"{where}: field 'y' is missing")
+            y = g["y"][start:stop]
+            if g["y"].shape != (n,):
+                raise InputError(f"{where}: field 'y': has shape {g['y'].shape}, task table says ({n},)")
+            if self.storage == "dense":
+                if "X" not in g:
+                    raise InputError(f"{where}: field 'X' is missing")
+                if g["X"].ndim != 2 or g["X"].shape[0] != n:
+                    raise InputError(f"{where}: field 'X': has shape {g['X'].shape}, task table says {n} rows")
+                X = g["X"][start:stop]
+            else:
+                for field_name in ("data", "indices", "indptr"):
+                    if field_name not in g:
+                        raise InputError(f"{where}: field '{field_name}' is missing")
+                indptr = g["indptr"][start:stop + 1].astype(np.int64)
+                if indptr.shape[0] != stop - start + 1:
+                    raise InputError(f"{where}: field 'indptr': has {g['indptr'].shape[0]} entries, expected {n + 1}")
+                lo, hi = int(indptr[0]), int(indptr[-1])
+                if np.any(np.diff(indptr) < 0) or hi > g["data"].shape[0] or hi > g["indices"].shape[0]:
+                    raise InputError(f"{where}: field 'indptr': not a valid CSR row pointer")
+                data = g["data"][lo:hi]
+                indices = g["indices"][lo:hi]
+                if indices.size and (indices.min() < 0 or indices.max() >= self.n_features):
+                    raise InputError(f"{where}: field 'indices': column index outside 0..{self.n_features - 1}")
+                X = sp.csr_matrix((data, indices, indptr - lo), shape=(stop - start, self.n_features))
+        except InputError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise InputError(f"{where}: cannot read task data: {exc}") from None
+        y = np.asarray(y, dtype=np.float64)
+        _check_task(self.path, i, self.names[i], X, y, self.n_features)
+        return TaskBlock(i, self.names[i], n, start, X, y, part)
+
+    def read_task(self, i: int) -> TaskBlock:
+        return self.read_block(i)
+
+    def read_truth(self) -> dict:
+        if _TRUTH not in self._f:
+            return {}
+        return {k: v[()] for k, v in self._f[_TRUTH].items()}
+
+    def info(self) -> dict:
+        """Summary for ``hpcmtl data info`` (reads labels, never X)."""
+        tasks = []
+        for i in range(self.n_tasks):
+            entry = {"name": self.names[i], "n_samples": int(self.n_samples[i]), "nnz": int(self.nnz[i])}
+            g = self._f.get(_task_group(i))
+            if g is not None and "y" in g:
+                y = g["y"][()]
+                if np.all((y == 1) | (y == -1)):
+                    entry["positive_fraction"] = float(np.mean(y == 1))
+                else:
+                    entry["y_mean"] = float(np.mean(y))
+                    entry["y_std"] = float(np.std(y))
+            tasks.append(entry)
+        total = int(self.n_samples.sum())
+        density = float(self.nnz.sum()) / max(1, total * self.n_features)
+        return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
+                "storage": self.storage, "n_samples": total, "nnz": int(self.nnz.sum()),
+                "density": density, "has_truth": _TRUTH in self._f, "tasks": tasks}
+
+
+def read_all_tasks(path):
+    """Every task of a file as full blocks (for single-process tools and tests)."""
+    with TaskFile(path) as tf:
+        return [tf.read_task(i) for i in range(tf.n_tasks)], tf.names, tf.n_features
+
+
+# ---------------------------------------------------------------------------
+# Result files
+# ---------------------------------------------------------------------------
+def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
+                 version: str, task_names=None, extra: dict | None = None, force=True):
+    """Write a result file (see module docstring); ``extra`` adds /model arrays."""
+    with atomic_h5(path, force=force) as f:
+        f.attrs["format"] = RESULT_FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["config"] = json.dumps(config, sort_keys=True)
+        f.attrs["hpcmtl_version"] = version
+        f.attrs["n_ranks"] = int(n_ranks)
+        model = f.create_group("model")
+        model.create_dataset("W", data=np.asarray(W, dtype=np.float64))
+        model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
+        if task_names is not None:
+            model.create_dataset("task_names", data=np.array(task_names, dtype=h5py.string_dtype()))
+        for key, value in (extra or {}).items():
+            model.create_dataset(key, data=np.asarray(value))
+        hist = f.create_group("history")
+        for key, values in history.items():
+            hist.create_dataset(key, data=np.asarray(values))
+
+
+def read_result(path) -> dict:
+    """A result file as plain NumPy arrays and dicts."""
+    with _open_read(path, RESULT_FORMAT) as f:
+        out = {
+            "config": json.loads(f.attrs["config"]),
+            "hpcmtl_version": str(f.attrs["hpcmtl_version"]),
+            "n_ranks": int(f.attrs["n_ranks"]),
+            "model": {},
+            "history": {k: v[()] for k, v in f["history"].items()},
+        }
+        for k, v in f["model"].items():
+            value = v[()]
+            if k == "task_names":
+                value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
+            out["model"][k] = value
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------
+def write_checkpoint(path, arrays: dict, alphas: dict, config: dict, counters: dict):
+    """Full training state: server arrays, alpha per task, counters, config."""
+    with atomic_h5(path, force=True) as f:
+        f.attrs["format"] = CHECKPOINT_FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["config"] = json.dumps(config, sort_keys=True)
+        f.attrs["counters"] = json.dumps(counters, sort_keys=True)
+        g = f.create_group("state")
+        for key, value in arrays.items():
+            g.create_dataset(key, data=np.asarray(value))
+        a = f.create_group("alpha")
+        for task, value in alphas.items():
+            a.create_dataset(f"{int(task):06d}", data=np.asarray(value, dtype=np.float64))
+
+
+def read_checkpoint(path) -> dict:
+    with _open_read(path, CHECKPOINT_FORMAT) as f:
+        return {
+            "config": json.loads(f.attrs["config"]),
+            "counters": json.loads(f.attrs["counters"]),
+            "arrays": {k: v[()] for k, v in f["state"].items()},
+            "alpha": {int(k): v[()] for k, v in f["alpha"].items()},
+        }
+
+
+# ---------------------------------------------------------------------------
+# Online streams (one shared instance per round, k labels)
+# ---------------------------------------------------------------------------
+def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=True):
+    """A multilabel stream: ``/X`` CSR (T x d) by rows, ``/Y`` (T x k) in {-1, 0, +1}.
+
+    A 0 label marks a dormant task on that round (paper 004, Sec. 9).
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64)
+    if Y.ndim != 2 or Y.shape[0] != X.shape[0]:
+        raise InputError(f"{path}: field 'Y': has shape {Y.shape}, expected ({X.shape[0]}, k)")
+    if not (np.all(np.isfinite(X.data)) and np.all(np.isin(Y, (-1.0, 0.0, 1.0)))):
+        raise InputError(f"{path}: field 'X' must be finite and 'Y' in -1/0/+1")
+    names = [str(n) for n in (label_names if label_names is not None else [f"label{j}" for j in range(Y.shape[1])])]
+    with atomic_h5(path, force=force) as f:
+        f.attrs["format"] = STREAM_FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["n_rounds"] = X.shape[0]
+        f.attrs["n_features"] = X.shape[1]
+        f.attrs["n_labels"] = Y.shape[1]
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+        g = f.create_group("X")
+        g.create_dataset("data", data=X.data)
+        g.create_dataset("indices", data=X.indices.astype(np.int32))
+        g.create_dataset("indptr", data=X.indptr.astype(np.int64))
+        f.create_dataset("Y", data=Y, chunks=(min(4096, max(1, Y.shape[0])), Y.shape[1]))
+        f.create_dataset("label_names", data=np.array(names, dtype=h5py.string_dtype()))
+        if truth:
+            t = f.create_group(_TRUTH)
+            for key, value in truth.items():
+                t.create_dataset(key, data=np.asarray(value))
+
+
+class StreamFile:
+    """Read a stream in chunks of rounds (memory bounded by the chunk)."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._f = _open_read(self.path, STREAM_FORMAT)
+        self.n_rounds = int(self._f.attrs["n_rounds"])
+        self.n_features = int(self._f.attrs["n_features"])
+        self.n_labels = int(self._f.attrs["n_labels"])
+        self.label_names = [s.decode() if isinstance(s, bytes) else str(s) for s in self._f["label_names"][()]]
+
+    def chunks(self, size: int):
+        g = self._f["X"]
+        for start in range(0, self.n_rounds, size):
+            stop = min(self.n_rounds, start + size)
+            indptr = g["indptr"][start:stop + 1]
+            lo, hi = int(indptr[0]), int(indptr[-1])
+            X = sp.csr_matrix((g["data"][lo:hi], g["indices"][lo:hi], indptr - lo),
+                              shape=(stop - start, self.n_features))
+            yield start, X, self._f["Y"][start:stop]
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
