@@ -71,6 +71,9 @@ def atomic_h5(path: str, force: bool = True):
     try:
         with h5py.File(tmp, "w") as f:
             yield f
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # mkstemp creates 0600; finished files follow the umask
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -114,6 +117,17 @@ def _open_read(path: str, expected_format: str) -> h5py.File:
 # ---------------------------------------------------------------------------
 # Task datasets
 # ---------------------------------------------------------------------------
+def _array(group, name, data):
+    """A dataset; large arrays are chunked by rows and gzip-1 compressed (readable by h5dump)."""
+    data = np.asarray(data)
+    if data.nbytes > (1 << 20):
+        rows = max(1, (1 << 20) // max(1, data[:1].nbytes))
+        chunks = (min(rows, data.shape[0]),) + data.shape[1:]
+        return group.create_dataset(name, data=data, chunks=chunks, compression="gzip", compression_opts=1,
+                                    shuffle=True)
+    return group.create_dataset(name, data=data)
+
+
 def _check_task(path, i, name, X, y, n_features):
     where = f"{path}: task '{name}' (#{i})"
     n = X.shape[0]
@@ -172,12 +186,12 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True):
             g.create_dataset("y", data=y)
             if storage == "csr":
                 X.sort_indices()
-                g.create_dataset("data", data=X.data)
-                g.create_dataset("indices", data=X.indices.astype(np.int32))
-                g.create_dataset("indptr", data=X.indptr.astype(np.int64))
+                _array(g, "data", X.data)
+                _array(g, "indices", X.indices.astype(np.int32))
+                _array(g, "indptr", X.indptr.astype(np.int64))
                 nnz = X.nnz
             else:
-                g.create_dataset("X", data=X)
+                _array(g, "X", X)
                 nnz = int(np.count_nonzero(X))
             table[i] = (names[i], X.shape[0], nnz)
         f.create_dataset(_TABLE, data=table)
@@ -409,9 +423,9 @@ def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=Tru
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         g = f.create_group("X")
-        g.create_dataset("data", data=X.data)
-        g.create_dataset("indices", data=X.indices.astype(np.int32))
-        g.create_dataset("indptr", data=X.indptr.astype(np.int64))
+        _array(g, "data", X.data)
+        _array(g, "indices", X.indices.astype(np.int32))
+        _array(g, "indptr", X.indptr.astype(np.int64))
         f.create_dataset("Y", data=Y, chunks=(min(4096, max(1, Y.shape[0])), Y.shape[1]))
         f.create_dataset("label_names", data=np.array(names, dtype=h5py.string_dtype()))
         if truth:

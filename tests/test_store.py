@@ -1,0 +1,185 @@
+"""HDF5 task store: round trips, validation messages, atomic writes."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from numpy.testing import assert_array_equal
+
+from hpcmtl import store
+from hpcmtl.errors import InputError
+
+
+def small(sparse=False):
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(n, 5)) * (rng.uniform(size=(n, 5)) < 0.5) for n in (4, 7, 3)]
+    if sparse:
+        Xs = [sp.csr_matrix(X) for X in Xs]
+    ys = [rng.choice([-1.0, 1.0], size=X.shape[0]) for X in Xs]
+    return Xs, ys
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_round_trip(tmp_path, sparse):
+    Xs, ys = small(sparse)
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, Xs, ys, names=["a", "b", "c"], truth={"W": np.ones((5, 3))})
+    with store.TaskFile(path) as tf:
+        assert (tf.n_tasks, tf.n_features, tf.storage) == (3, 5, "csr" if sparse else "dense")
+        assert tf.names == ["a", "b", "c"]
+        assert_array_equal(tf.n_samples, [4, 7, 3])
+        for i in range(3):
+            blk = tf.read_task(i)
+            dense = Xs[i].toarray() if sparse else Xs[i]
+            got = blk.X.toarray() if sparse else blk.X
+            assert_array_equal(got, dense)
+            assert_array_equal(blk.y, ys[i])
+            assert tf.nnz[i] == np.count_nonzero(dense)
+        # a row range of one task (what a split block reads)
+        part = tf.read_block(1, 2, 5, part=1)
+        assert_array_equal(part.X.toarray() if sparse else part.X, (Xs[1].toarray() if sparse else Xs[1])[2:5])
+        assert part.n_task == 7 and part.row_start == 2
+        assert_array_equal(tf.read_truth()["W"], np.ones((5, 3)))
+
+
+def test_metadata_is_read_without_task_data(tmp_path):
+    Xs, ys = small()
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, Xs, ys)
+    with h5py.File(path, "a") as f:        # destroy every task group: the table must still be readable
+        del f["tasks"]
+    with store.TaskFile(path) as tf:
+        assert tf.n_tasks == 3 and list(tf.n_samples) == [4, 7, 3]
+        with pytest.raises(InputError, match=r"task 'task1' \(#1\): group '/tasks/000001' is missing"):
+            tf.read_task(1)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("X", np.nan, r"t\.h5: task 'task1' \(#1\): field 'X': contains NaN or Inf"),
+    ("X", np.inf, r"task 'task1' \(#1\): field 'X': contains NaN or Inf"),
+    ("y", np.nan, r"task 'task1' \(#1\): field 'y': contains NaN or Inf"),
+])
+def test_non_finite_values_are_refused_on_write(tmp_path, field, value, message):
+    Xs, ys = small()
+    (Xs if field == "X" else ys)[1][0] = value if field == "y" else np.full(5, value)
+    with pytest.raises(InputError, match=message):
+        store.write_tasks(tmp_path / "t.h5", Xs, ys)
+    assert not os.path.exists(tmp_path / "t.h5")
+
+
+def test_non_finite_values_in_an_existing_file_are_found_on_read(tmp_path):
+    Xs, ys = small()
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, Xs, ys)
+    with h5py.File(path, "a") as f:
+        f["tasks/000002/X"][1, 1] = np.inf
+    with store.TaskFile(path) as tf:
+        tf.read_task(0)
+        with pytest.raises(InputError, match=r"task 'task2' \(#2\): field 'X': contains NaN or Inf"):
+            tf.read_task(2)
+
+
+def test_empty_task_and_inconsistent_features(tmp_path):
+    Xs, ys = small()
+    with pytest.raises(InputError, match=r"task 'task1' \(#1\): field 'y': empty task"):
+        store.write_tasks(tmp_path / "e.h5", [Xs[0], np.zeros((0, 5))], [ys[0], np.zeros(0)])
+    with pytest.raises(InputError, match=r"task 'task1' \(#1\): field 'X': has 4 features, other tasks have 5"):
+        store.write_tasks(tmp_path / "d.h5", [Xs[0], np.zeros((2, 4))], [ys[0], np.ones(2)])
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(InputError, match=r"nope\.h5: no such file"):
+        store.TaskFile(tmp_path / "nope.h5")
+    junk = tmp_path / "junk.h5"
+    junk.write_text("this is not HDF5")
+    with pytest.raises(InputError, match=r"junk\.h5: not an HDF5 file"):
+        store.TaskFile(junk)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.attrs["format"] = "something-else"
+    with pytest.raises(InputError, match=r"other\.h5: attribute 'format' is 'something-else', expected 'hpcmtl-tasks'"):
+        store.TaskFile(other)
+    Xs, ys = small()
+    future = tmp_path / "future.h5"
+    store.write_tasks(future, Xs, ys)
+    with h5py.File(future, "a") as f:
+        f.attrs["format_version"] = 99
+    with pytest.raises(InputError, match=r"future\.h5: attribute 'format_version' is 99, this hpcmtl reads version 1"):
+        store.TaskFile(future)
+
+
+def test_missing_fields_are_named(tmp_path):
+    for sparse, field in ((False, "X"), (False, "y"), (True, "indptr")):
+        Xs, ys = small(sparse)
+        path = tmp_path / f"m{field}.h5"
+        store.write_tasks(path, Xs, ys)
+        with h5py.File(path, "a") as f:
+            del f[f"tasks/000000/{field}"]
+        with store.TaskFile(path) as tf, pytest.raises(InputError, match=rf"task 'task0' \(#0\): field '{field}' is missing"):
+            tf.read_task(0)
+
+
+def test_corrupt_csr_indices_are_caught(tmp_path):
+    Xs, ys = small(sparse=True)
+    path = tmp_path / "c.h5"
+    store.write_tasks(path, Xs, ys)
+    with h5py.File(path, "a") as f:
+        f["tasks/000001/indices"][0] = 1000
+    with store.TaskFile(path) as tf, pytest.raises(InputError, match=r"task 'task1' \(#1\): field 'indices': column index outside 0\.\.4"):
+        tf.read_task(1)
+
+
+def test_existing_output_is_refused_without_force(tmp_path):
+    Xs, ys = small()
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, Xs, ys)
+    with pytest.raises(InputError, match="output file exists"):
+        store.write_tasks(path, Xs, ys, force=False)
+    with pytest.raises(InputError, match="cannot write output: directory .* does not exist"):
+        store.write_tasks(tmp_path / "no" / "dir" / "t.h5", Xs, ys)
+
+
+def test_failed_write_leaves_nothing_under_the_final_name(tmp_path):
+    path = tmp_path / "t.h5"
+    with pytest.raises(RuntimeError):
+        with store.atomic_h5(path) as f:
+            f.create_dataset("x", data=np.ones(10))
+            raise RuntimeError("crash mid-write")
+    assert os.listdir(tmp_path) == []
+
+
+def test_killed_writer_leaves_no_file_under_the_final_name(tmp_path):
+    path = tmp_path / "big.h5"
+    code = (
+        "import numpy as np, time, sys\n"
+        "from hpcmtl import store\n"
+        "with store.atomic_h5(sys.argv[1]) as f:\n"
+        "    for k in range(10**6):\n"
+        "        f.create_dataset(f'x{k}', data=np.ones(1000)); f.flush()\n"
+        "        if k == 20: print('writing', flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not path.exists()
+    leftovers = os.listdir(tmp_path)
+    assert leftovers and all(name.startswith(".big.h5.") for name in leftovers)
+
+
+def test_result_file_layout(tmp_path):
+    path = tmp_path / "r.h5"
+    hist = {"round": np.arange(3), "gap": np.ones(3)}
+    store.write_result(path, np.ones((4, 2)), np.eye(2), hist, {"lam": 0.1}, 3, "0.1.0", task_names=["a", "b"])
+    with h5py.File(path, "r") as f:
+        assert f["model/W"].shape == (4, 2) and f["model/Sigma"].shape == (2, 2)
+        assert list(f["history"]) == ["gap", "round"]
+        assert f.attrs["n_ranks"] == 3 and f.attrs["hpcmtl_version"] == "0.1.0"
+    r = store.read_result(path)
+    assert r["config"] == {"lam": 0.1} and r["model"]["task_names"] == ["a", "b"]
