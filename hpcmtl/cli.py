@@ -20,7 +20,11 @@ SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-strea
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors, exit code 2 and 'did you mean' for options."""
+    """argparse with one-line errors, exit code 2, 'did you mean' and no abbreviations."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         hint = ""
@@ -39,7 +43,9 @@ class Parser(argparse.ArgumentParser):
                 match = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
                 if match:
                     hint = f" Did you mean '{match[0]}'?"
-        print(f"hpcmtl: error: {self.prog}: {message}.{hint}".replace("..", "."), file=sys.stderr)
+        from .cluster import launcher_rank
+        if launcher_rank() == 0:              # one line per job, not one per rank
+            print(f"hpcmtl: error: {self.prog}: {message}.{hint}".replace("..", "."), file=sys.stderr)
         sys.exit(2)
 
 
@@ -78,10 +84,11 @@ def _count(name, minimum=1):
     return parse
 
 
-def build_parser():
-    p = Parser(prog="hpcmtl", description="MPI-native multi-task learning")
+def build_parser():  # noqa: C901 - one flat description of the command line
+    p = Parser(prog="hpcmtl", description="MPI-native multi-task learning", allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"hpcmtl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    # abbreviations are off everywhere: a misspelt option in a job script is an error, never a guess
 
     # -- data ---------------------------------------------------------------
     data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
@@ -107,6 +114,12 @@ def build_parser():
     split.add_argument("--test-fraction", type=_positive_float("--test-fraction"), default=0.25)
     split.add_argument("--seed", type=_count("--seed", 0), default=0)
     split.add_argument("--force", action="store_true")
+
+    stdz = dsub.add_parser("standardize", help="scale features with statistics of the training file")
+    stdz.add_argument("train", metavar="TRAIN.h5")
+    stdz.add_argument("output", metavar="OUT_TRAIN.h5")
+    stdz.add_argument("--test", nargs=2, metavar=("TEST.h5", "OUT_TEST.h5"), help="apply the same scaling to a test file")
+    stdz.add_argument("--force", action="store_true")
 
     info = dsub.add_parser("info", help="tasks, sizes, nnz, label balance")
     info.add_argument("input", metavar="FILE.h5")
@@ -177,6 +190,8 @@ def cmd_data(args):
         return 0
     if args.data_command == "split":
         return data_split(args)
+    if args.data_command == "standardize":
+        return data_standardize(args)
     if args.data_command == "synth":
         return data_synth(args)
     return data_convert(args)
@@ -208,6 +223,27 @@ def data_split(args):
     store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force)
     store.write_tasks(args.test, *test, names=names, force=args.force)
     print(f"wrote {args.train} and {args.test}")
+    return 0
+
+
+def data_standardize(args):
+    from . import converters, store
+    pairs = [(args.train, args.output)] + ([tuple(args.test)] if args.test else [])
+    for _, out in pairs:
+        store.check_writable(out, args.force)
+    with store.TaskFile(args.train) as tf:
+        blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+    mean, scale = converters.standardization(blocks)
+    for src, out in pairs:
+        with store.TaskFile(src) as tf:
+            if tf.n_features != mean.size:
+                raise InputError(f"{src}: has {tf.n_features} features, {args.train} has {mean.size}")
+            blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+            names, truth = tf.names, tf.read_truth()
+        Xs = [converters.apply_standardization(b.X, mean, scale) for b in blocks]
+        store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth,
+                          preprocessing={"mean": mean, "scale": scale}, force=args.force)
+    print("wrote " + " and ".join(out for _, out in pairs))
     return 0
 
 
@@ -349,7 +385,7 @@ def cmd_train(args, cluster):
                       test=os.path.abspath(args.test) if args.test else None)
     extra = {"rho": result.rho, "converged": int(result.converged)}
     store.write_result(args.out, result.W, result.Sigma, result.history, config_out, cluster.size,
-                       __version__, task_names=result.task_names, extra=extra, force=args.force)
+                       __version__, task_names=result.task_names, extra=extra, test=result.test, force=args.force)
     if not args.quiet:
         h = result.history
         print(f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "

@@ -31,6 +31,19 @@ import numpy as np
 from .errors import InputError, Preempted
 
 
+def launcher_rank() -> int:
+    """This process's rank as the launcher announced it (before MPI is initialized).
+
+    Used only to keep command-line errors to one line per job: MPICH/Hydra set
+    PMI_RANK, Open MPI OMPI_COMM_WORLD_RANK, SLURM's srun SLURM_PROCID.
+    """
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # Partition arithmetic (pure: testable without MPI)
 # ---------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
     if loss.binary_labels:
         bad = ~((y == 1.0) | (y == -1.0))
         if np.any(bad):
-            value = y[np.argmax(bad)]
+            value = float(y[np.argmax(bad)])
             raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}")
 
 

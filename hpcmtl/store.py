@@ -43,6 +43,7 @@ FORMAT_VERSION = 1
 _TABLE = "task_table"
 _TASKS = "tasks"
 _TRUTH = "truth"
+_PREPROCESSING = "preprocessing"
 
 
 def _task_group(i: int) -> str:
@@ -146,7 +147,7 @@ def _check_task(path, i, name, X, y, n_features):
         raise InputError(f"{where}: field 'y': contains NaN or Inf")
 
 
-def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True):
+def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, preprocessing=None):
     """Write a task dataset.
 
     Parameters
@@ -156,6 +157,7 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True):
     names : task names (default ``task0``, ``task1``, ...)
     truth : optional dict of arrays (ground truth of synthetic data)
     attrs : optional dict of extra root attributes (strings / numbers)
+    preprocessing : optional dict of arrays (e.g. the standardization applied)
     """
     path = os.fspath(path)
     if len(Xs) != len(ys) or len(Xs) == 0:
@@ -195,10 +197,11 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True):
                 nnz = int(np.count_nonzero(X))
             table[i] = (names[i], X.shape[0], nnz)
         f.create_dataset(_TABLE, data=table)
-        if truth:
-            t = f.create_group(_TRUTH)
-            for key, value in truth.items():
-                t.create_dataset(key, data=np.asarray(value))
+        for group, arrays in ((_TRUTH, truth), (_PREPROCESSING, preprocessing)):
+            if arrays:
+                g = f.create_group(group)
+                for key, value in arrays.items():
+                    g.create_dataset(key, data=np.asarray(value))
 
 
 class TaskFile:
@@ -333,8 +336,12 @@ def read_all_tasks(path):
 # Result files
 # ---------------------------------------------------------------------------
 def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
-                 version: str, task_names=None, extra: dict | None = None, force=True):
-    """Write a result file (see module docstring); ``extra`` adds /model arrays."""
+                 version: str, task_names=None, extra: dict | None = None, test: dict | None = None, force=True):
+    """Write a result file (see module docstring).
+
+    ``extra`` adds /model arrays; ``test`` (``{"tasks": [...], "summary": {...}}``)
+    adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute.
+    """
     with atomic_h5(path, force=force) as f:
         f.attrs["format"] = RESULT_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
@@ -351,6 +358,12 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         hist = f.create_group("history")
         for key, values in history.items():
             hist.create_dataset(key, data=np.asarray(values))
+        if test:
+            g = f.create_group("test")
+            g.attrs["summary"] = json.dumps(test["summary"], sort_keys=True)
+            for key in test["tasks"][0]:
+                column = [t[key] for t in test["tasks"]]
+                g.create_dataset(key, data=np.array(column, dtype=h5py.string_dtype()) if key == "name" else np.asarray(column))
 
 
 def read_result(path) -> dict:
@@ -368,6 +381,9 @@ def read_result(path) -> dict:
             if k == "task_names":
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
             out["model"][k] = value
+        if "test" in f:
+            out["test"] = {"summary": json.loads(f["test"].attrs["summary"]),
+                           "tasks": {k: v[()] for k, v in f["test"].items()}}
     return out
 
 
