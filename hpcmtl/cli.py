@@ -385,7 +385,8 @@ def cmd_train(args, cluster):
                       test=os.path.abspath(args.test) if args.test else None)
     extra = {"rho": result.rho, "converged": int(result.converged)}
     store.write_result(args.out, result.W, result.Sigma, result.history, config_out, cluster.size,
-                       __version__, task_names=result.task_names, extra=extra, test=result.test, force=args.force)
+                       __version__, task_names=result.task_names, extra=extra, test=result.test,
+                       ranks=result.extra or None, force=args.force)
     if not args.quiet:
         h = result.history
         print(f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "

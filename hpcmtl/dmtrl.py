@@ -459,6 +459,23 @@ def serve(cluster):
         cluster.handlers[int(ctrl[0])](ctrl, None, int(ctrl[2]))
 
 
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def partition_mb(local) -> float:
+    """Memory of a rank's own data partition and dual variables (MB)."""
+    total = 0
+    for k, blk in enumerate(local.blocks):
+        total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes + blk.sq_norms.nbytes
+        total += local.alpha[k].nbytes + local.perm[k].nbytes
+    for blk in local.test_blocks.values():
+        total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes
+    return total / 2 ** 20
+
+
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None):
     """Run DMTRL (or STL / a fixed Sigma) on every rank; the server returns a TrainResult.
 
@@ -469,11 +486,13 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     config.validate()
     if config.relationship == "fixed":
         sigma_fixed = check_sigma(sigma_fixed, source.n_tasks)
+    rss_before_data = peak_rss_mb()
     blocks, tests = load_blocks(cluster, source, config, test_source)
     local = LocalBlocks(cluster, blocks, config, tests)
     local.register(cluster)
     if not cluster.is_server:
         serve(cluster)
+        cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb()))
         return None
     server = Server(cluster, source, config, sigma_fixed, progress)
     try:
@@ -481,11 +500,14 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
         test = server.test_metrics(not get_loss(config.loss).binary_labels) if test_source is not None else None
     finally:
         server.stop()
+    ranks = np.array(cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb())))
     return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
                        history=server.history.arrays(),
                        config=config.to_dict(), task_names=server.names, converged=converged,
                        n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,
-                       rho=server.rho, test=test)
+                       rho=server.rho, test=test,
+                       extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
+                              "peak_rss_mb": ranks[:, 2]})
 
 
 def check_sigma(Sigma, m):

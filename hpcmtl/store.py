@@ -336,11 +336,13 @@ def read_all_tasks(path):
 # Result files
 # ---------------------------------------------------------------------------
 def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
-                 version: str, task_names=None, extra: dict | None = None, test: dict | None = None, force=True):
+                 version: str, task_names=None, extra: dict | None = None, test: dict | None = None,
+                 ranks: dict | None = None, force=True):
     """Write a result file (see module docstring).
 
     ``extra`` adds /model arrays; ``test`` (``{"tasks": [...], "summary": {...}}``)
-    adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute.
+    adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute;
+    ``ranks`` adds ``/ranks/<name>`` arrays with one entry per MPI rank (memory).
     """
     with atomic_h5(path, force=force) as f:
         f.attrs["format"] = RESULT_FORMAT
@@ -358,6 +360,10 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         hist = f.create_group("history")
         for key, values in history.items():
             hist.create_dataset(key, data=np.asarray(values))
+        if ranks:
+            g = f.create_group("ranks")
+            for key, values in ranks.items():
+                g.create_dataset(key, data=np.asarray(values))
         if test:
             g = f.create_group("test")
             g.attrs["summary"] = json.dumps(test["summary"], sort_keys=True)
@@ -381,6 +387,8 @@ def read_result(path) -> dict:
             if k == "task_names":
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
             out["model"][k] = value
+        if "ranks" in f:
+            out["ranks"] = {k: v[()] for k, v in f["ranks"].items()}
         if "test" in f:
             out["test"] = {"summary": json.loads(f["test"].attrs["summary"]),
                            "tasks": {k: v[()] for k, v in f["test"].items()}}
