@@ -15,7 +15,7 @@ import sys
 from . import __version__
 from .errors import InputError
 
-TRAIN_METHODS = ("dmtrl", "stl", "ssdca", "mtrl-central")
+TRAIN_METHODS = ("dmtrl", "stl", "fixed", "ssdca", "mtrl-central")
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
 
 
@@ -156,6 +156,8 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--rff-dim", type=_count("--rff-dim", 0), default=0)
     tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
     tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
+    tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
+                    "(/model/Sigma) or a .npy file")
     tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
     tr.add_argument("--quiet", action="store_true")
 
@@ -344,7 +346,10 @@ def reuters_stream(args):
 # ---------------------------------------------------------------------------
 def config_from_args(args):
     from .dmtrl import DMTRLConfig
-    relationship = {"dmtrl": "learned", "stl": "identity", "ssdca": "learned", "mtrl-central": "learned"}[args.method]
+    relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "ssdca": "learned",
+                    "mtrl-central": "learned"}[args.method]
+    if args.sigma is not None and args.method in ("ssdca", "mtrl-central"):
+        relationship = "fixed"                      # the centralized baselines under a given Sigma
     return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
@@ -362,23 +367,38 @@ def progress_printer(quiet):
     return show
 
 
+def read_sigma(path):
+    """A task covariance from a result file (/model/Sigma) or a .npy file."""
+    import numpy as np
+
+    from . import store
+    if path is None:
+        raise InputError("method 'fixed' needs --sigma RESULT.h5 or --sigma SIGMA.npy")
+    if path.endswith(".npy"):
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+        return np.load(path, allow_pickle=False)
+    return store.read_result(path)["model"]["Sigma"]
+
+
 def cmd_train(args, cluster):
     from . import store
     from .baselines import mtrl_central, ssdca
     from .dmtrl import train
     config = config_from_args(args)                 # identical on every rank: fails together
     store.check_writable(args.out, args.force)
+    sigma = read_sigma(args.sigma) if config.relationship == "fixed" else None
     source = store.TaskFile(args.train)
     test_source = store.TaskFile(args.test) if args.test else None
     progress = progress_printer(args.quiet) if cluster.is_server else None
     if args.method in ("ssdca", "mtrl-central"):
         if not cluster.is_server:
             return None                             # centralized baselines run on rank 0 only
-        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, progress=progress)
+        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, sigma, progress=progress)
         if test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source)
     else:
-        result = train(cluster, source, config, test_source, progress=progress)
+        result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress)
     if result is None:
         return None
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),

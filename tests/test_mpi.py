@@ -133,3 +133,17 @@ def test_school_end_to_end_on_3_ranks(shared_data, tmp_path):
     assert res["model"]["W"].shape == (28, 139)
     ev = json.loads(run_hpcmtl(["evaluate", out, te, "--json"]).stdout)["summary"]
     assert 9.0 < ev["rmse"] < 12.5 and 0.1 < ev["explained_variance"] < 0.45
+
+
+def test_fixed_sigma_from_a_result_reproduces_the_last_w_step(synth, tmp_path):
+    tr, _ = synth
+    learned, fixed = tmp_path / "learned.h5", tmp_path / "fixed.h5"
+    assert run_hpcmtl(train_args(tr, learned, "--tol", "1e-8", "--max-rounds", "5000"), n_ranks=3).returncode == 0
+    r = run_hpcmtl(["train", "fixed", "--sigma", learned, "--train", tr, "--out", fixed, "--loss", "hinge",
+                    "--lam", "1e-2", "--tol", "1e-8", "--max-rounds", "5000", "--quiet"], n_ranks=2)
+    assert r.returncode == 0, r.stderr
+    a, b = store.read_result(learned), store.read_result(fixed)
+    assert b["model"]["Sigma"].tobytes() == a["model"]["Sigma"].tobytes()
+    assert b["history"]["primal"][-1] == pytest.approx(a["history"]["primal"][-1], rel=1e-6)
+    r = run_hpcmtl(["train", "fixed", "--train", tr, "--out", tmp_path / "x.h5", "--lam", "1"], n_ranks=2)
+    assert r.returncode == 2 and "needs --sigma" in r.stderr
