@@ -51,18 +51,19 @@ def run_liblinear(X, y, lam):
     return seconds, primal(X, y, w, lam)
 
 
-def run_hpcmtl(X, y, lam, target, seed, max_epochs=2000):
+def run_hpcmtl(X, y, lam, target, seed, shrinking=True, max_epochs=2000):
     blk = TaskBlock(0, "t", X.shape[0], 0, X, y)
     n, d = X.shape
     alpha, b, delta_b = np.zeros(n), np.zeros(d), np.empty(d)
-    perm = np.empty(n, dtype=np.int32)
+    order = np.arange(n, dtype=np.int32)
+    shrink = _kernels.new_shrink_state(n, shrinking)
     _ = blk.sq_norms
     seconds = 0.0
     for epoch in range(1, max_epochs + 1):
         w = b / lam
         t = time.perf_counter()
-        _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, perm, 0, 1.0, 1.0 / lam,
-                            float(n), n, seed * 100003 + epoch)
+        _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, order, shrink, 0, 1.0,
+                            1.0 / lam, float(n), 1.0, seed * 100003 + epoch)
         b += delta_b
         seconds += time.perf_counter() - t
         if primal(X, y, b / lam, lam) <= target:
@@ -75,20 +76,23 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--small", action="store_true", help="smaller problems (smoke test)")
     args = ap.parse_args()
-    print(f"{'problem':<28s} {'liblinear s':>12s} {'hpcmtl s':>10s} {'ratio':>7s} {'epochs':>7s}  P_liblinear")
+    print(f"{'problem':<28s} {'liblinear s':>12s} {'hpcmtl s':>10s} {'ratio':>7s} {'rounds':>7s} "
+          f"{'no-shrink s':>12s} {'ratio':>7s}  P_liblinear")
     for kind in ("dense", "sparse"):
         X, y = make(kind, small=args.small)
         lam = 1.0 / X.shape[0]            # C = 1
-        ll, ours, epochs = [], [], []
+        ll, ours, epochs, plain = [], [], [], []
         for r in range(args.repeats):
             s, target = run_liblinear(X, y, lam)
             ll.append(s)
             s2, ep = run_hpcmtl(X, y, lam, target, seed=r)
             ours.append(s2)
             epochs.append(ep)
+            plain.append(run_hpcmtl(X, y, lam, target, seed=r, shrinking=False)[0])
         label = f"{kind} {X.shape[0]}x{X.shape[1]}" + (f" ({X.nnz / X.shape[0] / X.shape[1]:.1%})" if kind == "sparse" else "")
-        a, b = statistics.median(ll), statistics.median(ours)
-        print(f"{label:<28s} {a:12.3f} {b:10.3f} {b / a:7.2f} {int(statistics.median(epochs)):7d}  {target:.6f}")
+        a, b, c = statistics.median(ll), statistics.median(ours), statistics.median(plain)
+        print(f"{label:<28s} {a:12.3f} {b:10.3f} {b / a:7.2f} {int(statistics.median(epochs)):7d} "
+              f"{c:12.3f} {c / a:7.2f}  {target:.6f}", flush=True)
 
 
 if __name__ == "__main__":

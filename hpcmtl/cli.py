@@ -156,6 +156,7 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--rff-dim", type=_count("--rff-dim", 0), default=0)
     tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
     tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
+    tr.add_argument("--no-shrinking", action="store_true", help="visit every coordinate in every pass (hinge losses)")
     tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
                     "(/model/Sigma) or a .npy file")
     tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
@@ -353,7 +354,8 @@ def config_from_args(args):
     return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
-                       rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, method=args.method).validate()
+                       rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
+                       method=args.method).validate()
 
 
 def progress_printer(quiet):

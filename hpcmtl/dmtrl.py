@@ -67,6 +67,7 @@ class DMTRLConfig:
     rff_dim: int = 0                # random Fourier features (0 = linear)
     rff_gamma: float = 1.0
     split_tasks: bool = False       # split tasks larger than a worker's share over several workers
+    shrinking: bool = True          # liblinear-style shrinking in local SDCA (hinge, smoothed hinge)
     method: str = "dmtrl"
 
     def validate(self, owner="DMTRL"):
@@ -229,8 +230,14 @@ class LocalBlocks:
         self.w = np.zeros((len(blocks), d))
         self.sigma_ii = np.ones(len(blocks))
         self.rho = 1.0
-        self.perm = [np.empty(b.n_rows, dtype=np.int32) for b in blocks]
+        self.order = [np.arange(b.n_rows, dtype=np.int32) for b in blocks]
+        self.reset_shrinking()
         self.d = d
+
+    def reset_shrinking(self):
+        """Every coordinate active again (start, and after each Omega-step changes W)."""
+        enabled = self.config.shrinking and self.loss.name in ("hinge", "smoothed-hinge")
+        self.shrink = [_kernels.new_shrink_state(b.n_rows, enabled) for b in self.blocks]
 
     def register(self, cluster):
         cluster.handlers.update({
@@ -244,11 +251,10 @@ class LocalBlocks:
         out = np.zeros((len(self.blocks), width))
         for k, blk in enumerate(self.blocks):
             try:
-                n_steps = max(1, int(round(cfg.local_iters * blk.n_rows)))
                 old = self.alpha[k].copy() if cfg.eta != 1.0 else None
                 _kernels.sdca_local(*blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
-                                    self.perm[k], self.loss.kernel_id, cfg.gamma,
-                                    self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), n_steps,
+                                    self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma,
+                                    self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
                                     block_seed(cfg.seed, blk.task, blk.part, round_))
                 if old is not None:   # alpha <- alpha + eta delta_alpha
                     self.alpha[k] = old + cfg.eta * (self.alpha[k] - old)
@@ -273,6 +279,7 @@ class LocalBlocks:
         shared = self.cluster.bcast_array(payload, (m + 1,))
         self.sigma_ii = np.array([shared[b.task] for b in self.blocks])
         self.rho = float(shared[m])
+        self.reset_shrinking()
 
     def on_get_alpha(self, ctrl, payload, width):
         local = np.concatenate(self.alpha) if self.alpha else np.zeros(0)
@@ -470,7 +477,7 @@ def partition_mb(local) -> float:
     total = 0
     for k, blk in enumerate(local.blocks):
         total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes + blk.sq_norms.nbytes
-        total += local.alpha[k].nbytes + local.perm[k].nbytes
+        total += local.alpha[k].nbytes + local.order[k].nbytes
     for blk in local.test_blocks.values():
         total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes
     return total / 2 ** 20

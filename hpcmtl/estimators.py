@@ -75,7 +75,7 @@ class DMTRL(BaseEstimator):
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
-                 sigma=None, rff_dim=0, rff_gamma=1.0):
+                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True):
         self.loss = loss
         self.lam = lam
         self.gamma = gamma
@@ -91,6 +91,7 @@ class DMTRL(BaseEstimator):
         self.sigma = sigma
         self.rff_dim = rff_dim
         self.rff_gamma = rff_gamma
+        self.shrinking = shrinking
 
     def _config(self):
         from .dmtrl import DMTRLConfig

@@ -38,7 +38,8 @@ def coordinate_step_reference(loss, y, a, ux, q, gamma=1.0):
     if loss == "hinge":
         return y * np.clip(b + (1 - y * ux) / q, 0, 1) - a
     if loss == "smoothed-hinge":
-        return y * np.clip((q * b + 1 - y * ux) / (gamma + q), 0, 1) - a
+        margin = 1 - y * ux
+        return y * np.clip((q * b + margin) / (gamma + q), 0, 1) - a
     # logistic: bisection on the monotone optimality condition (100 halvings)
     z = y * ux
     lo, hi = 0.0, 1.0
@@ -54,7 +55,7 @@ def local_objective(loss, y, a, ux, q, delta, gamma=1.0):
 
 
 def sdca_local_reference(X, y, alpha, w, rho_sigma_over_lam, n_task, n_steps, seed, loss, gamma=1.0):
-    """Algorithm 2 on Eq. 4, one coordinate at a time in the kernel's order."""
+    """Algorithm 2 on Eq. 4, one coordinate at a time in the kernel's order (no shrinking)."""
     X = X.toarray() if hasattr(X, "toarray") else np.asarray(X)
     alpha = alpha.copy()
     n = X.shape[0]
@@ -72,3 +73,70 @@ def sdca_local_reference(X, y, alpha, w, rho_sigma_over_lam, n_task, n_steps, se
         alpha[j] += delta
         delta_b += delta * X[j] / n_task
     return alpha, delta_b
+
+
+class ShrinkingReference:
+    """liblinear's shrinking around the same steps, state kept between rounds (hinge losses)."""
+
+    def __init__(self, n):
+        self.order = list(range(n))
+        self.n_active, self.pg_max_old, self.pg_min_old, self.eps = n, np.inf, -np.inf, 0.1
+
+    def end_of_pass(self, pg_max, pg_min, n):
+        if pg_max - pg_min <= self.eps:
+            if self.n_active == n and self.eps > 1e-12:
+                self.eps *= 0.1
+            self.n_active, self.pg_max_old, self.pg_min_old = n, np.inf, -np.inf
+        else:
+            self.pg_max_old = pg_max if pg_max > 0 else np.inf
+            self.pg_min_old = pg_min if pg_min < 0 else -np.inf
+
+    def round(self, X, y, alpha, w, c, n_task, local_iters, seed, loss, gamma=1.0):
+        X = X.toarray() if hasattr(X, "toarray") else np.asarray(X)
+        n = X.shape[0]
+        rng = SplitMix64(seed)
+        u = w.copy()
+        n_steps = max(1, int(local_iters * self.n_active + 0.5))
+        step, pos = 0, self.n_active
+        pg_max, pg_min = -np.inf, np.inf
+        while step < n_steps:
+            if pos >= self.n_active:
+                if step > 0:
+                    self.end_of_pass(pg_max, pg_min, n)
+                    pg_max, pg_min = -np.inf, np.inf
+                for i in range(self.n_active - 1, 0, -1):
+                    j = rng.bounded(i + 1)
+                    self.order[i], self.order[j] = self.order[j], self.order[i]
+                pos = 0
+            j = self.order[pos]
+            ux = 0.0
+            for k in np.flatnonzero(X[j]):          # the kernel's summation order
+                ux += X[j, k] * u[k]
+            b = y[j] * alpha[j]
+            G = y[j] * ux - 1 + (gamma * b if loss == "smoothed-hinge" else 0.0)
+            PG = 0.0
+            if b <= 0 and G > self.pg_max_old or b >= 1 and G < self.pg_min_old:
+                self.n_active -= 1
+                self.order[pos], self.order[self.n_active] = self.order[self.n_active], j
+                continue
+            if b <= 0:
+                PG = min(G, 0.0)
+            elif b >= 1:
+                PG = max(G, 0.0)
+            else:
+                PG = G
+            pg_max, pg_min = max(pg_max, PG), min(pg_min, PG)
+            pos += 1
+            step += 1
+            sq = 0.0
+            for k in np.flatnonzero(X[j]):
+                sq += X[j, k] * X[j, k]
+            delta = coordinate_step_reference(loss, y[j], alpha[j], ux, c * sq * (1.0 / n_task), gamma)
+            alpha[j] += delta
+            u += (c * delta * (1.0 / n_task)) * X[j]
+        if pos >= self.n_active:
+            self.end_of_pass(pg_max, pg_min, n)
+        elif pg_max >= pg_min:
+            self.pg_max_old = pg_max if pg_max > 0 else np.inf
+            self.pg_min_old = pg_min if pg_min < 0 else -np.inf
+        return (u - w) / c

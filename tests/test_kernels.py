@@ -9,7 +9,7 @@ from hpcmtl import _kernels
 from hpcmtl.losses import LOSSES, conjugate_reference, primal_reference
 from hpcmtl.taskdata import TaskBlock
 
-from reference import coordinate_step_reference, local_objective, sdca_local_reference
+from reference import ShrinkingReference, coordinate_step_reference, local_objective, sdca_local_reference
 
 ALL_LOSSES = list(LOSSES)
 
@@ -62,13 +62,49 @@ def test_sdca_local_matches_numpy_reference(loss, sparse):
     blk = _block(sp.csr_matrix(X) if sparse else X, y, n_task=50)
     alpha = alpha0.copy()
     delta_b = np.empty(d)
-    steps = _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.empty(n, np.int32),
-                                LOSSES[loss].kernel_id, 0.7, 2.5, 50.0, 80, 12345)
+    steps = _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.arange(n, dtype=np.int32),
+                                _kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, 0.7, 2.5, 50.0,
+                                80 / n, 12345)
     assert steps == 80
     ref_alpha, ref_db = sdca_local_reference(X, y, alpha0, w, 2.5, 50.0, 80, 12345, loss, 0.7)
     assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
-    assert_allclose(delta_b, ref_db, rtol=1e-9, atol=1e-12)
-    assert_allclose(delta_b, X.T @ (alpha - alpha0) / 50.0, rtol=1e-9, atol=1e-12)
+    # delta_b is read off u = w + c delta_b: exact up to a few ulps of |w|
+    assert_allclose(delta_b, ref_db, rtol=1e-9, atol=1e-13 * np.abs(w).max() / 2.5 * 100)
+    assert_allclose(delta_b, X.T @ (alpha - alpha0) / 50.0, rtol=1e-9, atol=1e-13 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_shrinking_matches_numpy_reference_over_rounds(loss, sparse):
+    rng = np.random.default_rng(12)
+    n, d = 60, 5
+    X = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.7)
+    y = np.where(X @ rng.normal(size=d) + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    blk = _block(sp.csr_matrix(X) if sparse else X, y)
+    c, kid = 20.0, LOSSES[loss].kernel_id
+    alpha, b = np.zeros(n), np.zeros(d)
+    order, state = np.arange(n, dtype=np.int32), _kernels.new_shrink_state(n, True)
+    ref = ShrinkingReference(n)
+    shrunk_seen = unshrunk_seen = False
+    for r in range(40):
+        # each round from identical inputs and shrinking state: rounding cannot accumulate
+        ref.order, ref.n_active = list(order), int(state[1])
+        ref.pg_max_old, ref.pg_min_old, ref.eps = state[2], state[3], state[4]
+        ref_alpha = alpha.copy()
+        before = ref.n_active
+        db = np.empty(d)
+        _kernels.sdca_local(*blk.rows, blk.y, alpha, b * c, db, blk.sq_norms, order, state, kid, 0.5, c,
+                            float(n), 1.3, 1000 + r)
+        ref_db = ref.round(X, y, ref_alpha, b * c, c, float(n), 1.3, 1000 + r, loss, 0.5)
+        assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
+        assert_allclose(db, ref_db, rtol=1e-9, atol=1e-12)
+        assert int(state[1]) == ref.n_active and list(order) == ref.order
+        assert_allclose(state[2:], [ref.pg_max_old, ref.pg_min_old, ref.eps], rtol=1e-12)
+        shrunk_seen |= ref.n_active < n
+        unshrunk_seen |= ref.n_active > before
+        b += db
+    assert shrunk_seen and unshrunk_seen                 # the test exercised both directions
+    assert_allclose(b, X.T @ alpha / n, atol=1e-12)      # B stays consistent with alpha
 
 
 def test_dense_and_csr_give_identical_bits():
@@ -79,8 +115,8 @@ def test_dense_and_csr_give_identical_bits():
     for M in (X, sp.csr_matrix(X)):
         blk = _block(M, y)
         alpha, db = np.zeros(50), np.empty(8)
-        _kernels.sdca_local(*blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.empty(50, np.int32),
-                            0, 1.0, 3.0, 50.0, 150, 7)
+        _kernels.sdca_local(*blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.arange(50, dtype=np.int32),
+                            _kernels.new_shrink_state(50, True), 0, 1.0, 3.0, 50.0, 3.0, 7)
         outs.append((alpha, db))
     assert_array_equal(outs[0][0], outs[1][0])
     assert_allclose(outs[0][1], outs[1][1], rtol=1e-14, atol=1e-15)  # sums skip explicit zeros in CSR
