@@ -159,6 +159,13 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--no-shrinking", action="store_true", help="visit every coordinate in every pass (hinge losses)")
     tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
                     "(/model/Sigma) or a .npy file")
+    tr.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (default: OUT.checkpoint.h5; always "
+                    "written when SIGTERM, SIGUSR1 or SIGINT arrives)")
+    tr.add_argument("--checkpoint-every", type=_count("--checkpoint-every", 0), default=0, metavar="N",
+                    help="also write a checkpoint every N rounds")
+    tr.add_argument("--checkpoint-seconds", type=_positive_float("--checkpoint-seconds"), default=None, metavar="S",
+                    help="also write a checkpoint every S seconds")
+    tr.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
     tr.add_argument("--quiet", action="store_true")
 
@@ -386,21 +393,33 @@ def read_sigma(path):
 def cmd_train(args, cluster):
     from . import store
     from .baselines import mtrl_central, ssdca
+    from .checkpoint import Checkpointer
+    from .cluster import SignalFlag
     from .dmtrl import train
+    signals = SignalFlag().install()                # before anything slow: no rank dies on SIGTERM
     config = config_from_args(args)                 # identical on every rank: fails together
     store.check_writable(args.out, args.force)
+    checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
+    store.check_writable(checkpoint, True)
+    if args.resume and not os.path.exists(checkpoint):
+        raise InputError(f"{checkpoint}: no checkpoint to resume from")
     sigma = read_sigma(args.sigma) if config.relationship == "fixed" else None
     source = store.TaskFile(args.train)
     test_source = store.TaskFile(args.test) if args.test else None
     progress = progress_printer(args.quiet) if cluster.is_server else None
     if args.method in ("ssdca", "mtrl-central"):
+        if args.resume or args.checkpoint_every or args.checkpoint_seconds:
+            raise InputError(f"checkpoints are for the distributed methods, not '{args.method}'")
         if not cluster.is_server:
             return None                             # centralized baselines run on rank 0 only
         result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, sigma, progress=progress)
         if test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source)
     else:
-        result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress)
+        checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
+                                    config.to_dict(), source, sigma) if cluster.is_server else None
+        result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress,
+                       checkpointer=checkpointer, resume=checkpoint if args.resume else None)
     if result is None:
         return None
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),

@@ -102,6 +102,63 @@ def plan_blocks(n_samples, nnz, n_workers: int, split_large: bool = False):
 CONTROL_SIZE = 4
 STOP = 0
 
+# reasons carried by STOP (ctrl[1]); workers leave with the matching exit code
+STOP_DONE = 0
+STOP_PREEMPTED = 1
+STOP_FAILED = 2
+
+TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+class StopRequested(Exception):
+    """A worker was told by the server to stop with a non-zero exit code (server prints why)."""
+
+    def __init__(self, code):
+        super().__init__(f"stopped by the server with exit code {code}")
+        self.exit_code = int(code)
+
+
+class SignalFlag:
+    """Remembers a termination signal instead of dying on it.
+
+    SIGTERM and SIGUSR1 (what SLURM sends before a time limit or preemption)
+    and SIGINT only set the flag; the server finishes its round, writes a
+    checkpoint and stops the job.  Installed on every rank (mpiexec and srun
+    forward the signal to all of them), so no worker dies mid-collective.
+    """
+
+    def __init__(self):
+        self.received = None
+
+    def install(self):
+        import signal
+        for name in TERMINATION_SIGNALS:
+            signal.signal(getattr(signal, name), self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+        self.received = signal.Signals(signum).name
+
+
+def fault_point(rank: int, round_: int):
+    """Test hook: ``HPCMTL_FAULT=RANK:ROUND[:kill]`` fails that rank at that round.
+
+    ``raise`` (default) raises an exception, ``kill`` SIGKILLs the process, the
+    way a node failure looks to the rest of the job.  Unset, it costs one
+    dictionary lookup per round.
+    """
+    spec = os.environ.get("HPCMTL_FAULT")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) != rank or int(parts[1]) != round_:
+        return
+    if len(parts) > 2 and parts[2] == "kill":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault (HPCMTL_FAULT={spec})")
+
 
 class Cluster:
     """MPI roles, block ownership and the collectives hpcmtl uses.
@@ -292,6 +349,8 @@ def run_main(fn, comm=None, stderr=None) -> int:
         if cluster.rank == 0:
             print(f"hpcmtl: {exc}", file=stderr, flush=True)
         return Preempted.exit_code
+    except StopRequested as exc:          # the server already printed the cause
+        return exc.exit_code
     except BaseException as exc:  # noqa: BLE001 - anything else must end every rank
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return 0

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import _kernels
-from .cluster import STOP, plan_blocks
-from .errors import ConvergenceError, InputError
+from .cluster import STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
+from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import LOSSES, check_labels, closest, get_loss
 from .metrics import summarize, task_metrics
@@ -43,8 +43,8 @@ RELATIONSHIPS = ("learned", "identity", "fixed")
 CMD_SDCA = 1          # a = global round: local SDCA on every block -> Gatherv delta b
 CMD_SET_W = 2         # a = 1 to also return objective terms: Scatterv w columns
 CMD_SET_SIGMA = 3     # Bcast sigma_ii per task and rho
-CMD_GET_ALPHA = 4     # Gatherv alpha of every block (checkpoints)
-CMD_SET_ALPHA = 5     # Scatterv alpha of every block (resume)
+CMD_GET_STATE = 4     # Gatherv alpha, coordinate order and shrinking state of every block (checkpoint)
+CMD_SET_STATE = 5     # Scatterv the same (resume)
 CMD_TEST = 6          # per-task test metrics of the current W
 
 
@@ -152,24 +152,34 @@ def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float
     return float(eta * np.max((A @ s) / np.diag(Sigma)))
 
 
-def alternate(config, w_step, omega_update):
+class OuterState:
+    """Where the outer loop is: the current outer step and the previous W-step's objective."""
+
+    def __init__(self, p=0, previous=None):
+        self.p = p
+        self.previous = previous
+
+
+def alternate(config, w_step, omega_update, state: OuterState | None = None):
     """The outer loop of Algorithm 1, shared by DMTRL and the centralized baselines.
 
     ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()``
     replaces Sigma.  Stops after a W-step when relationships are not learned,
     after ``config.outer`` W-steps, or when the objective changed by at most
     ``outer_tol`` relative to the previous W-step.  Always ends on a W-step, so
-    the returned W is certified for the returned Sigma.
+    the returned W is certified for the returned Sigma.  ``state`` lets a
+    resumed run continue where a checkpoint left the loop.
     """
-    previous = None
+    state = state or OuterState()
     converged = False
-    for p in range(config.outer):
-        row, converged = w_step(p)
+    while state.p < config.outer:
+        row, converged = w_step(state.p)
         objective = row["primal"]
-        if (config.relationship != "learned" or p + 1 == config.outer or
-                (previous is not None and abs(objective - previous) <= config.outer_tol * abs(objective))):
+        if (config.relationship != "learned" or state.p + 1 == config.outer or
+                (state.previous is not None and abs(objective - state.previous) <= config.outer_tol * abs(objective))):
             break
-        previous = objective
+        state.previous = objective
+        state.p += 1
         omega_update()
     return converged
 
@@ -242,7 +252,7 @@ class LocalBlocks:
     def register(self, cluster):
         cluster.handlers.update({
             CMD_SDCA: self.on_sdca, CMD_SET_W: self.on_set_w, CMD_SET_SIGMA: self.on_set_sigma,
-            CMD_GET_ALPHA: self.on_get_alpha, CMD_SET_ALPHA: self.on_set_alpha, CMD_TEST: self.on_test,
+            CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state, CMD_TEST: self.on_test,
         })
 
     def on_sdca(self, ctrl, payload, width):
@@ -251,6 +261,7 @@ class LocalBlocks:
         out = np.zeros((len(self.blocks), width))
         for k, blk in enumerate(self.blocks):
             try:
+                fault_point(self.cluster.rank, round_)
                 old = self.alpha[k].copy() if cfg.eta != 1.0 else None
                 _kernels.sdca_local(*blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
                                     self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma,
@@ -281,16 +292,22 @@ class LocalBlocks:
         self.rho = float(shared[m])
         self.reset_shrinking()
 
-    def on_get_alpha(self, ctrl, payload, width):
-        local = np.concatenate(self.alpha) if self.alpha else np.zeros(0)
-        return self.cluster.gather_variable(local)
+    def on_get_state(self, ctrl, payload, width):
+        """Per block, concatenated: alpha (n), coordinate order (n), shrinking state (5)."""
+        parts = []
+        for k in range(len(self.blocks)):
+            parts += [self.alpha[k], self.order[k].astype(np.float64), self.shrink[k]]
+        return self.cluster.gather_variable(np.concatenate(parts) if parts else np.zeros(0))
 
-    def on_set_alpha(self, ctrl, payload, width):
+    def on_set_state(self, ctrl, payload, width):
         mine = self.cluster.scatter_variable(payload)
         pos = 0
         for k, blk in enumerate(self.blocks):
-            self.alpha[k] = mine[pos:pos + blk.n_rows].copy()
-            pos += blk.n_rows
+            n = blk.n_rows
+            self.alpha[k] = mine[pos:pos + n].copy()
+            self.order[k] = mine[pos + n:pos + 2 * n].astype(np.int32)
+            self.shrink[k] = mine[pos + 2 * n:pos + 2 * n + 5].copy()
+            pos += 2 * n + 5
 
     def on_test(self, ctrl, payload, width):
         regression = not self.loss.binary_labels
@@ -353,9 +370,11 @@ def load_blocks(cluster, source, config: DMTRLConfig, test_source=None):
 class Server:
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
-    def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None):
+    def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
+                 checkpointer=None):
         self.cluster = cluster
         self.config = config
+        self.source = source
         self.m = source.n_tasks
         self.n = np.asarray(source.n_samples, dtype=np.float64)
         self.names = list(source.names)
@@ -371,11 +390,17 @@ class Server:
         self.WT = np.zeros((self.m, self.d))
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
         self.history = GapHistory()
-        self.round = 0
-        self.outer = 0
+        self.round = 0                # rounds so far (the coordinate streams are keyed by it)
+        self.t = 0                    # rounds so far in the current W-step
+        self.outer_state = OuterState()
         self.progress = progress
+        self.checkpointer = checkpointer
         self.t0 = time.perf_counter()
         self.seconds_before = 0.0     # time spent before a resume
+
+    @property
+    def outer(self):
+        return self.outer_state.p
 
     # -- commands ----------------------------------------------------------
     def command(self, cmd, a=0, payload=None, width=0):
@@ -415,8 +440,10 @@ class Server:
     # -- the algorithm ---------------------------------------------------------
     def w_step(self):
         cfg = self.config
-        row = None
-        for t in range(cfg.max_rounds):
+        rows = self.history.rows
+        row = {k: v[-1] for k, v in rows.items()} if rows["round"] else None
+        while self.t < cfg.max_rounds:
+            self.t += 1
             self.round += 1
             delta = self.command(CMD_SDCA, self.round, width=self.d)
             dB = np.zeros_like(self.BT)
@@ -424,45 +451,93 @@ class Server:
                 dB[task] += delta[k]
             self.BT += dB
             self.recompute_w()
-            want_gap = (t + 1) % cfg.gap_every == 0 or t + 1 == cfg.max_rounds
+            want_gap = self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds
             terms = self.push_w(want_gap)
             if want_gap:
                 row = self.record(*self.objective(terms))
                 if row["rel_gap"] <= cfg.tol:
                     return row, True
+            self.safe_point()
         return row, False
 
-    def run(self):
+    def omega(self):
+        self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        self.recompute_w()
         self.push_sigma()
+        self.push_w(False)
+        self.t = 0
+        self.safe_point()
 
-        def w_step(p):
-            self.outer = p
-            return self.w_step()
-
-        def omega():
-            self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
-            self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
-            self.recompute_w()
+    def run(self, resume=None):
+        if resume is not None:
+            self.restore(resume)
+        else:
             self.push_sigma()
-            self.push_w(False)
+        return alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state)
 
-        return alternate(self.config, w_step, omega)
+    # -- checkpoints -------------------------------------------------------------
+    def safe_point(self):
+        """Between rounds: write a checkpoint when one is due or a signal arrived."""
+        ck = self.checkpointer
+        if ck is None:
+            return
+        signal_name = ck.signal_received()
+        if signal_name or ck.due(self.round):
+            ck.save(self)
+        if signal_name:
+            raise Preempted(f"received {signal_name}: checkpoint written to {ck.path} after round {self.round}; "
+                            f"continue with --resume")
+
+    def gather_state(self):
+        """Every block's (alpha, order, shrinking state), in plan order."""
+        pieces = self.command(CMD_GET_STATE)
+        out = []
+        by_rank = {}
+        for b in self.blocks:
+            by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
+        for rank, blocks in sorted(by_rank.items()):
+            data, pos = pieces[rank], 0
+            for b in blocks:
+                n = b.n_rows
+                out.append((b, data[pos:pos + n], data[pos + n:pos + 2 * n].astype(np.int32),
+                            data[pos + 2 * n:pos + 2 * n + 5]))
+                pos += 2 * n + 5
+        return out
+
+    def restore(self, ck):
+        """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
+        from .checkpoint import block_payloads
+        self.BT = ck["arrays"]["BT"].copy()
+        self.Sigma = ck["arrays"]["Sigma"].copy()
+        self.rho = float(ck["arrays"]["rho"])
+        c = ck["counters"]
+        self.round, self.t = int(c["round"]), int(c["t"])
+        self.outer_state = OuterState(int(c["outer"]), c["previous"])
+        self.seconds_before = float(c["seconds"])
+        self.cluster.bytes_moved = int(c["bytes"])
+        for k in GapHistory.COLUMNS:
+            self.history.rows[k] = list(ck["arrays"][f"history_{k}"])
+        self.recompute_w()
+        self.push_sigma()                                  # also resets shrinking: restored next
+        self.command(CMD_SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
+        self.push_w(False)
 
     def test_metrics(self, regression):
         per_task = self.command(CMD_TEST)
         tasks = [dict(name=self.names[t], **per_task[t]) for t in sorted(per_task)]
         return {"tasks": tasks, "summary": summarize(tasks, regression)} if tasks else None
 
-    def stop(self):
-        self.cluster.send_command(STOP)
+    def stop(self, reason=STOP_DONE, code=0):
+        self.cluster.send_command(STOP, reason, code)
 
 
 def serve(cluster):
-    """Worker loop: obey the server's commands until STOP."""
+    """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""
     while True:
         ctrl = cluster.receive_command()
         if ctrl[0] == STOP:
-            return
+            return int(ctrl[1]), int(ctrl[2])
         cluster.handlers[int(ctrl[0])](ctrl, None, int(ctrl[2]))
 
 
@@ -483,12 +558,16 @@ def partition_mb(local) -> float:
     return total / 2 ** 20
 
 
-def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None):
+def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,
+          checkpointer=None, resume=None):
     """Run DMTRL (or STL / a fixed Sigma) on every rank; the server returns a TrainResult.
 
     ``source`` / ``test_source`` are task sources (:class:`hpcmtl.store.TaskFile`
     or :class:`hpcmtl.estimators.MemoryTasks`): each rank reads its own blocks.
-    Workers return None.
+    ``checkpointer`` (server) writes checkpoints and reacts to termination
+    signals; ``resume`` (server) is a checkpoint path to continue from.
+    Workers return None.  However the server ends (done, preempted, failed), it
+    tells the workers, so every rank leaves with the same exit code.
     """
     config.validate()
     if config.relationship == "fixed":
@@ -498,15 +577,28 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     local = LocalBlocks(cluster, blocks, config, tests)
     local.register(cluster)
     if not cluster.is_server:
-        serve(cluster)
+        reason, code = serve(cluster)
+        if reason == STOP_PREEMPTED:
+            raise Preempted("stopped for a checkpoint")
+        if reason == STOP_FAILED:
+            raise StopRequested(code)
         cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb()))
         return None
-    server = Server(cluster, source, config, sigma_fixed, progress)
+    server = Server(cluster, source, config, sigma_fixed, progress, checkpointer)
     try:
-        converged = server.run()
+        state = None
+        if resume is not None:
+            from .checkpoint import read_compatible
+            state = read_compatible(resume, config, source, sigma_fixed)
+        converged = server.run(state)
         test = server.test_metrics(not get_loss(config.loss).binary_labels) if test_source is not None else None
-    finally:
-        server.stop()
+    except Preempted:
+        server.stop(STOP_PREEMPTED, Preempted.exit_code)
+        raise
+    except BaseException as exc:
+        server.stop(STOP_FAILED, getattr(exc, "exit_code", 1))
+        raise
+    server.stop(STOP_DONE)
     ranks = np.array(cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb())))
     return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
                        history=server.history.arrays(),

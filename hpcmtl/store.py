@@ -398,8 +398,13 @@ def read_result(path) -> dict:
 # ---------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------
-def write_checkpoint(path, arrays: dict, alphas: dict, config: dict, counters: dict):
-    """Full training state: server arrays, alpha per task, counters, config."""
+def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: dict):
+    """Full training state, written atomically (the previous checkpoint survives a crash).
+
+    ``arrays``: server state (B, Sigma, rho, history columns); ``blocks``: one
+    dict per task block with ``task, part, start, stop`` and the arrays
+    ``alpha``, ``order`` (coordinate order) and ``shrink`` (shrinking state).
+    """
     with atomic_h5(path, force=True) as f:
         f.attrs["format"] = CHECKPOINT_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
@@ -408,19 +413,30 @@ def write_checkpoint(path, arrays: dict, alphas: dict, config: dict, counters: d
         g = f.create_group("state")
         for key, value in arrays.items():
             g.create_dataset(key, data=np.asarray(value))
-        a = f.create_group("alpha")
-        for task, value in alphas.items():
-            a.create_dataset(f"{int(task):06d}", data=np.asarray(value, dtype=np.float64))
+        bg = f.create_group("blocks")
+        for b in blocks:
+            h = bg.create_group(f"{int(b['task']):06d}_{int(b['part']):04d}")
+            for key in ("task", "part", "start", "stop"):
+                h.attrs[key] = int(b[key])
+            h.create_dataset("alpha", data=np.asarray(b["alpha"], dtype=np.float64))
+            h.create_dataset("order", data=np.asarray(b["order"], dtype=np.int32))
+            h.create_dataset("shrink", data=np.asarray(b["shrink"], dtype=np.float64))
 
 
 def read_checkpoint(path) -> dict:
     with _open_read(path, CHECKPOINT_FORMAT) as f:
-        return {
-            "config": json.loads(f.attrs["config"]),
-            "counters": json.loads(f.attrs["counters"]),
-            "arrays": {k: v[()] for k, v in f["state"].items()},
-            "alpha": {int(k): v[()] for k, v in f["alpha"].items()},
-        }
+        try:
+            return {
+                "path": os.fspath(path),
+                "config": json.loads(f.attrs["config"]),
+                "counters": json.loads(f.attrs["counters"]),
+                "arrays": {k: v[()] for k, v in f["state"].items()},
+                "blocks": [dict({k: int(h.attrs[k]) for k in ("task", "part", "start", "stop")},
+                                alpha=h["alpha"][()], order=h["order"][()], shrink=h["shrink"][()])
+                           for h in f["blocks"].values()],
+            }
+        except KeyError as exc:
+            raise InputError(f"{path}: incomplete checkpoint (missing {exc.args[0]})") from None
 
 
 # ---------------------------------------------------------------------------

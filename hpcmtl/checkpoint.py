@@ -1,0 +1,123 @@
+"""When to checkpoint, what a checkpoint holds, and whether a run may resume from it.
+
+A checkpoint is taken between rounds on the server: it gathers every block's
+dual variables, coordinate order and shrinking state from the workers (Gatherv)
+and writes them with B, Sigma, rho, the counters, the history and the config
+(``store.write_checkpoint``: temporary name, then rename).  Resuming restores
+all of it, so the final model is bitwise the one of an uninterrupted run with
+the same seed and settings, at any rank count (as long as no task is split;
+split blocks are re-cut for the new rank count and restart their shrinking).
+
+Settings that change the mathematics must match the checkpoint; stopping
+rules (tol, max_rounds, outer, outer_tol, gap_every) may change on resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+from . import _kernels, store
+from .errors import InputError
+
+MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim",
+              "rff_gamma", "eig_floor", "split_tasks", "shrinking")
+
+
+def data_signature(source) -> str:
+    """Identity of a training set from its task table (names, sizes, nnz, d)."""
+    table = {"names": list(source.names), "n_samples": [int(v) for v in source.n_samples],
+             "nnz": [int(v) for v in source.nnz], "n_features": int(source.n_features)}
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
+
+
+def sigma_signature(sigma) -> str | None:
+    return None if sigma is None else hashlib.sha256(np.ascontiguousarray(sigma, dtype=np.float64).tobytes()).hexdigest()
+
+
+class Checkpointer:
+    """Server-side checkpoint policy: every N rounds, every S seconds, and on a signal.
+
+    Parameters
+    ----------
+    path : checkpoint file
+    every : rounds between checkpoints (0: not by rounds)
+    seconds : seconds between checkpoints (0: not by time)
+    signals : a :class:`hpcmtl.cluster.SignalFlag` (or None)
+    """
+
+    def __init__(self, path, every=0, seconds=0.0, signals=None, config=None, source=None, sigma=None):
+        self.path = os.fspath(path)
+        self.every = int(every)
+        self.seconds = float(seconds)
+        self.signals = signals
+        self.config = dict(config or {})
+        self.data_signature = data_signature(source) if source is not None else None
+        self.train_path = getattr(source, "path", None)
+        self.sigma_signature = sigma_signature(sigma)
+        self.last = time.monotonic()
+        self.written = 0
+
+    def signal_received(self):
+        return self.signals.received if self.signals is not None else None
+
+    def due(self, round_) -> bool:
+        if self.every and round_ % self.every == 0:
+            return True
+        return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
+
+    def save(self, server):
+        blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
+                   "alpha": alpha, "order": order, "shrink": shrink}
+                  for b, alpha, order, shrink in server.gather_state()]
+        arrays = {"BT": server.BT, "Sigma": server.Sigma, "rho": np.array(server.rho)}
+        for k, v in server.history.rows.items():
+            arrays[f"history_{k}"] = np.asarray(v, dtype=np.float64 if k not in ("round", "outer", "bytes") else np.int64)
+        counters = {"round": server.round, "t": server.t, "outer": server.outer_state.p,
+                    "previous": server.outer_state.previous, "seconds": server.elapsed(),
+                    "bytes": server.cluster.bytes_moved, "n_ranks": server.cluster.size,
+                    "data_signature": self.data_signature, "train": self.train_path,
+                    "sigma_signature": self.sigma_signature}
+        store.write_checkpoint(self.path, arrays, blocks, self.config, counters)
+        self.last = time.monotonic()
+        self.written += 1
+
+
+def read_compatible(path, config, source, sigma=None) -> dict:
+    """Read a checkpoint and refuse it, naming the mismatch, if it belongs to another run."""
+    ck = store.read_checkpoint(path)
+    now = config.to_dict()
+    for key in MUST_MATCH:
+        if ck["config"].get(key) != now.get(key):
+            raise InputError(f"{path}: cannot resume: '{key}' is {ck['config'].get(key)!r} in the checkpoint "
+                             f"but {now.get(key)!r} now")
+    if ck["counters"].get("data_signature") != data_signature(source):
+        raise InputError(f"{path}: cannot resume: the checkpoint was written for other training data "
+                         f"({ck['counters'].get('train')}), not {source.path}")
+    if ck["counters"].get("sigma_signature") != sigma_signature(sigma):
+        raise InputError(f"{path}: cannot resume: the fixed task covariance differs from the checkpoint's")
+    return ck
+
+
+def block_payloads(ck, blocks, cluster):
+    """Per rank, the concatenated (alpha, order, shrink) of its blocks under the current plan."""
+    saved = {(b["task"], b["part"]): b for b in ck["blocks"]}
+    by_task = {}
+    for b in ck["blocks"]:
+        by_task.setdefault(b["task"], []).append(b)
+    enabled = ck["config"].get("shrinking", True) and ck["config"].get("loss") in ("hinge", "smoothed-hinge")
+    pieces = [[] for _ in range(cluster.size)]
+    for b in blocks:
+        s = saved.get((b.task, b.part))
+        if s is not None and (s["start"], s["stop"]) == (b.start, b.stop):
+            alpha, order, shrink = s["alpha"], s["order"], s["shrink"]
+        else:   # the task was cut differently: rebuild this block's rows, restart its shrinking
+            parts = sorted(by_task[b.task], key=lambda x: x["start"])
+            alpha = np.concatenate([x["alpha"] for x in parts])[b.start:b.stop]
+            order = np.arange(b.n_rows)
+            shrink = _kernels.new_shrink_state(b.n_rows, enabled)
+        pieces[cluster.worker_rank(b.worker)] += [alpha, np.asarray(order, dtype=np.float64), shrink]
+    return [np.concatenate(p) if p else np.zeros(0) for p in pieces]
