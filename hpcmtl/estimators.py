@@ -54,10 +54,11 @@ class MemoryTasks:
 
 
 def _as_source(X, y, tasks):
+    """Lists of per-task arrays, or stacked rows with a task-id array (no ids: one task)."""
     if tasks is None:
-        if not isinstance(X, (list, tuple)):
-            raise InputError("fit needs a task-id array (fit(X, y, tasks)) or lists of per-task arrays")
-        return MemoryTasks(list(X), list(y)), np.arange(len(X))
+        if isinstance(X, (list, tuple)):
+            return MemoryTasks(list(X), list(y)), np.arange(len(X))
+        tasks = np.zeros(np.shape(y)[0], dtype=np.int64)
     return MemoryTasks.from_task_ids(X, y, tasks)
 
 
@@ -124,6 +125,10 @@ class DMTRL(BaseEstimator):
         """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
         if isinstance(X, (list, tuple)) and tasks is None:
             return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+        if tasks is None:
+            if len(self.tasks_) != 1:
+                raise InputError(f"the model has {len(self.tasks_)} tasks: pass the task id of every row")
+            tasks = np.full(X.shape[0], self.tasks_[0])
         tasks = np.asarray(tasks)
         if X.shape[1] != self.n_features_in_:
             raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}")

@@ -221,6 +221,10 @@ def test_estimator_interfaces():
     assert est2.score(X, y, tasks) == pytest.approx(est.score(Xs, ys)) and est.score(Xs, ys) > 0.7
     with pytest.raises(InputError, match="X has 3 features, the model was fitted on 6"):
         est2.predict(np.ones((2, 3)), np.array([10, 11]))
+    with pytest.raises(InputError, match="the model has 4 tasks: pass the task id of every row"):
+        est2.predict(X)
+    single = DMTRL(loss="hinge", lam=0.05).fit(Xs[0], ys[0])       # no task ids: one task
+    assert single.W_.shape == (6, 1) and single.score(Xs[0], ys[0]) > 0.7
 
 
 def test_sklearn_estimator_checks_that_apply():

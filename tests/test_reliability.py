@@ -162,6 +162,10 @@ def bad_files(tmp, tr):
         table = f["task_table"][()]
         table["n_samples"][1] = 0
         f["task_table"][...] = table
+    broken = tmp / "broken.h5"
+    broken.write_bytes(open(tr, "rb").read())
+    with h5py.File(broken, "a") as f:
+        del f["tasks/000013/X"]
     ragged = tmp / "ragged.h5"
     store.write_tasks(ragged, [np.ones((3, 2))] * 2, [np.ones(3)] * 2)
     with h5py.File(ragged, "a") as f:
@@ -179,6 +183,7 @@ CASES = [
     ("inf in X", ["--train", "{inf_x}"], r"inf-x.h5: task 'task10' (#9): field 'X': contains NaN or Inf"),
     ("labels", ["--train", "{labels}"], r"labels.h5: task 'task1' (#1): field 'y': the hinge loss needs labels -1/+1, found 0.0"),
     ("empty task", ["--train", "{empty}"], r"empty.h5: task 'task1' (#1): field 'y': empty task (0 samples)"),
+    ("corrupt group", ["--train", "{broken}"], r"broken.h5: task 'task14' (#13): field 'X' is missing"),
     ("features differ", ["--train", "{ragged}"], r"ragged.h5: task 'task1' (#1): field 'X': has 5 features, other tasks have 2"),
     ("test features", ["--test", "{labels}"], r"labels.h5: has 2 features, the training data"),
     ("lam", ["--lam", "-1"], r"argument --lam: --lam must be > 0, got -1"),
