@@ -501,3 +501,170 @@ def row_sq_norms(const double[::1] data, const int[::1] indices,
                 s += vals[k] * vals[k]
             o[j] = s
     return out
+
+
+# ---------------------------------------------------------------------------
+# Projections (paper 002, Sec. 4; Duchi et al. 2008)
+# ---------------------------------------------------------------------------
+cdef inline Py_ssize_t count_le(const double* r, Py_ssize_t length, double theta) noexcept nogil:
+    """Number of entries of the increasing array r[0:length] that are <= theta."""
+    cdef Py_ssize_t lo = 0, hi = length, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if r[mid] <= theta:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef double reduction(const double[:, ::1] S, const double[:, ::1] R, double theta,
+                      double* slope) noexcept nogil:
+    """sum_i F_i(theta) (the l1,inf norm removed at removed mass theta) and its slope.
+
+    Row i: S[i] holds the row sorted increasingly, R[i, k-1] = r_{i,k} (k = 1..m+1),
+    the removed mass at which the k-th largest entry becomes the cap.  For theta in
+    [r_{i,k}, r_{i,k+1}) the cap is mu_i = s_{i,k} - (theta - r_{i,k}) / k and
+    F_i(theta) = s_{i,1} - mu_i, slope 1/k; past r_{i,m+1} the row is zero (slope 0).
+    """
+    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k
+    cdef double total = 0.0, g = 0.0, mu
+    for i in range(d):
+        k = count_le(&R[i, 0], m + 1, theta)        # 1 <= k <= m + 1
+        if k > m:
+            total += S[i, m - 1]                      # the whole row removed: mu_i = 0
+        else:
+            mu = S[i, m - k] - (theta - R[i, k - 1]) / k
+            total += S[i, m - 1] - mu
+            g += 1.0 / k
+    slope[0] = g
+    return total
+
+
+def l1inf_theta(const double[:, ::1] S, double delta, int max_newton=200):
+    """The removed mass theta with sum_i F_i(theta) = delta (paper 002, Eq. 11-13).
+
+    ``S`` holds the non-zero rows of |W| sorted increasingly (d x m); ``delta =
+    ||W||_{1,inf} - C > 0``.  Returns ``(theta, R, newton_steps)``; R (d x (m+1))
+    holds the breakpoints r_{i,k}.
+
+    sum_i F_i is concave, increasing and piecewise linear, so Newton's method from
+    theta = 0 increases monotonically without overshooting and stops exactly on
+    the last linear piece.  Should it need more than ``max_newton`` steps, the
+    merge walk of the paper's Fig. 1 over all breakpoints finishes the job.
+    """
+    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k, steps = 0
+    R_arr = np.empty((d, m + 1), dtype=np.float64)
+    cdef double[:, ::1] R = R_arr
+    cdef double csum, theta = 0.0, value, slope, new_theta
+    with nogil:
+        for i in range(d):
+            # r_{i,k} = sum_{j<k} s_{i,j} - (k - 1) s_{i,k}, rows read from the largest entry down
+            csum = 0.0
+            R[i, 0] = 0.0
+            for k in range(1, m):
+                csum += S[i, m - k]
+                R[i, k] = csum - k * S[i, m - 1 - k]
+            R[i, m] = csum + S[i, 0]                    # the whole row: r_{i,m+1}
+        while steps < max_newton:
+            value = reduction(S, R, theta, &slope)
+            steps += 1
+            if value >= delta or slope <= 0.0:
+                break
+            new_theta = theta + (delta - value) / slope
+            if not (new_theta > theta):
+                break
+            theta = new_theta
+    if steps >= max_newton:
+        theta = _merge_theta(S, R_arr, delta)
+    return theta, R_arr, steps
+
+
+def _merge_theta(S, R, double delta):
+    """The paper's Fig. 1: walk all breakpoints in increasing order (fallback, O(dm log dm))."""
+    d, m = S.shape
+    order = np.argsort(R[:, 1:], axis=None, kind="stable")
+    rows, ks = np.unravel_index(order, (d, m))
+    values = R[:, 1:].ravel()[order]
+    g = np.ones(d)                  # slope 1/k of every row, k = 1 at theta = 0+
+    cdef double n_prev = 0.0, r_prev = 0.0, total_slope = float(g.sum()), n_now
+    cdef Py_ssize_t t
+    for t in range(values.shape[0]):
+        n_now = n_prev + total_slope * (values[t] - r_prev)
+        if n_now >= delta:
+            return r_prev + (delta - n_prev) / total_slope
+        n_prev, r_prev = n_now, values[t]
+        k = ks[t] + 2               # passing r_{i,k}: the row's slope becomes 1/k (0 past the end)
+        total_slope -= g[rows[t]]
+        g[rows[t]] = 1.0 / k if k <= m else 0.0
+        total_slope += g[rows[t]]
+    return r_prev + (delta - n_prev) / total_slope if total_slope > 0 else r_prev
+
+
+def l1inf_caps(const double[:, ::1] S, const double[:, ::1] R, double theta):
+    """mu_i for every row at removed mass theta (0 for rows removed entirely)."""
+    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k
+    out = np.empty(d, dtype=np.float64)
+    cdef double[::1] mu = out
+    with nogil:
+        for i in range(d):
+            k = count_le(&R[i, 0], m + 1, theta)
+            if k > m:
+                mu[i] = 0.0
+            else:
+                mu[i] = S[i, m - k] - (theta - R[i, k - 1]) / k
+                if mu[i] < 0.0:
+                    mu[i] = 0.0
+    return out
+
+
+def project_l1_inplace(double[::1] v, double radius, uint64_t seed):
+    """Euclidean projection of |v| onto the l1 ball (Duchi et al. 2008, Fig. 2), in place.
+
+    ``v`` must be non-negative; returns theta (the soft threshold).  Expected
+    linear time: a random pivot splits the candidate set as in quickselect.
+    """
+    cdef Py_ssize_t n = v.shape[0], lo = 0, hi = n, i, j, pivot_pos
+    cdef double s = 0.0, ds, pivot, rho_total = 0.0, theta
+    cdef double* work
+    cdef uint64_t state = seed
+    cdef double total = 0.0
+    for i in range(n):
+        total += v[i]
+    if total <= radius:
+        return 0.0
+    work = <double*>malloc(max(n, 1) * sizeof(double))
+    if work == NULL:
+        raise MemoryError("l1 projection workspace")
+    with nogil:
+        for i in range(n):
+            work[i] = v[i]
+        # candidates work[lo:hi]; (rho_total, s) = count and sum of entries known to be above theta
+        while lo < hi:
+            pivot_pos = lo + bounded_rand(&state, hi - lo)
+            pivot = work[pivot_pos]
+            # partition: entries >= pivot to the front of [lo, hi)
+            j = lo
+            ds = 0.0
+            for i in range(lo, hi):
+                if work[i] >= pivot:
+                    work[i], work[j] = work[j], work[i]
+                    ds += work[j]
+                    j += 1
+            if (s + ds) - (rho_total + (j - lo)) * pivot < radius:
+                s += ds
+                rho_total += j - lo
+                lo = j                       # theta is below pivot: look among the smaller entries
+            else:
+                # the pivot itself is in the set; drop it and look among the larger ones
+                hi = j
+                for i in range(lo, hi):
+                    if work[i] == pivot:
+                        work[i], work[hi - 1] = work[hi - 1], work[i]
+                        break
+                hi -= 1
+        theta = (s - radius) / rho_total
+        for i in range(n):
+            v[i] = v[i] - theta if v[i] > theta else 0.0
+    free(work)
+    return theta

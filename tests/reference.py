@@ -140,3 +140,43 @@ class ShrinkingReference:
             self.pg_max_old = pg_max if pg_max > 0 else np.inf
             self.pg_min_old = pg_min if pg_min < 0 else -np.inf
         return (u - w) / c
+
+
+def project_l1inf_bisection(W, C, iters=120):
+    """An independent l1,inf projection: nested bisection, no sorting.
+
+    For removed mass theta, each row's cap mu_i solves sum_j max(|W_ij| - mu_i, 0) = theta
+    (bisection on mu_i; mu_i = 0 when the row holds less than theta); sum_i mu_i(theta)
+    decreases in theta, and a bisection on theta makes it C.
+    """
+    A = np.abs(np.asarray(W, float))
+    if A.max(axis=1).sum() <= C:
+        return np.array(W, float)
+
+    def caps(theta):
+        # every row at once: bisection on mu_i of sum_j max(A_ij - mu_i, 0) = theta
+        lo, hi = np.zeros(A.shape[0]), A.max(axis=1).copy()
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            above = np.maximum(A - mid[:, None], 0).sum(axis=1) > theta
+            lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+        return np.where(A.sum(axis=1) <= theta, 0.0, 0.5 * (lo + hi))
+
+    lo, hi = 0.0, A.sum(axis=1).max()
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if caps(mid).sum() > C else (lo, mid)
+    mu = caps(0.5 * (lo + hi))
+    return np.sign(W) * np.minimum(A, mu[:, None])
+
+
+def project_l1_sort(v, C):
+    """Duchi et al.'s O(n log n) sort-based l1 projection."""
+    a = np.abs(v)
+    if a.sum() <= C:
+        return v.copy()
+    u = np.sort(a)[::-1]
+    css = np.cumsum(u)
+    rho = np.nonzero(u * np.arange(1, len(u) + 1) > (css - C))[0][-1]
+    theta = (css[rho] - C) / (rho + 1.0)
+    return np.sign(v) * np.maximum(a - theta, 0)
