@@ -506,68 +506,72 @@ def row_sq_norms(const double[::1] data, const int[::1] indices,
 # ---------------------------------------------------------------------------
 # Projections (paper 002, Sec. 4; Duchi et al. 2008)
 # ---------------------------------------------------------------------------
-cdef inline Py_ssize_t count_le(const double* r, Py_ssize_t length, double theta) noexcept nogil:
-    """Number of entries of the increasing array r[0:length] that are <= theta."""
-    cdef Py_ssize_t lo = 0, hi = length, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if r[mid] <= theta:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+cdef struct RowCap:
+    Py_ssize_t k     # the piece: r_{i,k} <= theta < r_{i,k+1} (k = m + 1: the row is removed)
+    double csum      # s_{i,1} + ... + s_{i,k-1}
+    double rk        # r_{i,k} = csum - (k - 1) s_{i,k}
 
 
-cdef double reduction(const double[:, ::1] S, const double[:, ::1] R, double theta,
-                      double* slope) noexcept nogil:
+cdef double reduction(const double[:, ::1] S, double theta, RowCap* rows, double* slope) noexcept nogil:
     """sum_i F_i(theta) (the l1,inf norm removed at removed mass theta) and its slope.
 
-    Row i: S[i] holds the row sorted increasingly, R[i, k-1] = r_{i,k} (k = 1..m+1),
-    the removed mass at which the k-th largest entry becomes the cap.  For theta in
-    [r_{i,k}, r_{i,k+1}) the cap is mu_i = s_{i,k} - (theta - r_{i,k}) / k and
-    F_i(theta) = s_{i,1} - mu_i, slope 1/k; past r_{i,m+1} the row is zero (slope 0).
+    Row i of S is |W_i| sorted increasingly, so s_{i,k} = S[i, m-k] is its k-th
+    largest entry.  The breakpoints r_{i,k} = sum_{j<k} s_{i,j} - (k-1) s_{i,k} are
+    the removed masses at which the k-th largest entry becomes the cap.  For
+    theta in [r_{i,k}, r_{i,k+1}) the cap is mu_i = s_{i,k} - (theta - r_{i,k}) / k,
+    F_i(theta) = s_{i,1} - mu_i and the slope is 1/k; past r_{i,m+1} (the row's
+    sum) the row is removed.  theta only grows during the search, so each row's
+    piece only moves forward and the breakpoints are generated as it does
+    (O(d) memory, amortized O(m) work per row over the whole search).
     """
-    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k
-    cdef double total = 0.0, g = 0.0, mu
+    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i
+    cdef double total = 0.0, g = 0.0, s_k, s_next, r_next
+    cdef RowCap* c
     for i in range(d):
-        k = count_le(&R[i, 0], m + 1, theta)        # 1 <= k <= m + 1
-        if k > m:
+        c = &rows[i]
+        while c.k <= m:
+            s_k = S[i, m - c.k]
+            s_next = S[i, m - c.k - 1] if c.k < m else 0.0
+            r_next = c.csum + s_k - c.k * s_next      # r_{i,k+1}
+            if r_next > theta:
+                break
+            c.csum += s_k
+            c.k += 1
+            c.rk = r_next
+        if c.k > m:
             total += S[i, m - 1]                      # the whole row removed: mu_i = 0
         else:
-            mu = S[i, m - k] - (theta - R[i, k - 1]) / k
-            total += S[i, m - 1] - mu
-            g += 1.0 / k
+            total += S[i, m - 1] - (S[i, m - c.k] - (theta - c.rk) / c.k)
+            g += 1.0 / c.k
     slope[0] = g
     return total
 
 
-def l1inf_theta(const double[:, ::1] S, double delta, int max_newton=200):
-    """The removed mass theta with sum_i F_i(theta) = delta (paper 002, Eq. 11-13).
+def l1inf_caps(const double[:, ::1] S, double delta, int max_newton=200):
+    """Caps mu_i and the removed mass theta of the l1,inf projection (paper 002, Eq. 11-13).
 
-    ``S`` holds the non-zero rows of |W| sorted increasingly (d x m); ``delta =
-    ||W||_{1,inf} - C > 0``.  Returns ``(theta, R, newton_steps)``; R (d x (m+1))
-    holds the breakpoints r_{i,k}.
+    ``S`` holds the rows of |W| sorted increasingly (d x m); ``delta =
+    ||W||_{1,inf} - C > 0``.  Returns ``(theta, mu, newton_steps)``.
 
     sum_i F_i is concave, increasing and piecewise linear, so Newton's method from
     theta = 0 increases monotonically without overshooting and stops exactly on
     the last linear piece.  Should it need more than ``max_newton`` steps, the
-    merge walk of the paper's Fig. 1 over all breakpoints finishes the job.
+    merge walk of the paper's Fig. 1 over all breakpoints finds theta instead.
     """
-    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k, steps = 0
-    R_arr = np.empty((d, m + 1), dtype=np.float64)
-    cdef double[:, ::1] R = R_arr
-    cdef double csum, theta = 0.0, value, slope, new_theta
+    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, steps = 0
+    cdef double theta = 0.0, value, slope, new_theta
+    cdef RowCap* rows = <RowCap*>malloc(max(d, 1) * sizeof(RowCap))
+    if rows == NULL:
+        raise MemoryError("l1,inf projection workspace")
+    out = np.empty(d, dtype=np.float64)
+    cdef double[::1] mu = out
     with nogil:
         for i in range(d):
-            # r_{i,k} = sum_{j<k} s_{i,j} - (k - 1) s_{i,k}, rows read from the largest entry down
-            csum = 0.0
-            R[i, 0] = 0.0
-            for k in range(1, m):
-                csum += S[i, m - k]
-                R[i, k] = csum - k * S[i, m - 1 - k]
-            R[i, m] = csum + S[i, 0]                    # the whole row: r_{i,m+1}
+            rows[i].k = 1
+            rows[i].csum = 0.0
+            rows[i].rk = 0.0
         while steps < max_newton:
-            value = reduction(S, R, theta, &slope)
+            value = reduction(S, theta, rows, &slope)
             steps += 1
             if value >= delta or slope <= 0.0:
                 break
@@ -576,16 +580,34 @@ def l1inf_theta(const double[:, ::1] S, double delta, int max_newton=200):
                 break
             theta = new_theta
     if steps >= max_newton:
-        theta = _merge_theta(S, R_arr, delta)
-    return theta, R_arr, steps
+        theta = _merge_theta(np.asarray(S), delta)
+        for i in range(d):
+            rows[i].k = 1
+            rows[i].csum = 0.0
+            rows[i].rk = 0.0
+    with nogil:
+        reduction(S, theta, rows, &slope)             # every row on theta's piece
+        for i in range(d):
+            if rows[i].k > m:
+                mu[i] = 0.0
+            else:
+                mu[i] = S[i, m - rows[i].k] - (theta - rows[i].rk) / rows[i].k
+                if mu[i] < 0.0:
+                    mu[i] = 0.0
+    free(rows)
+    return theta, out, steps
 
 
-def _merge_theta(S, R, double delta):
+def _merge_theta(S, double delta):
     """The paper's Fig. 1: walk all breakpoints in increasing order (fallback, O(dm log dm))."""
     d, m = S.shape
-    order = np.argsort(R[:, 1:], axis=None, kind="stable")
+    desc = S[:, ::-1]
+    k = np.arange(1, m + 1)
+    nxt = np.concatenate([desc[:, 1:], np.zeros((d, 1))], axis=1)
+    R = np.cumsum(desc, axis=1) - k * nxt            # R[:, c] = r_{i,c+2}
+    order = np.argsort(R, axis=None, kind="stable")
     rows, ks = np.unravel_index(order, (d, m))
-    values = R[:, 1:].ravel()[order]
+    values = R.ravel()[order]
     g = np.ones(d)                  # slope 1/k of every row, k = 1 at theta = 0+
     cdef double n_prev = 0.0, r_prev = 0.0, total_slope = float(g.sum()), n_now
     cdef Py_ssize_t t
@@ -594,28 +616,11 @@ def _merge_theta(S, R, double delta):
         if n_now >= delta:
             return r_prev + (delta - n_prev) / total_slope
         n_prev, r_prev = n_now, values[t]
-        k = ks[t] + 2               # passing r_{i,k}: the row's slope becomes 1/k (0 past the end)
+        kk = ks[t] + 2              # passing r_{i,kk}: the row's slope becomes 1/kk (0 past the end)
         total_slope -= g[rows[t]]
-        g[rows[t]] = 1.0 / k if k <= m else 0.0
+        g[rows[t]] = 1.0 / kk if kk <= m else 0.0
         total_slope += g[rows[t]]
     return r_prev + (delta - n_prev) / total_slope if total_slope > 0 else r_prev
-
-
-def l1inf_caps(const double[:, ::1] S, const double[:, ::1] R, double theta):
-    """mu_i for every row at removed mass theta (0 for rows removed entirely)."""
-    cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, k
-    out = np.empty(d, dtype=np.float64)
-    cdef double[::1] mu = out
-    with nogil:
-        for i in range(d):
-            k = count_le(&R[i, 0], m + 1, theta)
-            if k > m:
-                mu[i] = 0.0
-            else:
-                mu[i] = S[i, m - k] - (theta - R[i, k - 1]) / k
-                if mu[i] < 0.0:
-                    mu[i] = 0.0
-    return out
 
 
 def project_l1_inplace(double[::1] v, double radius, uint64_t seed):
