@@ -1,9 +1,10 @@
 """When to checkpoint, what a checkpoint holds, and whether a run may resume from it.
 
-A checkpoint is taken between rounds on the server: it gathers every block's
-dual variables, coordinate order and shrinking state from the workers (Gatherv)
-and writes them with B, Sigma, rho, the counters, the history and the config
-(``store.write_checkpoint``: temporary name, then rename).  Resuming restores
+A checkpoint is taken between rounds on the server: the algorithm's server
+says what its state is (``checkpoint_state()``: for DMTRL every block's dual
+variables, coordinate order and shrinking state, gathered from the workers,
+with B, Sigma, rho, the counters and the history) and it is written with the
+config (``store.write_checkpoint``: temporary name, then rename).  Resuming restores
 all of it, so the final model is bitwise the one of an uninterrupted run with
 the same seed and settings, at any rank count (as long as no task is split;
 split blocks are re-cut for the new rank count and restart their shrinking).
@@ -70,17 +71,10 @@ class Checkpointer:
         return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
 
     def save(self, server):
-        blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
-                   "alpha": alpha, "order": order, "shrink": shrink}
-                  for b, alpha, order, shrink in server.gather_state()]
-        arrays = {"BT": server.BT, "Sigma": server.Sigma, "rho": np.array(server.rho)}
-        for k, v in server.history.rows.items():
-            arrays[f"history_{k}"] = np.asarray(v, dtype=np.float64 if k not in ("round", "outer", "bytes") else np.int64)
-        counters = {"round": server.round, "t": server.t, "outer": server.outer_state.p,
-                    "previous": server.outer_state.previous, "seconds": server.elapsed(),
-                    "bytes": server.cluster.bytes_moved, "n_ranks": server.cluster.size,
-                    "data_signature": self.data_signature, "train": self.train_path,
-                    "sigma_signature": self.sigma_signature}
+        """Write ``server.checkpoint_state()`` plus what identifies the run."""
+        arrays, blocks, counters = server.checkpoint_state()
+        counters = dict(counters, n_ranks=server.cluster.size, data_signature=self.data_signature,
+                        train=self.train_path, sigma_signature=self.sigma_signature)
         store.write_checkpoint(self.path, arrays, blocks, self.config, counters)
         self.last = time.monotonic()
         self.written += 1

@@ -25,17 +25,17 @@ and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from . import _kernels
-from .cluster import STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
-from .errors import ConvergenceError, InputError, Preempted
-from .features import rff_map
-from .losses import LOSSES, check_labels, closest, get_loss
-from .metrics import summarize, task_metrics
+from . import engine
+from .checkpoint import read_compatible
+from .cluster import fault_point
+from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
+from .errors import ConvergenceError, InputError
+from .losses import LOSSES, closest, get_loss
 
 RELATIONSHIPS = ("learned", "identity", "fixed")
 
@@ -45,7 +45,6 @@ CMD_SET_W = 2         # a = 1 to also return objective terms: Scatterv w columns
 CMD_SET_SIGMA = 3     # Bcast sigma_ii per task and rho
 CMD_GET_STATE = 4     # Gatherv alpha, coordinate order and shrinking state of every block (checkpoint)
 CMD_SET_STATE = 5     # Scatterv the same (resume)
-CMD_TEST = 6          # per-task test metrics of the current W
 
 
 @dataclass
@@ -222,38 +221,41 @@ class GapHistory:
     def arrays(self):
         return {k: np.asarray(v) for k, v in self.rows.items()}
 
+    def checkpoint_arrays(self):
+        return {f"history_{k}": np.asarray(v, dtype=np.int64 if k in ("round", "outer", "bytes") else np.float64)
+                for k, v in self.rows.items()}
+
+    def restore(self, arrays):
+        for k in self.COLUMNS:
+            self.rows[k] = list(arrays[f"history_{k}"])
+
 
 # ---------------------------------------------------------------------------
 # Worker side: the blocks a rank owns and the handlers it runs
 # ---------------------------------------------------------------------------
-class LocalBlocks:
+class LocalBlocks(LocalBase):
     """A rank's task blocks with their dual variables and current w columns."""
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None):
-        self.cluster = cluster
-        self.blocks = blocks
-        self.test_blocks = test_blocks or {}
-        self.config = config
-        self.loss = get_loss(config.loss)
-        d = blocks[0].n_features if blocks else 0
+        super().__init__(cluster, blocks, config, test_blocks)
         self.alpha = [np.zeros(b.n_rows) for b in blocks]
-        self.w = np.zeros((len(blocks), d))
         self.sigma_ii = np.ones(len(blocks))
         self.rho = 1.0
         self.order = [np.arange(b.n_rows, dtype=np.int32) for b in blocks]
         self.reset_shrinking()
-        self.d = d
+
+    def extra_bytes(self):
+        return sum(a.nbytes + o.nbytes for a, o in zip(self.alpha, self.order))
 
     def reset_shrinking(self):
         """Every coordinate active again (start, and after each Omega-step changes W)."""
         enabled = self.config.shrinking and self.loss.name in ("hinge", "smoothed-hinge")
         self.shrink = [_kernels.new_shrink_state(b.n_rows, enabled) for b in self.blocks]
 
-    def register(self, cluster):
-        cluster.handlers.update({
-            CMD_SDCA: self.on_sdca, CMD_SET_W: self.on_set_w, CMD_SET_SIGMA: self.on_set_sigma,
-            CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state, CMD_TEST: self.on_test,
-        })
+    def handlers(self):
+        return {**super().handlers(),
+                CMD_SDCA: self.on_sdca, CMD_SET_W: self.on_set_w, CMD_SET_SIGMA: self.on_set_sigma,
+                CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state}
 
     def on_sdca(self, ctrl, payload, width):
         round_ = int(ctrl[1])
@@ -309,78 +311,17 @@ class LocalBlocks:
             self.shrink[k] = mine[pos + 2 * n:pos + 2 * n + 5].copy()
             pos += 2 * n + 5
 
-    def on_test(self, ctrl, payload, width):
-        regression = not self.loss.binary_labels
-        local = {}
-        for k, blk in enumerate(self.blocks):
-            test = self.test_blocks.get(blk.task)
-            if test is not None and blk.part == 0:
-                local[blk.task] = task_metrics(test.y, test.decision(self.w[k]), regression)
-        gathered = self.cluster.gather_objects(local)
-        if gathered is None:
-            return None
-        merged = {}
-        for part in gathered:
-            merged.update(part)
-        return merged
-
-
-# ---------------------------------------------------------------------------
-# Loading: every rank reads only its own blocks, and all ranks fail together
-# ---------------------------------------------------------------------------
-def load_blocks(cluster, source, config: DMTRLConfig, test_source=None):
-    """Plan the blocks, read this rank's rows (and test rows) and validate them.
-
-    Rank-local problems (a corrupt group, NaN, bad labels) are collected and
-    raised on every rank through :meth:`Cluster.agree` before any data
-    collective starts.
-    """
-    loss = get_loss(config.loss)
-    blocks = plan_blocks(source.n_samples, source.nnz, cluster.n_workers, config.split_tasks)
-    cluster.set_plan(blocks)
-    error = None
-    mine, tests = [], {}
-    phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
-    try:
-        if test_source is not None:
-            if test_source.n_features != source.n_features:
-                raise InputError(f"{test_source.path}: has {test_source.n_features} features, "
-                                 f"the training data {source.path} has {source.n_features}")
-            if list(test_source.names) != list(source.names):
-                raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
-        for b in cluster.my_blocks:
-            blk = source.read_block(b.task, b.start, b.stop, b.part)
-            check_labels(loss, blk.y, f"{source.path}: task '{blk.name}' (#{b.task})")
-            if phi is not None:
-                blk = blk.transformed(phi)
-            mine.append(blk)
-            if test_source is not None and b.part == 0:
-                test = test_source.read_task(b.task)
-                check_labels(loss, test.y, f"{test_source.path}: task '{test.name}' (#{b.task})")
-                tests[b.task] = test.transformed(phi) if phi is not None else test
-    except InputError as exc:
-        error = str(exc)
-    cluster.agree(error)
-    return mine, tests
-
-
 # ---------------------------------------------------------------------------
 # The server's driver
 # ---------------------------------------------------------------------------
-class Server:
+class Server(ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
-                 checkpointer=None):
-        self.cluster = cluster
+                 checkpointer=None, test=False):
+        super().__init__(cluster, source, progress, checkpointer)
         self.config = config
-        self.source = source
-        self.m = source.n_tasks
-        self.n = np.asarray(source.n_samples, dtype=np.float64)
-        self.names = list(source.names)
         self.d = config.rff_dim or source.n_features
-        self.blocks = cluster.blocks
-        self.block_task = np.array([b.task for b in self.blocks], dtype=np.int64)
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
         self.BT = np.zeros((self.m, self.d))
         if config.relationship == "fixed":
@@ -390,23 +331,16 @@ class Server:
         self.WT = np.zeros((self.m, self.d))
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
         self.history = GapHistory()
-        self.round = 0                # rounds so far (the coordinate streams are keyed by it)
         self.t = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
-        self.progress = progress
-        self.checkpointer = checkpointer
-        self.t0 = time.perf_counter()
-        self.seconds_before = 0.0     # time spent before a resume
+        self.want_test = test
+        self.test = None
 
     @property
     def outer(self):
         return self.outer_state.p
 
     # -- commands ----------------------------------------------------------
-    def command(self, cmd, a=0, payload=None, width=0):
-        ctrl = self.cluster.send_command(cmd, a, width)
-        return self.cluster.handlers[cmd](ctrl, payload, width)
-
     def push_sigma(self):
         shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
         self.command(CMD_SET_SIGMA, self.m, payload=shared)
@@ -421,21 +355,14 @@ class Server:
 
     def objective(self, terms):
         """Primal and dual of the current alpha from per-block terms."""
-        loss = np.zeros(self.m)
-        conj = np.zeros(self.m)
-        for k, t in enumerate(self.block_task):     # fixed block order: same sums at any P
-            loss[t] += terms[k, 0]
-            conj[t] += terms[k, 1]
-        return primal_dual(loss, conj, self.n, self.BT, self.WT, self.config.lam)
+        sums = self.per_task(terms)
+        return primal_dual(sums[:, 0], sums[:, 1], self.n, self.BT, self.WT, self.config.lam)
 
     def record(self, primal, dual):
         row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved)
         if self.progress is not None:
             self.progress(row)
         return row
-
-    def elapsed(self):
-        return self.seconds_before + time.perf_counter() - self.t0
 
     # -- the algorithm ---------------------------------------------------------
     def w_step(self):
@@ -445,11 +372,7 @@ class Server:
         while self.t < cfg.max_rounds:
             self.t += 1
             self.round += 1
-            delta = self.command(CMD_SDCA, self.round, width=self.d)
-            dB = np.zeros_like(self.BT)
-            for k, task in enumerate(self.block_task):
-                dB[task] += delta[k]
-            self.BT += dB
+            self.BT += self.per_task(self.command(CMD_SDCA, self.round, width=self.d))
             self.recompute_w()
             want_gap = self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds
             terms = self.push_w(want_gap)
@@ -471,23 +394,26 @@ class Server:
 
     def run(self, resume=None):
         if resume is not None:
-            self.restore(resume)
+            self.restore(resume())        # read (and checked) on the server, workers already serving
         else:
             self.push_sigma()
-        return alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state)
+        converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state)
+        if self.want_test:
+            self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
+        return converged
 
     # -- checkpoints -------------------------------------------------------------
-    def safe_point(self):
-        """Between rounds: write a checkpoint when one is due or a signal arrived."""
-        ck = self.checkpointer
-        if ck is None:
-            return
-        signal_name = ck.signal_received()
-        if signal_name or ck.due(self.round):
-            ck.save(self)
-        if signal_name:
-            raise Preempted(f"received {signal_name}: checkpoint written to {ck.path} after round {self.round}; "
-                            f"continue with --resume")
+    def checkpoint_state(self):
+        """(server arrays, per-block worker state, counters) for :class:`hpcmtl.checkpoint.Checkpointer`."""
+        blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
+                   "alpha": alpha, "order": order, "shrink": shrink}
+                  for b, alpha, order, shrink in self.gather_state()]
+        arrays = {"BT": self.BT, "Sigma": self.Sigma, "rho": np.array(self.rho)}
+        arrays.update(self.history.checkpoint_arrays())
+        counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
+                    "previous": self.outer_state.previous, "seconds": self.elapsed(),
+                    "bytes": self.cluster.bytes_moved}
+        return arrays, blocks, counters
 
     def gather_state(self):
         """Every block's (alpha, order, shrinking state), in plan order."""
@@ -516,46 +442,11 @@ class Server:
         self.outer_state = OuterState(int(c["outer"]), c["previous"])
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
-        for k in GapHistory.COLUMNS:
-            self.history.rows[k] = list(ck["arrays"][f"history_{k}"])
+        self.history.restore(ck["arrays"])
         self.recompute_w()
         self.push_sigma()                                  # also resets shrinking: restored next
         self.command(CMD_SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
         self.push_w(False)
-
-    def test_metrics(self, regression):
-        per_task = self.command(CMD_TEST)
-        tasks = [dict(name=self.names[t], **per_task[t]) for t in sorted(per_task)]
-        return {"tasks": tasks, "summary": summarize(tasks, regression)} if tasks else None
-
-    def stop(self, reason=STOP_DONE, code=0):
-        self.cluster.send_command(STOP, reason, code)
-
-
-def serve(cluster):
-    """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""
-    while True:
-        ctrl = cluster.receive_command()
-        if ctrl[0] == STOP:
-            return int(ctrl[1]), int(ctrl[2])
-        cluster.handlers[int(ctrl[0])](ctrl, None, int(ctrl[2]))
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (MB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def partition_mb(local) -> float:
-    """Memory of a rank's own data partition and dual variables (MB)."""
-    total = 0
-    for k, blk in enumerate(local.blocks):
-        total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes + blk.sq_norms.nbytes
-        total += local.alpha[k].nbytes + local.order[k].nbytes
-    for blk in local.test_blocks.values():
-        total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes
-    return total / 2 ** 20
 
 
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,
@@ -566,8 +457,7 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     or :class:`hpcmtl.estimators.MemoryTasks`): each rank reads its own blocks.
     ``checkpointer`` (server) writes checkpoints and reacts to termination
     signals; ``resume`` (server) is a checkpoint path to continue from.
-    Workers return None.  However the server ends (done, preempted, failed), it
-    tells the workers, so every rank leaves with the same exit code.
+    Workers return None.
     """
     config.validate()
     if config.relationship == "fixed":
@@ -575,36 +465,22 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     rss_before_data = peak_rss_mb()
     blocks, tests = load_blocks(cluster, source, config, test_source)
     local = LocalBlocks(cluster, blocks, config, tests)
-    local.register(cluster)
-    if not cluster.is_server:
-        reason, code = serve(cluster)
-        if reason == STOP_PREEMPTED:
-            raise Preempted("stopped for a checkpoint")
-        if reason == STOP_FAILED:
-            raise StopRequested(code)
-        cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb()))
+
+    def make_server():
+        return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None)
+
+    state = None
+    if resume is not None and cluster.is_server:
+        state = lambda: read_compatible(resume, config, source, sigma_fixed)  # noqa: E731 - read on the server, inside run
+    outcome = engine.run(cluster, local, make_server, rss_before_data, state)
+    if outcome is None:
         return None
-    server = Server(cluster, source, config, sigma_fixed, progress, checkpointer)
-    try:
-        state = None
-        if resume is not None:
-            from .checkpoint import read_compatible
-            state = read_compatible(resume, config, source, sigma_fixed)
-        converged = server.run(state)
-        test = server.test_metrics(not get_loss(config.loss).binary_labels) if test_source is not None else None
-    except Preempted:
-        server.stop(STOP_PREEMPTED, Preempted.exit_code)
-        raise
-    except BaseException as exc:
-        server.stop(STOP_FAILED, getattr(exc, "exit_code", 1))
-        raise
-    server.stop(STOP_DONE)
-    ranks = np.array(cluster.gather_objects((rss_before_data, partition_mb(local), peak_rss_mb())))
+    server, converged, ranks = outcome
     return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
                        history=server.history.arrays(),
                        config=config.to_dict(), task_names=server.names, converged=converged,
                        n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,
-                       rho=server.rho, test=test,
+                       rho=server.rho, test=server.test,
                        extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
                               "peak_rss_mb": ranks[:, 2]})
 

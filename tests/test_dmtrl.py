@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 import scipy.linalg
-import scipy.sparse as sp
 from mpi4py import MPI
 from numpy.testing import assert_allclose
 
