@@ -24,7 +24,8 @@ import numpy as np
 from . import _kernels, store
 from .errors import InputError
 
-MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim",
+MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
+              "projection", "eta0",
               "rff_gamma", "eig_floor", "split_tasks", "shrinking")
 
 

@@ -15,7 +15,7 @@ import sys
 from . import __version__
 from .errors import InputError
 
-TRAIN_METHODS = ("dmtrl", "stl", "fixed", "ssdca", "mtrl-central")
+TRAIN_METHODS = ("dmtrl", "stl", "fixed", "ssdca", "mtrl-central", "l1inf")
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
 
 
@@ -142,10 +142,11 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--out", required=True, metavar="RESULT.h5")
     tr.add_argument("--test", metavar="TEST.h5")
     tr.add_argument("--loss", default="hinge", help="hinge, smoothed-hinge, squared or logistic")
-    tr.add_argument("--lam", type=_positive_float("--lam"), required=True)
+    tr.add_argument("--lam", type=_positive_float("--lam"), help="regularization (dmtrl, stl, fixed, ssdca, mtrl-central)")
     tr.add_argument("--gamma", type=_positive_float("--gamma"), default=1.0, help="smoothed-hinge parameter")
     tr.add_argument("--tol", type=_positive_float("--tol"), default=1e-6, help="relative duality gap of a W-step")
-    tr.add_argument("--max-rounds", type=_count("--max-rounds"), default=500)
+    tr.add_argument("--max-rounds", type=_count("--max-rounds"), default=None,
+                    help="rounds per W-step (default 500); l1inf: subgradient steps per radius (default 200)")
     tr.add_argument("--outer", type=_count("--outer"), default=10, help="maximum Omega-steps + 1")
     tr.add_argument("--outer-tol", type=float, default=1e-5)
     tr.add_argument("--local-iters", type=_positive_float("--local-iters"), default=1.0,
@@ -157,6 +158,12 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
     tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
     tr.add_argument("--no-shrinking", action="store_true", help="visit every coordinate in every pass (hinge losses)")
+    tr.add_argument("--radius", type=_positive_float("--radius"), help="l1inf: the ball radius C")
+    tr.add_argument("--path", metavar="C1,C2,...", help="l1inf: a regularization path, each radius warm-started "
+                    "from the previous solution")
+    tr.add_argument("--projection", choices=("l1inf", "l1", "l2"), default="l1inf",
+                    help="l1inf: the constraint (l1 / l2: every task column in its own ball)")
+    tr.add_argument("--eta0", type=_positive_float("--eta0"), default=1.0, help="l1inf: step size eta0 / sqrt(t)")
     tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
                     "(/model/Sigma) or a .npy file")
     tr.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (default: OUT.checkpoint.h5; always "
@@ -354,11 +361,21 @@ def reuters_stream(args):
 # ---------------------------------------------------------------------------
 def config_from_args(args):
     from .dmtrl import DMTRLConfig
+    if args.method == "l1inf":
+        from .joint_sparse import JointSparseConfig
+        if args.radius is None and args.path is None:
+            raise InputError("method 'l1inf' needs --radius C (or --path C1,C2,...)")
+        return JointSparseConfig(radius=args.radius or 1.0, loss=args.loss, projection=args.projection,
+                                 eta0=args.eta0, max_rounds=args.max_rounds or 200, gamma=args.gamma,
+                                 seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
+                                 split_tasks=args.split_tasks).validate()
+    if args.lam is None:
+        raise InputError(f"method '{args.method}' needs --lam")
     relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "ssdca": "learned",
                     "mtrl-central": "learned"}[args.method]
     if args.sigma is not None and args.method in ("ssdca", "mtrl-central"):
         relationship = "fixed"                      # the centralized baselines under a given Sigma
-    return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds,
+    return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
@@ -370,9 +387,13 @@ def progress_printer(quiet):
         return None
 
     def show(row):
-        print(f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
-              f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
-              f"{row['bytes'] / 1e6:9.3f} MB", flush=True)
+        if "primal" in row:
+            print(f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
+                  f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
+                  f"{row['bytes'] / 1e6:9.3f} MB", flush=True)
+        else:
+            print(f"round {row['round']:5d}  objective {row['objective']:.10g}  best {row['best_objective']:.10g}  "
+                  f"features {row['selected']:6d}  {row['seconds']:8.2f}s  {row['bytes'] / 1e6:9.3f} MB", flush=True)
     return show
 
 
@@ -403,7 +424,7 @@ def cmd_train(args, cluster):
     store.check_writable(checkpoint, True)
     if args.resume and not os.path.exists(checkpoint):
         raise InputError(f"{checkpoint}: no checkpoint to resume from")
-    sigma = read_sigma(args.sigma) if config.relationship == "fixed" else None
+    sigma = read_sigma(args.sigma) if getattr(config, "relationship", None) == "fixed" else None
     source = store.TaskFile(args.train)
     test_source = store.TaskFile(args.test) if args.test else None
     progress = progress_printer(args.quiet) if cluster.is_server else None
@@ -418,8 +439,15 @@ def cmd_train(args, cluster):
     else:
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
+        resume = checkpoint if args.resume else None
+        if args.method == "l1inf":
+            from .joint_sparse import train as train_l1inf
+            radii = parse_radii(args.path) if args.path else None
+            result = train_l1inf(cluster, source, config, test_source, progress=progress,
+                                 checkpointer=checkpointer, resume=resume, radii=radii)
+            return write_l1inf_result(args, cluster, source, result)
         result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress,
-                       checkpointer=checkpointer, resume=checkpoint if args.resume else None)
+                       checkpointer=checkpointer, resume=resume)
     if result is None:
         return None
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
@@ -433,6 +461,37 @@ def cmd_train(args, cluster):
         print(f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "
               f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved, "
               f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}")
+        if result.test:
+            print("test: " + json.dumps(result.test["summary"]))
+        print(f"result written to {args.out}")
+    return result
+
+
+def parse_radii(text):
+    try:
+        radii = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--path must be comma-separated numbers, got {text!r}") from None
+    if not radii or any(not (r > 0) for r in radii):
+        raise InputError(f"--path radii must be > 0, got {text!r}")
+    return radii
+
+
+def write_l1inf_result(args, cluster, source, result):
+    from . import store
+    if result is None:
+        return None
+    config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
+                      test=os.path.abspath(args.test) if args.test else None)
+    path = {k: v for k, v in result.path.items()}
+    store.write_result(args.out, result.W, None, result.history, config_out, cluster.size, __version__,
+                       task_names=result.task_names, test=result.test, ranks=result.extra or None,
+                       groups={"path": path}, force=args.force)
+    if not args.quiet:
+        h = result.history
+        print(f"l1inf ({result.config['projection']}): {result.n_rounds} rounds, best objective "
+              f"{h['best_objective'][-1]:.6g}, {int(path['selected'][-1])} of {result.W.shape[0]} features selected, "
+              f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved")
         if result.test:
             print("test: " + json.dumps(result.test["summary"]))
         print(f"result written to {args.out}")

@@ -32,7 +32,6 @@ import numpy as np
 from . import _kernels
 from . import engine
 from .checkpoint import read_compatible
-from .cluster import fault_point
 from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
 from .errors import ConvergenceError, InputError
 from .losses import LOSSES, closest, get_loss
@@ -262,8 +261,7 @@ class LocalBlocks(LocalBase):
         cfg = self.config
         out = np.zeros((len(self.blocks), width))
         for k, blk in enumerate(self.blocks):
-            try:
-                fault_point(self.cluster.rank, round_)
+            with self.working_on(blk, round_):
                 old = self.alpha[k].copy() if cfg.eta != 1.0 else None
                 _kernels.sdca_local(*blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
                                     self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma,
@@ -272,9 +270,6 @@ class LocalBlocks(LocalBase):
                 if old is not None:   # alpha <- alpha + eta delta_alpha
                     self.alpha[k] = old + cfg.eta * (self.alpha[k] - old)
                     out[k] *= cfg.eta
-            except Exception as exc:
-                exc.hpcmtl_task = blk.name
-                raise
         return self.cluster.gather_block_rows(out, width)
 
     def on_set_w(self, ctrl, payload, width):

@@ -10,11 +10,12 @@ gather test metrics and per-rank memory figures.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
 
-from .cluster import STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, StopRequested, plan_blocks
+from .cluster import STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
 from .errors import InputError, Preempted
 from .features import rff_map
 from .losses import check_labels, get_loss
@@ -77,6 +78,16 @@ class LocalBase:
         self.loss = get_loss(config.loss)
         self.d = blocks[0].n_features if blocks else 0
         self.w = np.zeros((len(blocks), self.d))
+
+    @contextlib.contextmanager
+    def working_on(self, block, round_):
+        """Around one block's work in a round: the test fault hook, and errors that name the task."""
+        try:
+            fault_point(self.cluster.rank, round_)
+            yield
+        except Exception as exc:
+            exc.hpcmtl_task = block.name
+            raise
 
     def handlers(self) -> dict:
         """Command id -> handler(ctrl, payload, width); subclasses add theirs."""

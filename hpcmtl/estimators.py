@@ -62,7 +62,58 @@ def _as_source(X, y, tasks):
     return MemoryTasks.from_task_ids(X, y, tasks)
 
 
-class DMTRL(BaseEstimator):
+class _MultiTaskLinear(BaseEstimator):
+    """Prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``."""
+
+    def _fitted(self, W, source, ids, feature_map=None):
+        self.W_ = W
+        self.tasks_ = ids
+        self.n_features_in_ = source.n_features
+        self._feature_map = feature_map
+
+    def decision_function(self, X, tasks=None):
+        """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
+        if isinstance(X, (list, tuple)) and tasks is None:
+            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+        if tasks is None:
+            if len(self.tasks_) != 1:
+                raise InputError(f"the model has {len(self.tasks_)} tasks: pass the task id of every row")
+            tasks = np.full(X.shape[0], self.tasks_[0])
+        tasks = np.asarray(tasks)
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        column = {t: k for k, t in enumerate(self.tasks_)}
+        unknown = set(np.unique(tasks)) - set(column)
+        if unknown:
+            raise InputError(f"unknown task ids {sorted(unknown)[:5]}")
+        Z = self._feature_map(X) if self._feature_map is not None else X
+        cols = np.array([column[t] for t in tasks])
+        if sp.issparse(Z):
+            Z = sp.csr_matrix(Z)
+            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
+        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
+
+    def predict(self, X, tasks=None):
+        scores = self.decision_function(X, tasks)
+        if self.loss == "squared":
+            return scores
+        if isinstance(scores, list):
+            return [np.where(s >= 0, 1.0, -1.0) for s in scores]
+        return np.where(scores >= 0, 1.0, -1.0)
+
+    def score(self, X, y, tasks=None):
+        """Accuracy for classification losses, R^2 (pooled) for the squared loss."""
+        pred = self.predict(X, tasks)
+        if isinstance(pred, list):
+            pred = np.concatenate(pred)
+            y = np.concatenate([np.asarray(v) for v in y])
+        y = np.asarray(y, float)
+        if self.loss == "squared":
+            return float(1.0 - np.mean((pred - y) ** 2) / np.var(y))
+        return float(np.mean(pred == y))
+
+
+class DMTRL(_MultiTaskLinear):
     """Distributed multi-task relationship learning (paper 001) as an estimator.
 
     Minimizes ``sum_i (1/n_i) sum_j l(w_i . x_ij, y_ij) + (lam/2) tr(W Omega W^T)``
@@ -109,55 +160,58 @@ class DMTRL(BaseEstimator):
         config = self._config()
         source, ids = _as_source(X, y, tasks)
         result = train(Cluster(MPI.COMM_SELF), source, config, sigma_fixed=self.sigma)
-        self.W_ = result.W
+        self._fitted(result.W, source, ids, _feature_map(config, source))
         self.Sigma_ = result.Sigma
         self.history_ = result.history
         self.converged_ = result.converged
-        self.tasks_ = ids
-        self.n_features_in_ = source.n_features
-        self._feature_map = None
-        if config.rff_dim:
-            from .features import rff_map
-            self._feature_map = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed)
         return self
 
-    def decision_function(self, X, tasks=None):
-        """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
-        if isinstance(X, (list, tuple)) and tasks is None:
-            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
-        if tasks is None:
-            if len(self.tasks_) != 1:
-                raise InputError(f"the model has {len(self.tasks_)} tasks: pass the task id of every row")
-            tasks = np.full(X.shape[0], self.tasks_[0])
-        tasks = np.asarray(tasks)
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}")
-        column = {t: k for k, t in enumerate(self.tasks_)}
-        unknown = set(np.unique(tasks)) - set(column)
-        if unknown:
-            raise InputError(f"unknown task ids {sorted(unknown)[:5]}")
-        Z = self._feature_map(X) if self._feature_map is not None else X
-        cols = np.array([column[t] for t in tasks])
-        if sp.issparse(Z):
-            Z = sp.csr_matrix(Z)
-            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
-        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
 
-    def predict(self, X, tasks=None):
-        scores = self.decision_function(X, tasks)
-        if self.loss == "squared":
-            return scores
-        if isinstance(scores, list):
-            return [np.where(s >= 0, 1.0, -1.0) for s in scores]
-        return np.where(scores >= 0, 1.0, -1.0)
+class JointSparseMTL(_MultiTaskLinear):
+    """Joint-sparse multi-task learning (paper 002) as an estimator.
 
-    def score(self, X, y, tasks=None):
-        """Accuracy for classification losses, R^2 (pooled) for the squared loss."""
-        pred = self.predict(X, tasks)
-        if isinstance(pred, list):
-            pred = np.concatenate(pred)
-            y = np.concatenate([np.asarray(v) for v in y])
-        y = np.asarray(y, float)
-        if self.loss == "squared":
-            return float(1.0 - np.mean((pred - y) ** 2) / np.var(y))
-        return float(np.mean(pred == y))
+    Minimizes ``sum_i (1/n_i) sum_j l(w_i . x_ij, y_ij)`` subject to
+    ``||W||_{1,inf} <= radius`` (or per-column l1 / l2 balls with
+    ``projection='l1'`` / ``'l2'``) by projected subgradient steps
+    ``eta0 / sqrt(t)``, keeping the best iterate.  ``radius`` may be a list: a
+    regularization path, warm-started in order; ``path_`` then holds per radius
+    the objective, the number of selected features and the solution.
+
+    Fitted attributes: ``W_`` (d x m, at the last radius), ``history_``,
+    ``path_``, ``selected_features_`` (rows of W_ that are not zero), ``tasks_``.
+    """
+
+    def __init__(self, loss="hinge", radius=1.0, projection="l1inf", eta0=1.0, max_rounds=200, gamma=1.0,
+                 seed=0, rff_dim=0, rff_gamma=1.0):
+        self.loss = loss
+        self.radius = radius
+        self.projection = projection
+        self.eta0 = eta0
+        self.max_rounds = max_rounds
+        self.gamma = gamma
+        self.seed = seed
+        self.rff_dim = rff_dim
+        self.rff_gamma = rff_gamma
+
+    def fit(self, X, y, tasks=None):
+        from mpi4py import MPI
+
+        from .cluster import Cluster
+        from .joint_sparse import JointSparseConfig, train
+        radii = list(np.atleast_1d(self.radius).astype(float))
+        params = dict(self.get_params(), radius=radii[-1])
+        config = JointSparseConfig(**params).validate(type(self).__name__)
+        source, ids = _as_source(X, y, tasks)
+        result = train(Cluster(MPI.COMM_SELF), source, config, radii=radii)
+        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self.history_ = result.history
+        self.path_ = result.path
+        self.selected_features_ = np.flatnonzero(np.abs(result.W).max(axis=1))
+        return self
+
+
+def _feature_map(config, source):
+    if not config.rff_dim:
+        return None
+    from .features import rff_map
+    return rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed)

@@ -58,6 +58,25 @@ def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
             raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}")
 
 
+def loss_and_derivative(name: str, z, y, gamma: float = 1.0):
+    """Per-example loss values and derivatives dl/dz (a subgradient for hinge), vectorized."""
+    z = np.asarray(z, float)
+    y = np.asarray(y, float)
+    if name == "hinge":
+        active = y * z < 1.0
+        return np.maximum(0.0, 1.0 - y * z), np.where(active, -y, 0.0)
+    if name == "smoothed-hinge":
+        m = 1.0 - y * z
+        values = np.where(m <= 0, 0.0, np.where(m >= gamma, m - gamma / 2, m * m / (2 * gamma)))
+        return values, -y * np.clip(m / gamma, 0.0, 1.0)
+    if name == "squared":
+        return 0.5 * (z - y) ** 2, z - y
+    if name == "logistic":
+        t = -y * z
+        return np.logaddexp(0.0, t), -y * 0.5 * (1.0 + np.tanh(0.5 * t))     # -y sigmoid(-y z)
+    raise KeyError(name)
+
+
 # --- slow NumPy references (tests only compare the kernels with these) -------
 
 def primal_reference(name: str, z, y, gamma: float = 1.0):

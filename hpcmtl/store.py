@@ -337,12 +337,14 @@ def read_all_tasks(path):
 # ---------------------------------------------------------------------------
 def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
                  version: str, task_names=None, extra: dict | None = None, test: dict | None = None,
-                 ranks: dict | None = None, force=True):
+                 ranks: dict | None = None, groups: dict | None = None, force=True):
     """Write a result file (see module docstring).
 
     ``extra`` adds /model arrays; ``test`` (``{"tasks": [...], "summary": {...}}``)
     adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute;
-    ``ranks`` adds ``/ranks/<name>`` arrays with one entry per MPI rank (memory).
+    ``ranks`` adds ``/ranks/<name>`` arrays with one entry per MPI rank (memory);
+    ``groups`` adds further ``/<group>/<name>`` arrays (e.g. a regularization path).
+    Sigma may be None for methods without a task covariance.
     """
     with atomic_h5(path, force=force) as f:
         f.attrs["format"] = RESULT_FORMAT
@@ -352,7 +354,8 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         f.attrs["n_ranks"] = int(n_ranks)
         model = f.create_group("model")
         model.create_dataset("W", data=np.asarray(W, dtype=np.float64))
-        model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
+        if Sigma is not None:
+            model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
         if task_names is not None:
             model.create_dataset("task_names", data=np.array(task_names, dtype=h5py.string_dtype()))
         for key, value in (extra or {}).items():
@@ -360,9 +363,9 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         hist = f.create_group("history")
         for key, values in history.items():
             hist.create_dataset(key, data=np.asarray(values))
-        if ranks:
-            g = f.create_group("ranks")
-            for key, values in ranks.items():
+        for name, arrays in dict(groups or {}, **({"ranks": ranks} if ranks else {})).items():
+            g = f.create_group(name)
+            for key, values in arrays.items():
                 g.create_dataset(key, data=np.asarray(values))
         if test:
             g = f.create_group("test")
@@ -387,8 +390,9 @@ def read_result(path) -> dict:
             if k == "task_names":
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
             out["model"][k] = value
-        if "ranks" in f:
-            out["ranks"] = {k: v[()] for k, v in f["ranks"].items()}
+        for name in f:
+            if name not in ("model", "history", "test"):
+                out[name] = {k: v[()] for k, v in f[name].items()}
         if "test" in f:
             out["test"] = {"summary": json.loads(f["test"].attrs["summary"]),
                            "tasks": {k: v[()] for k, v in f["test"].items()}}

@@ -105,7 +105,7 @@ def scaled(kind: str, seed: int = 0, scale: float = 1.0):
 
 
 def joint_sparse(seed: int = 0, n_train: int = 100, n_test: int = 500, d: int = 200, m: int = 60,
-                 relevant_fraction: float = 0.1):
+                 relevant_fraction: float = 0.1, unit_norm: bool = True):
     """Paper 002 Sec. 5.1: jointly sparse task weights.
 
     Entries of W are N(0, 1); 10 % of the features form the relevant set V;
@@ -113,6 +113,9 @@ def joint_sparse(seed: int = 0, n_train: int = 100, n_test: int = 500, d: int = 
     probability 1/2, at least one) and zeroes the rest.  Instances are N(0, I)
     normalized to unit norm; ``y = sign(w_k . x)``.  The truth holds W, the
     relevant-feature mask and ``||W||_{1,inf}`` (the radius C of the paper).
+    ``unit_norm=False`` keeps x ~ N(0, I): margins of the true W are then of
+    order one instead of about 0.17, so the hinge loss is not linear on the
+    whole ball of radius C.
     """
     rng = np.random.default_rng(seed)
     W = rng.normal(size=(d, m))
@@ -130,7 +133,8 @@ def joint_sparse(seed: int = 0, n_train: int = 100, n_test: int = 500, d: int = 
     for k in range(m):
         for part, n in ((train, n_train), (test, n_test)):
             X = rng.normal(size=(n, d))
-            X /= np.linalg.norm(X, axis=1, keepdims=True)
+            if unit_norm:
+                X /= np.linalg.norm(X, axis=1, keepdims=True)
             y = np.sign(X @ W[:, k])
             y[y == 0] = 1.0
             part[0].append(X)

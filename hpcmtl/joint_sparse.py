@@ -1,0 +1,238 @@
+"""Joint-sparse multi-task learning by projected subgradient (paper 002).
+
+Minimizes the sum of per-task average losses subject to a norm ball::
+
+    min_W  sum_i (1/n_i) sum_j l(w_i . x_ij, y_ij)   s.t.  ||W||_{1,inf} = sum_k max_i |W_ki| <= C
+
+(``projection='l1'`` / ``'l2'``: every task column in its own l1 / l2 ball of
+radius C instead, the paper's comparison).  Round t: every worker computes
+its blocks' loss sums and subgradient sums at the current columns (d + 1
+numbers a block, Gatherv); the server forms G (d x m) and sets
+``W <- P_C(W - eta0 / sqrt(t) G)``, then sends the columns back (Scatterv).
+The best iterate by objective is kept (a subgradient method is not monotone).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import engine
+from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
+from .errors import InputError
+from .losses import LOSSES, closest, loss_and_derivative
+from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
+
+PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l2_columns}
+
+CMD_SUBGRADIENT = 21     # Scatterv w columns; Gatherv per block [loss sum, subgradient sum (d)]
+
+
+@dataclass
+class JointSparseConfig:
+    """Settings of a projected-subgradient run (validated by :meth:`validate`)."""
+    radius: float = 1.0            # C
+    loss: str = "hinge"
+    projection: str = "l1inf"
+    eta0: float = 1.0              # learning rate eta_t = eta0 / sqrt(t)
+    max_rounds: int = 200
+    gamma: float = 1.0             # smoothed-hinge parameter
+    seed: int = 0
+    rff_dim: int = 0
+    rff_gamma: float = 1.0
+    split_tasks: bool = False
+    method: str = "l1inf"
+
+    def validate(self, owner="JointSparseMTL"):
+        if self.loss not in LOSSES:
+            raise InputError(f"The 'loss' parameter of {owner} must be one of {', '.join(LOSSES)}. "
+                             f"Got {self.loss!r} instead.{closest(self.loss, LOSSES)}")
+        if self.projection not in PROJECTIONS:
+            raise InputError(f"The 'projection' parameter of {owner} must be one of {', '.join(PROJECTIONS)}. "
+                             f"Got {self.projection!r} instead.{closest(self.projection, PROJECTIONS)}")
+        for name in ("radius", "eta0", "gamma"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+                raise InputError(f"The '{name}' parameter of {owner} must be > 0. Got {value!r} instead.")
+        if not (isinstance(self.max_rounds, (int, np.integer)) and self.max_rounds >= 1):
+            raise InputError(f"The 'max_rounds' parameter of {owner} must be an integer >= 1. "
+                             f"Got {self.max_rounds!r} instead.")
+        return self
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class LocalGradients(LocalBase):
+    """Worker side: loss and subgradient sums of the rank's blocks."""
+
+    def handlers(self):
+        return {**super().handlers(), CMD_SUBGRADIENT: self.on_subgradient}
+
+    def on_subgradient(self, ctrl, payload, width):
+        self.w = self.cluster.scatter_block_rows(payload, width - 1)
+        out = np.zeros((len(self.blocks), width))
+        for k, blk in enumerate(self.blocks):
+            with self.working_on(blk, int(ctrl[1])):
+                values, dz = loss_and_derivative(self.config.loss, blk.decision(self.w[k]), blk.y,
+                                                 self.config.gamma)
+                out[k, 0] = values.sum()
+                out[k, 1:] = np.asarray(blk.X.T @ dz).ravel()      # sum_j l'(z_j) x_j
+        return self.cluster.gather_block_rows(out, width)
+
+
+class SubgradientHistory:
+    COLUMNS = ("round", "objective", "best_objective", "selected", "seconds", "bytes")
+
+    def __init__(self):
+        self.rows = {k: [] for k in self.COLUMNS}
+
+    def record(self, **row):
+        for k in self.COLUMNS:
+            self.rows[k].append(row[k])
+        return row
+
+    def arrays(self):
+        return {k: np.asarray(v) for k, v in self.rows.items()}
+
+
+class Server(ServerBase):
+    """Holds W and the best iterate; one projected subgradient step per round.
+
+    With several radii (a regularization path) it solves them in the given
+    order, each warm-started from the previous solution, without reloading data.
+    """
+
+    def __init__(self, cluster, source, config: JointSparseConfig, W0=None, progress=None, checkpointer=None,
+                 test=False, radii=None):
+        super().__init__(cluster, source, progress, checkpointer)
+        self.config = config
+        self.radii = [config.radius] if radii is None else [float(r) for r in radii]
+        self.path = {"radius": [], "objective": [], "selected": [], "l1inf_norm": [], "W": []}
+        self.d = config.rff_dim or source.n_features
+        self.W = np.zeros((self.d, self.m)) if W0 is None else np.array(W0, dtype=np.float64)
+        self.W_best = self.W.copy()
+        self.best = np.inf
+        self.t = 0                    # rounds at the current radius
+        self.k = 0                    # index of the current radius
+        self.history = SubgradientHistory()
+        self.want_test = test
+        self.test = None
+        self.project = PROJECTIONS[config.projection]
+
+    def evaluate(self):
+        """Objective and subgradient at the current W (one round trip)."""
+        rows = self.per_task(self.command(CMD_SUBGRADIENT, self.round, payload=self.W.T[self.block_task],
+                                          width=self.d + 1))
+        objective = float(np.sum(rows[:, 0] / self.n))
+        G = (rows[:, 1:] / self.n[:, None]).T                       # d x m, column i from task i
+        return objective, G
+
+    def note(self, objective):
+        if objective < self.best:
+            self.best = objective
+            self.W_best = self.W.copy()
+        row = self.history.record(round=self.round, objective=objective, best_objective=self.best,
+                                  selected=int(np.count_nonzero(np.abs(self.W).max(axis=1))),
+                                  seconds=self.elapsed(), bytes=self.cluster.bytes_moved)
+        if self.progress is not None:
+            self.progress(row)
+
+    def solve(self, radius):
+        """max_rounds projected subgradient steps in the ball of this radius; W becomes the best iterate."""
+        cfg = self.config
+        self.W = self.project(self.W, radius)
+        while self.t < cfg.max_rounds:
+            self.t += 1
+            self.round += 1
+            objective, G = self.evaluate()
+            self.note(objective)
+            eta = cfg.eta0 / np.sqrt(self.t)
+            self.W = self.project(self.W - eta * G, radius)
+            self.safe_point()
+        objective, _ = self.evaluate()                                # the last iterate counts too
+        self.note(objective)
+        self.W = self.W_best
+
+    def run(self, resume=None):
+        if resume is not None:
+            self.restore(resume())
+        while self.k < len(self.radii):
+            radius = self.radii[self.k]
+            self.solve(radius)
+            for key, value in (("radius", radius), ("objective", self.best), ("W", self.W.copy()),
+                               ("selected", int(np.count_nonzero(np.abs(self.W).max(axis=1)))),
+                               ("l1inf_norm", l1inf_norm(self.W))):
+                self.path[key].append(value)
+            self.k += 1
+            self.t, self.best = 0, np.inf                            # the next radius starts from this W
+        if self.want_test:
+            self.test = self.test_metrics(not LOSSES[self.config.loss].binary_labels)
+        return True
+
+    def checkpoint_state(self):
+        arrays = {"W": self.W, "W_best": self.W_best}
+        arrays.update({f"history_{k}": np.asarray(v) for k, v in self.history.rows.items()})
+        arrays.update({f"path_{k}": np.asarray(v) for k, v in self.path.items()})
+        counters = {"round": self.round, "t": self.t, "k": self.k, "best": self.best, "radii": self.radii,
+                    "seconds": self.elapsed(), "bytes": self.cluster.bytes_moved}
+        return arrays, [], counters
+
+    def restore(self, ck):
+        a, c = ck["arrays"], ck["counters"]
+        if [float(r) for r in c["radii"]] != self.radii:
+            raise InputError(f"{ck['path']}: cannot resume: the checkpoint's radii {c['radii']} differ from {self.radii}")
+        self.W, self.W_best = a["W"].copy(), a["W_best"].copy()
+        for k in SubgradientHistory.COLUMNS:
+            self.history.rows[k] = list(a[f"history_{k}"])
+        for k in self.path:
+            self.path[k] = list(a[f"path_{k}"])
+        self.round, self.t, self.k, self.best = int(c["round"]), int(c["t"]), int(c["k"]), float(c["best"])
+        self.seconds_before, self.cluster.bytes_moved = float(c["seconds"]), int(c["bytes"])
+
+
+@dataclass
+class JointSparseResult:
+    W: np.ndarray                  # best iterate at the last radius
+    history: dict
+    config: dict
+    task_names: list
+    n_rounds: int
+    seconds: float
+    bytes_moved: int
+    path: dict                     # per radius: radius, objective, selected, l1inf_norm, W
+    test: dict | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None, progress=None,
+          checkpointer=None, resume=None, radii=None):
+    """Projected subgradient on every rank; the server returns a JointSparseResult.
+
+    ``radii``: a regularization path (solved in the given order, each radius
+    warm-started from the previous solution); default ``[config.radius]``.
+    """
+    from .checkpoint import read_compatible
+    config.validate()
+    if radii is not None and (len(radii) == 0 or any(not (float(r) > 0) for r in radii)):
+        raise InputError(f"the regularization path needs radii > 0, got {list(radii)}")
+    rss_before_data = peak_rss_mb()
+    blocks, tests = load_blocks(cluster, source, config, test_source)
+    local = LocalGradients(cluster, blocks, config, tests)
+
+    def make_server():
+        return Server(cluster, source, config, W0, progress, checkpointer, test=test_source is not None,
+                      radii=radii)
+
+    state = (lambda: read_compatible(resume, config, source)) if resume is not None and cluster.is_server else None
+    outcome = engine.run(cluster, local, make_server, rss_before_data, state)
+    if outcome is None:
+        return None
+    server, _, ranks = outcome
+    return JointSparseResult(W=server.W.copy(), history=server.history.arrays(), config=config.to_dict(),
+                             task_names=server.names, n_rounds=server.round, seconds=server.elapsed(),
+                             bytes_moved=cluster.bytes_moved, test=server.test,
+                             path={k: np.asarray(v) for k, v in server.path.items()},
+                             extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
+                                    "peak_rss_mb": ranks[:, 2]})
