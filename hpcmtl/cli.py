@@ -450,17 +450,26 @@ def cmd_train(args, cluster):
                        checkpointer=checkpointer, resume=resume)
     if result is None:
         return None
+    h = result.history
+    summary = (f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "
+               f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved, "
+               f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}")
+    return save_result(args, cluster, source, result, result.Sigma,
+                       {"model": {"rho": result.rho, "converged": int(result.converged)}}, summary)
+
+
+def save_result(args, cluster, source, result, sigma, groups, summary):
+    """Write the result file (rank 0) and print its summary unless --quiet."""
+    from . import store
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
                       test=os.path.abspath(args.test) if args.test else None)
-    extra = {"rho": result.rho, "converged": int(result.converged)}
-    store.write_result(args.out, result.W, result.Sigma, result.history, config_out, cluster.size,
-                       __version__, task_names=result.task_names, extra=extra, test=result.test,
-                       ranks=result.extra or None, force=args.force)
+    groups = dict(groups)
+    model_extra = groups.pop("model", None)
+    store.write_result(args.out, result.W, sigma, result.history, config_out, cluster.size, __version__,
+                       task_names=result.task_names, extra=model_extra, test=result.test,
+                       ranks=result.extra or None, groups=groups, force=args.force)
     if not args.quiet:
-        h = result.history
-        print(f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "
-              f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved, "
-              f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}")
+        print(summary)
         if result.test:
             print("test: " + json.dumps(result.test["summary"]))
         print(f"result written to {args.out}")
@@ -478,24 +487,13 @@ def parse_radii(text):
 
 
 def write_l1inf_result(args, cluster, source, result):
-    from . import store
     if result is None:
         return None
-    config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
-                      test=os.path.abspath(args.test) if args.test else None)
-    path = {k: v for k, v in result.path.items()}
-    store.write_result(args.out, result.W, None, result.history, config_out, cluster.size, __version__,
-                       task_names=result.task_names, test=result.test, ranks=result.extra or None,
-                       groups={"path": path}, force=args.force)
-    if not args.quiet:
-        h = result.history
-        print(f"l1inf ({result.config['projection']}): {result.n_rounds} rounds, best objective "
-              f"{h['best_objective'][-1]:.6g}, {int(path['selected'][-1])} of {result.W.shape[0]} features selected, "
-              f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved")
-        if result.test:
-            print("test: " + json.dumps(result.test["summary"]))
-        print(f"result written to {args.out}")
-    return result
+    path = dict(result.path)
+    summary = (f"l1inf ({result.config['projection']}): {result.n_rounds} rounds, best objective "
+               f"{result.history['best_objective'][-1]:.6g}, {int(path['selected'][-1])} of {result.W.shape[0]} "
+               f"features selected, {result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved")
+    return save_result(args, cluster, source, result, None, {"path": path}, summary)
 
 
 def evaluate_arrays(W, config, test_source):

@@ -34,7 +34,7 @@ from . import engine
 from .checkpoint import read_compatible
 from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
 from .errors import ConvergenceError, InputError
-from .losses import LOSSES, closest, get_loss
+from .losses import LOSSES, check_choice, get_loss
 
 RELATIONSHIPS = ("learned", "identity", "fixed")
 
@@ -71,12 +71,8 @@ class DMTRLConfig:
     def validate(self, owner="DMTRL"):
         def bad(name, rule, value):
             raise InputError(f"The '{name}' parameter of {owner} must be {rule}. Got {value!r} instead.")
-        if self.loss not in LOSSES:
-            raise InputError(f"The 'loss' parameter of {owner} must be one of {', '.join(LOSSES)}. "
-                             f"Got {self.loss!r} instead.{closest(self.loss, LOSSES)}")
-        if self.relationship not in RELATIONSHIPS:
-            raise InputError(f"The 'relationship' parameter of {owner} must be one of {', '.join(RELATIONSHIPS)}. "
-                             f"Got {self.relationship!r} instead.{closest(self.relationship, RELATIONSHIPS)}")
+        check_choice("loss", self.loss, LOSSES, owner)
+        check_choice("relationship", self.relationship, RELATIONSHIPS, owner)
         for name in ("lam", "tol", "local_iters", "eta", "gamma", "eig_floor"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):

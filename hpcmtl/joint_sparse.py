@@ -21,7 +21,7 @@ import numpy as np
 from . import engine
 from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
 from .errors import InputError
-from .losses import LOSSES, closest, loss_and_derivative
+from .losses import LOSSES, check_choice, loss_and_derivative
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
 
 PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l2_columns}
@@ -45,12 +45,8 @@ class JointSparseConfig:
     method: str = "l1inf"
 
     def validate(self, owner="JointSparseMTL"):
-        if self.loss not in LOSSES:
-            raise InputError(f"The 'loss' parameter of {owner} must be one of {', '.join(LOSSES)}. "
-                             f"Got {self.loss!r} instead.{closest(self.loss, LOSSES)}")
-        if self.projection not in PROJECTIONS:
-            raise InputError(f"The 'projection' parameter of {owner} must be one of {', '.join(PROJECTIONS)}. "
-                             f"Got {self.projection!r} instead.{closest(self.projection, PROJECTIONS)}")
+        check_choice("loss", self.loss, LOSSES, owner)
+        check_choice("projection", self.projection, PROJECTIONS, owner)
         for name in ("radius", "eta0", "gamma"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):

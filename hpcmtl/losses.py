@@ -49,6 +49,13 @@ def get_loss(name: str) -> Loss:
         ) from None
 
 
+def check_choice(name: str, value, choices, owner: str):
+    """Estimator-style message for a parameter outside its choices, with the closest suggestion."""
+    if value not in choices:
+        raise InputError(f"The '{name}' parameter of {owner} must be one of {', '.join(choices)}. "
+                         f"Got {value!r} instead.{closest(value, choices)}")
+
+
 def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
     """Hinge-type and logistic losses need labels exactly -1 or +1."""
     if loss.binary_labels:

@@ -204,7 +204,21 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
                     g.create_dataset(key, data=np.asarray(value))
 
 
-class TaskFile:
+class _OpenFile:
+    """An open HDF5 file that closes on ``close()`` or at the end of a ``with`` block."""
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class TaskFile(_OpenFile):
     """Read-only view of a task dataset; task data is read only on request.
 
     ``TaskFile(path)`` validates the format and reads the task table (names,
@@ -234,16 +248,6 @@ class TaskFile:
         self.n_samples = np.asarray(table["n_samples"], dtype=np.int64)
         self.nnz = np.asarray(table["nnz"], dtype=np.int64)
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-
-    def close(self):
-        with contextlib.suppress(Exception):
-            self._f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def task_index(self, name) -> int:
         if name in self.names:
@@ -478,7 +482,7 @@ def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=Tru
                 t.create_dataset(key, data=np.asarray(value))
 
 
-class StreamFile:
+class StreamFile(_OpenFile):
     """Read a stream in chunks of rounds (memory bounded by the chunk)."""
 
     def __init__(self, path):
@@ -498,13 +502,3 @@ class StreamFile:
             X = sp.csr_matrix((g["data"][lo:hi], g["indices"][lo:hi], indptr - lo),
                               shape=(stop - start, self.n_features))
             yield start, X, self._f["Y"][start:stop]
-
-    def close(self):
-        with contextlib.suppress(Exception):
-            self._f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
