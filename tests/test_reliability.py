@@ -63,7 +63,7 @@ def test_exception_on_one_worker_ends_every_rank_with_one_line(data, tmp_path):
         if line.startswith("hpcmtl:"):
             break
     t = time.monotonic()
-    rest, _ = proc.communicate(timeout=60)       # ... then every rank must be gone promptly
+    _, rest = proc.communicate(timeout=60)       # ... then every rank must be gone promptly
     assert time.monotonic() - t < 10
     assert proc.returncode != 0
     ours = [line for line in lines + rest.splitlines() if line.startswith("hpcmtl:")]
