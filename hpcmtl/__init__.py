@@ -6,7 +6,7 @@ from .errors import InputError  # noqa: F401
 
 def __getattr__(name):
     # estimators import scikit-learn; load them only when asked for
-    if name in ("DMTRL", "JointSparseMTL", "MemoryTasks"):
+    if name in ("DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks"):
         from . import estimators
         return getattr(estimators, name)
     raise AttributeError(f"module 'hpcmtl' has no attribute {name!r}")

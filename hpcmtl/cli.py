@@ -15,7 +15,7 @@ import sys
 from . import __version__
 from .errors import InputError
 
-TRAIN_METHODS = ("dmtrl", "stl", "fixed", "ssdca", "mtrl-central", "l1inf")
+TRAIN_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central", "l1inf")
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
 
 
@@ -158,6 +158,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
     tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
     tr.add_argument("--no-shrinking", action="store_true", help="visit every coordinate in every pass (hinge losses)")
+    tr.add_argument("--graph", help="graph: a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
+                    "edge-list CSV (task_a,task_b,weight)")
+    tr.add_argument("--alpha", type=float, default=2.0 ** -8, help="graph: diagonal alpha of L + alpha I")
+    tr.add_argument("--unnormalized", action="store_true", help="graph: keep (L + alpha I)^-1 without unit diagonal")
     tr.add_argument("--radius", type=_positive_float("--radius"), help="l1inf: the ball radius C")
     tr.add_argument("--path", metavar="C1,C2,...", help="l1inf: a regularization path, each radius warm-started "
                     "from the previous solution")
@@ -371,7 +375,7 @@ def config_from_args(args):
                                  split_tasks=args.split_tasks).validate()
     if args.lam is None:
         raise InputError(f"method '{args.method}' needs --lam")
-    relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "ssdca": "learned",
+    relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "graph": "fixed", "ssdca": "learned",
                     "mtrl-central": "learned"}[args.method]
     if args.sigma is not None and args.method in ("ssdca", "mtrl-central"):
         relationship = "fixed"                      # the centralized baselines under a given Sigma
@@ -424,9 +428,17 @@ def cmd_train(args, cluster):
     store.check_writable(checkpoint, True)
     if args.resume and not os.path.exists(checkpoint):
         raise InputError(f"{checkpoint}: no checkpoint to resume from")
-    sigma = read_sigma(args.sigma) if getattr(config, "relationship", None) == "fixed" else None
     source = store.TaskFile(args.train)
     test_source = store.TaskFile(args.test) if args.test else None
+    sigma = None
+    if args.method == "graph":
+        from .task_graph import graph_adjacency, task_kernel
+        if args.graph is None:
+            raise InputError("method 'graph' needs --graph (a topology name or an edge-list CSV)")
+        sigma = task_kernel(graph_adjacency(args.graph, source.names), args.alpha, not args.unnormalized,
+                            source.names)
+    elif getattr(config, "relationship", None) == "fixed":
+        sigma = read_sigma(args.sigma)
     progress = progress_printer(args.quiet) if cluster.is_server else None
     if args.method in ("ssdca", "mtrl-central"):
         if args.resume or args.checkpoint_every or args.checkpoint_seconds:

@@ -215,3 +215,90 @@ def _feature_map(config, source):
         return None
     from .features import rff_map
     return rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed)
+
+
+class GraphMTL(_MultiTaskLinear):
+    """Graphical multi-task learning (paper 003): a task graph's kernel K couples the tasks.
+
+    ``exact=True``: an SVM (scikit-learn's SVC, i.e. libsvm) on the precomputed
+    product multi-task kernel ``K_st k(x, y)``, minimizing
+    ``1/2 ||f||^2 + C sum_m hinge``; memory n x n, so for small data.
+    ``exact=False``: the distributed DMTRL engine with K as its fixed task
+    covariance, minimizing ``sum_t mean_j l + (lam/2) tr(W K^-1 W^T)`` over
+    random Fourier features of the RBF base kernel (``rff_dim``) or linear x.
+
+    ``graph``: a topology name (cycle, chain, complete, star, 'grid RxC', empty),
+    an edge-list CSV path, or a weight matrix; ``alpha``: scalar or per task.
+    Fitted: ``K_`` (task kernel), ``tasks_``, and ``svc_`` or ``W_``.
+    """
+
+    def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
+                 gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4):
+        self.kernel = kernel
+        self.graph = graph
+        self.alpha = alpha
+        self.normalize = normalize
+        self.exact = exact
+        self.C = C
+        self.gamma = gamma
+        self.degree = degree
+        self.coef0 = coef0
+        self.lam = lam
+        self.loss = loss
+        self.rff_dim = rff_dim
+        self.seed = seed
+        self.tol = tol
+
+    def _kernel_params(self):
+        if self.kernel == "rbf":
+            return {"gamma": self.gamma}
+        if self.kernel == "poly":
+            return {"gamma": self.gamma, "degree": self.degree, "coef0": self.coef0}
+        if self.kernel == "linear":
+            return {}
+        from .losses import check_choice
+        check_choice("kernel", self.kernel, ("rbf", "linear", "poly"), type(self).__name__)
+
+    def fit(self, X, y, tasks=None):
+        from .task_graph import graph_adjacency, task_kernel
+        params = self._kernel_params()
+        source, ids = _as_source(X, y, tasks)
+        self.K_ = task_kernel(graph_adjacency(self.graph, source.names), self.alpha, self.normalize, source.names)
+        if self.exact:
+            import scipy.sparse as sp
+            from sklearn.svm import SVC
+
+            from .task_graph import product_gram
+            rows = [source.read_task(i) for i in range(source.n_tasks)]
+            Xs = [r.X for r in rows]
+            self.X_fit_ = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
+            self.task_index_fit_ = np.repeat(np.arange(source.n_tasks), source.n_samples)
+            gram = product_gram(self.X_fit_, self.task_index_fit_, self.K_, self.kernel, **params)
+            self.svc_ = SVC(kernel="precomputed", C=self.C).fit(gram, np.concatenate([r.y for r in rows]))
+            self.tasks_, self.n_features_in_, self._feature_map = ids, source.n_features, None
+            return self
+        from mpi4py import MPI
+
+        from .cluster import Cluster
+        from .dmtrl import DMTRLConfig, train
+        if self.kernel not in ("rbf", "linear"):
+            raise InputError("exact=False supports the rbf (random Fourier features) and linear base kernels")
+        config = DMTRLConfig(loss=self.loss, lam=self.lam, relationship="fixed", tol=self.tol, seed=self.seed,
+                             rff_dim=self.rff_dim if self.kernel == "rbf" else 0, rff_gamma=self.gamma,
+                             max_rounds=2000).validate(type(self).__name__)
+        result = train(Cluster(MPI.COMM_SELF), source, config, sigma_fixed=self.K_)
+        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self.history_ = result.history
+        return self
+
+    def decision_function(self, X, tasks=None):
+        if not self.exact:
+            return super().decision_function(X, tasks)
+        from .task_graph import product_gram
+        if isinstance(X, (list, tuple)) and tasks is None:
+            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+        column = {t: k for k, t in enumerate(self.tasks_)}
+        index = np.array([column[t] for t in np.asarray(tasks)])
+        gram = product_gram(X, index, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
+                            **self._kernel_params())
+        return self.svc_.decision_function(gram)

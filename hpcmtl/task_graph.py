@@ -1,0 +1,189 @@
+"""Graphical multi-task kernels (paper 003): a task graph's Laplacian as the task covariance.
+
+With the weighted Laplacian ``L = diag(W 1) - W`` of a task graph and per-task
+``alpha_t >= 0`` (positive for some task of every connected component), the task
+kernel of Eq. 5 is::
+
+    K_hat = (L + diag(alpha))^-1,   D = diag(K_hat),   K = D^-1/2 K_hat D^-1/2
+
+(``normalize=False`` keeps K_hat).  Its inverse regularizes the task functions as
+``sum_{edges s~t} w_st ||f_s - f_t||^2 + sum_t alpha_t ||f_t||^2``.  K serves two ways:
+
+* as the fixed task covariance Sigma of the DMTRL engine (``hpcmtl train graph``;
+  linear or random-Fourier features, distributed);
+* in the product multi-task kernel ``K_st k(x, y)`` for an exact kernel machine
+  (:func:`product_gram`, fed to scikit-learn's SVC with ``kernel='precomputed'``).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+
+import numpy as np
+import scipy.sparse.csgraph
+from sklearn.metrics.pairwise import pairwise_kernels
+
+from .errors import InputError
+
+TOPOLOGIES = ("cycle", "chain", "complete", "star", "grid RxC", "empty")
+
+
+def topology(name: str, m: int) -> np.ndarray:
+    """Unit-weight adjacency (m x m) of a named topology over tasks 0..m-1 in file order.
+
+    ``cycle`` (t ~ t+1 and m-1 ~ 0), ``chain``, ``complete``, ``star`` (task 0 in the
+    centre), ``grid RxC`` (R * C == m, row-major; also written ``grid:RxC``), ``empty``.
+    """
+    A = np.zeros((m, m))
+    name = name.strip().lower()
+    grid = re.fullmatch(r"grid[ :](\d+)x(\d+)", name)
+    if name in ("cycle", "chain"):
+        for t in range(m - 1):
+            A[t, t + 1] = A[t + 1, t] = 1.0
+        if name == "cycle" and m > 2:
+            A[0, m - 1] = A[m - 1, 0] = 1.0
+    elif name == "complete":
+        A[:] = 1.0
+        np.fill_diagonal(A, 0.0)
+    elif name == "star":
+        A[0, 1:] = A[1:, 0] = 1.0
+    elif grid:
+        rows, cols = int(grid.group(1)), int(grid.group(2))
+        if rows * cols != m:
+            raise InputError(f"graph 'grid {rows}x{cols}' has {rows * cols} nodes but there are {m} tasks")
+        for r in range(rows):
+            for c in range(cols):
+                t = r * cols + c
+                if c + 1 < cols:
+                    A[t, t + 1] = A[t + 1, t] = 1.0
+                if r + 1 < rows:
+                    A[t, t + cols] = A[t + cols, t] = 1.0
+    elif name != "empty":
+        from .losses import closest
+        raise InputError(f"unknown graph '{name}'; use one of {', '.join(TOPOLOGIES)} or an edge-list CSV file."
+                         f"{closest(name, ['cycle', 'chain', 'complete', 'star', 'empty'])}")
+    return A
+
+
+def read_edges(path: str, names) -> np.ndarray:
+    """Weighted adjacency from a CSV of ``task_a,task_b,weight`` rows (names or 0-based indices).
+
+    A header line is allowed; the weight column is optional (default 1); repeated
+    edges add up.
+    """
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    names = [str(n) for n in names]
+    index = {n: i for i, n in enumerate(names)}
+    m = len(names)
+    A = np.zeros((m, m))
+
+    def task(token, line_no):
+        token = token.strip()
+        if token in index:
+            return index[token]
+        if token.isdigit() and int(token) < m:
+            return int(token)
+        raise InputError(f"{path}: line {line_no}: unknown task '{token}' (tasks: {', '.join(names[:8])}"
+                         f"{', ...' if m > 8 else ''})")
+
+    with open(path, newline="", encoding="utf-8") as f:
+        for line_no, row in enumerate(csv.reader(f), start=1):
+            if not row or row[0].strip().startswith("#"):
+                continue
+            if line_no == 1 and row[0].strip() not in index and not row[0].strip().isdigit():
+                continue                                   # header
+            if len(row) < 2:
+                raise InputError(f"{path}: line {line_no}: expected task_a,task_b[,weight]")
+            s, t = task(row[0], line_no), task(row[1], line_no)
+            try:
+                w = float(row[2]) if len(row) > 2 and row[2].strip() else 1.0
+            except ValueError:
+                raise InputError(f"{path}: line {line_no}: weight {row[2]!r} is not a number") from None
+            if not (w >= 0 and np.isfinite(w)):
+                raise InputError(f"{path}: line {line_no}: negative or non-finite edge weight {w} ({row[0]}, {row[1]})")
+            if s == t:
+                raise InputError(f"{path}: line {line_no}: self-loop on task '{names[s]}'")
+            A[s, t] += w
+            A[t, s] += w
+    return A
+
+
+def graph_adjacency(graph, names) -> np.ndarray:
+    """A named topology, an edge-list CSV path, or an (m x m) weight matrix."""
+    m = len(names)
+    if isinstance(graph, str):
+        if graph.lower().endswith(".csv") or os.path.sep in graph:
+            return read_edges(graph, names)
+        return topology(graph, m)
+    A = np.asarray(graph, dtype=np.float64)
+    if A.shape != (m, m):
+        raise InputError(f"graph weight matrix has shape {A.shape}, there are {m} tasks")
+    if np.any(A < 0) or not np.all(np.isfinite(A)):
+        raise InputError("graph weights must be finite and >= 0")
+    if not np.allclose(A, A.T):
+        raise InputError("graph weight matrix must be symmetric")
+    return A
+
+
+def task_kernel(adjacency, alpha, normalize=True, names=None) -> np.ndarray:
+    """Eq. 5: ``K = D^-1/2 (L + diag(alpha))^-1 D^-1/2`` (or the inverse alone).
+
+    ``alpha``: a scalar or one value per task, all >= 0, positive for at least one
+    task of every connected component (otherwise ``L + diag(alpha)`` is singular).
+    """
+    A = np.asarray(adjacency, dtype=np.float64)
+    m = A.shape[0]
+    names = [str(n) for n in (names if names is not None else range(m))]
+    alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (m,)).copy()
+    if np.any(alpha < 0) or not np.all(np.isfinite(alpha)):
+        raise InputError(f"alpha must be finite and >= 0, got {alpha.tolist()[:8]}")
+    if np.any(A < 0):
+        raise InputError("graph edge weights must be >= 0")
+    n_comp, labels = scipy.sparse.csgraph.connected_components(A > 0, directed=False)
+    for c in range(n_comp):
+        members = np.flatnonzero(labels == c)
+        if not np.any(alpha[members] > 0):
+            shown = ", ".join(names[i] for i in members[:6]) + (", ..." if members.size > 6 else "")
+            raise InputError(f"the graph component {{{shown}}} has no task with alpha > 0: L + diag(alpha) is "
+                             "singular (give alpha > 0)")
+    L = np.diag(A.sum(axis=1)) - A
+    K = np.linalg.inv(L + np.diag(alpha))
+    K = 0.5 * (K + K.T)
+    if normalize:
+        s = 1.0 / np.sqrt(np.diag(K))
+        K = K * np.outer(s, s)
+        np.fill_diagonal(K, 1.0)
+    return K
+
+
+def regularizer(W, adjacency, alpha) -> float:
+    """``sum_{edges} w_st ||w_s - w_t||^2 + sum_t alpha_t ||w_t||^2`` for W (d x m) (for tests and docs)."""
+    A = np.asarray(adjacency, dtype=np.float64)
+    m = A.shape[0]
+    alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (m,))
+    total = sum(A[s, t] * np.sum((W[:, s] - W[:, t]) ** 2) for s in range(m) for t in range(s + 1, m))
+    return float(total + np.sum(alpha * np.sum(W ** 2, axis=0)))
+
+
+def product_gram(X, tasks, K, kernel="rbf", Y=None, tasks_Y=None, **kernel_params) -> np.ndarray:
+    """Product multi-task Gram matrix ``K[t_i, t_j] k(x_i, y_j)`` (Eq. 2).
+
+    ``X`` (n x d, dense or sparse) with task ids ``tasks`` (n); ``Y``/``tasks_Y``
+    default to X/tasks.  ``kernel`` and ``kernel_params`` go to scikit-learn's
+    ``pairwise_kernels`` (``'rbf'`` with ``gamma``, ``'linear'``, ``'poly'`` with
+    ``degree``, ``gamma``, ``coef0``).  Feed it to ``SVC(kernel='precomputed')`` or
+    save it with :func:`export_gram` for any other solver.
+    """
+    if Y is None:
+        Y, tasks_Y = X, tasks
+    base = pairwise_kernels(X, Y, metric=kernel, **kernel_params)
+    return base * np.asarray(K)[np.ix_(np.asarray(tasks), np.asarray(tasks_Y))]
+
+
+def export_gram(path, X, tasks, K, kernel="rbf", **kernel_params):
+    """Write the training Gram matrix as a .npy file (for an external kernel solver)."""
+    G = product_gram(X, tasks, K, kernel, **kernel_params)
+    np.save(path, G)
+    return G
