@@ -1,4 +1,4 @@
-"""The ``hpcmtl`` command: data | train | evaluate | demo.
+"""The ``hpcmtl`` command: data | train | evaluate | report | demo.
 
 ``hpcmtl train ...`` runs serially; ``mpiexec -n P hpcmtl train ...`` (or
 ``srun``) runs the same command distributed: rank 0 is the server, ranks
@@ -184,6 +184,11 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     ev.add_argument("result", metavar="RESULT.h5")
     ev.add_argument("test", metavar="TEST.h5")
     ev.add_argument("--json", action="store_true")
+
+    rep = sub.add_parser("report", help="figures and a Markdown summary from result files")
+    rep.add_argument("results", nargs="+", metavar="RESULT.h5")
+    rep.add_argument("--out", required=True, metavar="DIR")
+    rep.add_argument("--csv", action="store_true", help="also export each run's history as CSV into DIR")
 
     demo = sub.add_parser("demo", help="Synthetic 1 under mpiexec -n 5: STL vs learned task relationships")
     demo.add_argument("--out", default="demo-output")
@@ -559,6 +564,16 @@ def main(argv=None):
             return cmd_data(args)
         if args.command == "evaluate":
             return cmd_evaluate(args)
+        if args.command == "report":
+            from .results import history_csv, report
+            written = report(args.results, args.out)
+            if args.csv:
+                for path in args.results:
+                    name = os.path.splitext(os.path.basename(path))[0] + "-history.csv"
+                    written[name] = history_csv(path, os.path.join(args.out, name))
+            for name, path in written.items():
+                print(f"{name}: {path}")
+            return 0
         if args.command == "demo":
             from .demo import run_demo
             return run_demo(args.out, args.ranks)

@@ -1,0 +1,143 @@
+"""Result files for analysis: plain NumPy arrays and dicts, CSV export, and `hpcmtl report`.
+
+``load(path)`` returns ``{"config", "hpcmtl_version", "n_ranks", "model",
+"history", ...}`` with NumPy arrays (no h5py objects), so results can be
+analysed anywhere.  ``report(paths, out_dir)`` draws, for one or several runs:
+the duality gap (or objective) against rounds, seconds and bytes on shared axes
+(paper 001 Fig. 4); the learned task correlation beside the ground truth when
+the training file has one (Fig. 2); the sparsity pattern of W for joint-sparse
+runs (paper 002 Fig. 4); and writes ``report.md`` with a table of test metrics.
+"""
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+
+from . import store
+from .errors import InputError
+
+
+def load(path) -> dict:
+    """A result file as plain NumPy arrays and dicts."""
+    return store.read_result(path)
+
+
+def history_csv(path, out=None) -> str:
+    """Write the per-round history of a result file as CSV (default: next to it); return the CSV path."""
+    res = load(path)
+    history = res["history"]
+    if not history:
+        raise InputError(f"{path}: the result has no history")
+    out = out or os.path.splitext(os.fspath(path))[0] + "-history.csv"
+    columns = sorted(history)
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in zip(*(history[c] for c in columns)):
+            writer.writerow([repr(float(v)) if isinstance(v, (float, np.floating)) else int(v) for v in row])
+    return out
+
+
+def _label(path, res):
+    cfg = res["config"]
+    method = cfg.get("method", "?")
+    extra = f", lam {cfg['lam']:g}" if cfg.get("lam") is not None else ""
+    if method == "l1inf":
+        extra = f", {cfg.get('projection')}, C {cfg.get('radius'):g}"
+    return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
+
+
+def report(paths, out_dir) -> dict:
+    """Figures and a Markdown summary for result files; returns {name: path} of what was written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not paths:
+        raise InputError("report needs at least one result file")
+    runs = [(p, load(p)) for p in paths]
+    os.makedirs(out_dir, exist_ok=True)
+    written = {}
+
+    gap_runs = [(p, r) for p, r in runs if "rel_gap" in r["history"]]
+    if gap_runs:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for p, r in gap_runs:
+            h = r["history"]
+            gap = np.maximum(h["rel_gap"], 1e-16)
+            for ax, x in zip(axes, ("round", "seconds", "bytes")):
+                ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r))
+        for ax, xl in zip(axes, ("rounds", "seconds", "MB moved")):
+            ax.set_xlabel(xl)
+            ax.set_ylabel("relative duality gap")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        written["gap"] = os.path.join(out_dir, "gap.png")
+        fig.savefig(written["gap"], dpi=110)
+        plt.close(fig)
+
+    sub_runs = [(p, r) for p, r in runs if "best_objective" in r["history"]]
+    if sub_runs:
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        for p, r in sub_runs:
+            ax.plot(r["history"]["round"], r["history"]["best_objective"], label=_label(p, r))
+        ax.set_xlabel("rounds")
+        ax.set_ylabel("best objective")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        written["objective"] = os.path.join(out_dir, "objective.png")
+        fig.savefig(written["objective"], dpi=110)
+        plt.close(fig)
+        p, r = sub_runs[0]
+        W = r["model"]["W"]
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.imshow(np.abs(W) > 0, aspect="auto", cmap="Greys", interpolation="nearest")
+        ax.set_xlabel("task")
+        ax.set_ylabel("feature")
+        ax.set_title(f"non-zero entries of W: {int(np.count_nonzero(np.abs(W).max(axis=1)))} features")
+        fig.tight_layout()
+        written["sparsity"] = os.path.join(out_dir, "sparsity.png")
+        fig.savefig(written["sparsity"], dpi=110)
+        plt.close(fig)
+
+    for p, r in runs:
+        Sigma = r["model"].get("Sigma")
+        train = r["config"].get("train")
+        if Sigma is None or r["config"].get("relationship") != "learned":
+            continue
+        s = np.sqrt(np.diag(Sigma))
+        panels = [("learned", Sigma / np.outer(s, s))]
+        if train and os.path.exists(train):
+            with store.TaskFile(train) as tf:
+                truth = tf.read_truth()
+            if "correlation" in truth and truth["correlation"].shape == Sigma.shape:
+                panels.append(("ground truth", truth["correlation"]))
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+        for ax, (title, M) in zip(axes[0], panels):
+            im = ax.imshow(M, vmin=-1, vmax=1, cmap="RdBu_r")
+            ax.set_title(title)
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+        written["correlation"] = os.path.join(out_dir, "task-correlation.png")
+        fig.savefig(written["correlation"], dpi=110)
+        plt.close(fig)
+        break
+
+    lines = ["# hpcmtl report", "", "| run | rounds | seconds | final gap / objective | test metrics |",
+             "|---|---|---|---|---|"]
+    for p, r in runs:
+        h = r["history"]
+        final = (f"{h['rel_gap'][-1]:.2e}" if "rel_gap" in h else
+                 f"{h['best_objective'][-1]:.6g}" if "best_objective" in h else "")
+        test = r.get("test", {}).get("summary", {})
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in test.items()
+                            if k in ("error_rate", "auc", "rmse", "explained_variance"))
+        rounds = int(h["round"][-1]) if "round" in h and len(h["round"]) else 0
+        seconds = float(h["seconds"][-1]) if "seconds" in h and len(h["seconds"]) else 0.0
+        lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} |")
+    lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in written.items()]
+    written["summary"] = os.path.join(out_dir, "report.md")
+    with open(written["summary"], "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return written
