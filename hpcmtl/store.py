@@ -60,13 +60,8 @@ def atomic_h5(path: str, force: bool = True):
     On any exception the temporary file is removed and ``path`` is untouched.
     """
     path = os.fspath(path)
-    if not force and os.path.exists(path):
-        raise InputError(f"{path}: output file exists (use --force to overwrite)")
+    check_writable(path, force)
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"{path}: cannot write output: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise InputError(f"{path}: cannot write output: directory {directory} is not writable")
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
