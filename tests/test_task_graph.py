@@ -100,3 +100,18 @@ def test_train_graph_cli_distributed(tmp_path):
     assert a["test"]["summary"]["auc"] > 0.7
     r = run_hpcmtl(["train", "graph", "--train", tr, "--out", tmp_path / "x.h5", "--lam", "1"])
     assert r.returncode == 2 and "needs --graph" in r.stderr
+
+
+def test_exported_gram_and_other_base_kernels(tmp_path):
+    from hpcmtl.task_graph import export_gram
+    rng = np.random.default_rng(2)
+    X, t = rng.normal(size=(9, 4)), np.repeat(np.arange(3), 3)
+    K = task_kernel(topology("chain", 3), 0.2)
+    G = export_gram(tmp_path / "gram.npy", X, t, K, "poly", degree=2, gamma=0.5, coef0=1.0)
+    assert_allclose(np.load(tmp_path / "gram.npy"), G)
+    assert_allclose(G, K[np.ix_(t, t)] * (0.5 * X @ X.T + 1.0) ** 2)
+    assert_allclose(product_gram(X, t, K, "linear"), K[np.ix_(t, t)] * (X @ X.T))
+    assert np.linalg.eigvalsh(G).min() > -1e-9                 # a valid kernel: PSD
+    lin = GraphMTL(kernel="linear", graph="chain", alpha=0.2, C=1.0).fit([X[:3], X[3:6], X[6:]],
+                                                                        [np.array([1, -1, 1.0])] * 3)
+    assert lin.decision_function([X[:3], X[3:6], X[6:]])[0].shape == (3,)
