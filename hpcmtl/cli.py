@@ -1,4 +1,4 @@
-"""The ``hpcmtl`` command: data | train | evaluate | report | demo.
+"""The ``hpcmtl`` command: data | train | evaluate | report | jobs | demo.
 
 ``hpcmtl train ...`` runs serially; ``mpiexec -n P hpcmtl train ...`` (or
 ``srun``) runs the same command distributed: rank 0 is the server, ranks
@@ -189,6 +189,14 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     rep.add_argument("results", nargs="+", metavar="RESULT.h5")
     rep.add_argument("--out", required=True, metavar="DIR")
     rep.add_argument("--csv", action="store_true", help="also export each run's history as CSV into DIR")
+
+    jobs = sub.add_parser("jobs", help="SLURM job scripts from templates")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True, parser_class=Parser)
+    jsub.add_parser("list", help="the templates and their parameters")
+    render = jsub.add_parser("render", help="fill a template (values are shell-quoted)")
+    render.add_argument("template")
+    render.add_argument("--set", action="append", metavar="KEY=VALUE", help="a parameter value (repeatable)")
+    render.add_argument("--out", metavar="FILE", help="write here instead of standard output")
 
     demo = sub.add_parser("demo", help="Synthetic 1 under mpiexec -n 5: STL vs learned task relationships")
     demo.add_argument("--out", default="demo-output")
@@ -564,6 +572,22 @@ def main(argv=None):
             return cmd_data(args)
         if args.command == "evaluate":
             return cmd_evaluate(args)
+        if args.command == "jobs":
+            from . import jobs
+            if args.jobs_command == "list":
+                for name, (_, params) in jobs.templates().items():
+                    print(name)
+                    for key, (default, text) in params.items():
+                        print(f"    {key:<15s} {'(required)' if default == '-' else default:<18s} {text}")
+                return 0
+            text = jobs.render(args.template, jobs.parse_sets(args.set))
+            if args.out:
+                with open(args.out, "w") as f:
+                    f.write(text)
+                os.chmod(args.out, 0o755)
+            else:
+                print(text, end="")
+            return 0
         if args.command == "report":
             from .results import history_csv, report
             written = report(args.results, args.out)
