@@ -178,7 +178,11 @@ def build_parser():  # noqa: C901 - one flat description of the command line
                     help="also write a checkpoint every S seconds")
     tr.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
-    tr.add_argument("--quiet", action="store_true")
+    tr.add_argument("--quiet", action="store_true", help="same as --log-level error")
+    tr.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                    help="info: progress and summary; warning: summary only; error: errors only")
+    tr.add_argument("--progress-seconds", type=float, default=0.0, metavar="S",
+                    help="in a log (not a terminal) print at most one progress line every S seconds")
 
     ev = sub.add_parser("evaluate", help="test metrics of a result file")
     ev.add_argument("result", metavar="RESULT.h5")
@@ -399,21 +403,6 @@ def config_from_args(args):
                        method=args.method).validate()
 
 
-def progress_printer(quiet):
-    if quiet:
-        return None
-
-    def show(row):
-        if "primal" in row:
-            print(f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
-                  f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
-                  f"{row['bytes'] / 1e6:9.3f} MB", flush=True)
-        else:
-            print(f"round {row['round']:5d}  objective {row['objective']:.10g}  best {row['best_objective']:.10g}  "
-                  f"features {row['selected']:6d}  {row['seconds']:8.2f}s  {row['bytes'] / 1e6:9.3f} MB", flush=True)
-    return show
-
-
 def read_sigma(path):
     """A task covariance from a result file (/model/Sigma) or a .npy file."""
     import numpy as np
@@ -452,7 +441,13 @@ def cmd_train(args, cluster):
                             source.names)
     elif getattr(config, "relationship", None) == "fixed":
         sigma = read_sigma(args.sigma)
-    progress = progress_printer(args.quiet) if cluster.is_server else None
+    if args.quiet:
+        args.log_level = "error"
+    progress = None
+    if cluster.is_server:
+        from .progress import Progress
+        progress = Progress(args.log_level, args.progress_seconds, tol=getattr(config, "tol", None),
+                            max_rounds=None if getattr(config, "tol", None) else config.max_rounds)
     if args.method in ("ssdca", "mtrl-central"):
         if args.resume or args.checkpoint_every or args.checkpoint_seconds:
             raise InputError(f"checkpoints are for the distributed methods, not '{args.method}'")
@@ -470,21 +465,22 @@ def cmd_train(args, cluster):
             radii = parse_radii(args.path) if args.path else None
             result = train_l1inf(cluster, source, config, test_source, progress=progress,
                                  checkpointer=checkpointer, resume=resume, radii=radii)
+            progress and progress.close()
             return write_l1inf_result(args, cluster, source, result)
         result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress,
                        checkpointer=checkpointer, resume=resume)
+    progress and progress.close()
     if result is None:
         return None
     h = result.history
-    summary = (f"{args.method}: {result.n_rounds} rounds, relative gap {h['rel_gap'][-1]:.3e}, "
-               f"{result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved, "
-               f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}")
+    summary = (f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}, "
+               f"relative gap {h['rel_gap'][-1]:.3e}")
     return save_result(args, cluster, source, result, result.Sigma,
                        {"model": {"rho": result.rho, "converged": int(result.converged)}}, summary)
 
 
 def save_result(args, cluster, source, result, sigma, groups, summary):
-    """Write the result file (rank 0) and print its summary unless --quiet."""
+    """Write the result file (rank 0) and print a summary table unless --log-level error."""
     from . import store
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
                       test=os.path.abspath(args.test) if args.test else None)
@@ -493,12 +489,21 @@ def save_result(args, cluster, source, result, sigma, groups, summary):
     store.write_result(args.out, result.W, sigma, result.history, config_out, cluster.size, __version__,
                        task_names=result.task_names, extra=model_extra, test=result.test,
                        ranks=result.extra or None, groups=groups, force=args.force)
-    if not args.quiet:
-        print(summary)
-        if result.test:
-            print("test: " + json.dumps(result.test["summary"]))
-        print(f"result written to {args.out}")
+    if args.log_level != "error":
+        print(summary_table(args, result, summary))
     return result
+
+
+def summary_table(args, result, headline):
+    """The final summary: what ran, how far it got, what it cost, how it tests."""
+    rows = [("method", result.config.get("method")), ("status", headline),
+            ("rounds", result.n_rounds), ("seconds", f"{result.seconds:.2f}"),
+            ("MB moved", f"{result.bytes_moved / 1e6:.3f}")]
+    if result.test:
+        rows += [(f"test {k}", f"{v:.6g}" if isinstance(v, float) else v) for k, v in result.test["summary"].items()]
+    rows.append(("result file", args.out))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def parse_radii(text):
@@ -515,9 +520,8 @@ def write_l1inf_result(args, cluster, source, result):
     if result is None:
         return None
     path = dict(result.path)
-    summary = (f"l1inf ({result.config['projection']}): {result.n_rounds} rounds, best objective "
-               f"{result.history['best_objective'][-1]:.6g}, {int(path['selected'][-1])} of {result.W.shape[0]} "
-               f"features selected, {result.seconds:.2f}s, {result.bytes_moved / 1e6:.3f} MB moved")
+    summary = (f"{result.config['projection']} ball: best objective {result.history['best_objective'][-1]:.6g}, "
+               f"{int(path['selected'][-1])} of {result.W.shape[0]} features selected")
     return save_result(args, cluster, source, result, None, {"path": path}, summary)
 
 

@@ -1,0 +1,77 @@
+"""What rank 0 prints while training (other ranks print only when they fail).
+
+On a terminal: one live line redrawn in place, with a bar that fills as the
+relative duality gap falls (log scale) towards the tolerance, or as the rounds
+of a subgradient run pass.  Elsewhere (a SLURM log): one plain line per round,
+or at most one per ``every_seconds``, so logs stay readable.  ``level``:
+``debug`` and ``info`` print progress, ``warning`` only the final summary,
+``error`` nothing but errors.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def describe(row) -> str:
+    if "primal" in row:
+        return (f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
+                f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
+                f"{row['bytes'] / 1e6:9.3f} MB")
+    return (f"round {row['round']:5d}  objective {row['objective']:.10g}  best {row['best_objective']:.10g}  "
+            f"features {row['selected']:6d}  {row['seconds']:8.2f}s  {row['bytes'] / 1e6:9.3f} MB")
+
+
+class Progress:
+    """Callable given each history row by the server."""
+
+    def __init__(self, level="info", every_seconds=0.0, tol=None, max_rounds=None, stream=None, tty=None):
+        self.stream = stream or sys.stdout
+        self.show = level in ("debug", "info")
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every = float(every_seconds)
+        self.tol, self.max_rounds = tol, max_rounds
+        self.last = -math.inf
+        self.first_gap = None
+        self.pending = None
+
+    def fraction(self, row):
+        if "rel_gap" in row and self.tol:
+            gap = max(row["rel_gap"], 1e-300)
+            if self.first_gap is None:
+                self.first_gap = max(gap, self.tol * 10)
+            span = math.log(self.first_gap / self.tol)
+            return min(1.0, max(0.0, math.log(self.first_gap / gap) / span)) if span > 0 else 1.0
+        if self.max_rounds:
+            return min(1.0, row["round"] / self.max_rounds)
+        return 0.0
+
+    def __call__(self, row):
+        if not self.show:
+            return
+        now = time.monotonic()
+        if self.tty:
+            filled = int(round(20 * self.fraction(row)))
+            self.stream.write("\r[" + "#" * filled + "." * (20 - filled) + "] " + describe(row) + "\033[K")
+            self.stream.flush()
+            return
+        if now - self.last >= self.every:
+            print(describe(row), file=self.stream, flush=True)
+            self.last = now
+            self.pending = None
+        else:
+            self.pending = row
+
+    def close(self):
+        """End the live line; in a log, print the last row if throttling held it back."""
+        if not self.show:
+            return
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        elif self.pending is not None:
+            print(describe(self.pending), file=self.stream, flush=True)
+            self.pending = None

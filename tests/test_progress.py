@@ -1,0 +1,50 @@
+"""Rank 0's progress output: live line on a terminal, throttled lines in a log, levels."""
+import io
+
+from hpcmtl.progress import Progress
+
+from conftest import run_hpcmtl
+
+
+def rows(n):
+    return [{"round": r, "outer": 0, "primal": 1.0 + 10.0 ** -r, "dual": 1.0, "gap": 10.0 ** -r,
+             "rel_gap": 10.0 ** -r, "seconds": 0.1 * r, "bytes": 1000 * r} for r in range(1, n + 1)]
+
+
+def test_terminal_gets_one_live_line_with_a_bar():
+    out = io.StringIO()
+    p = Progress("info", tol=1e-6, stream=out, tty=True)
+    for row in rows(6):
+        p(row)
+    p.close()
+    text = out.getvalue()
+    assert text.count("\r") == 6 and text.endswith("\n") and text.count("\n") == 1
+    assert "[####################] round     6" in text           # gap reached the tolerance: full bar
+    assert "[....................] round     1" in text
+
+
+def test_log_gets_plain_lines_throttled_and_the_last_one():
+    out = io.StringIO()
+    p = Progress("info", every_seconds=3600, stream=out, tty=False)
+    for row in rows(5):
+        p(row)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("round     1") and lines[1].startswith("round     5")
+    quiet = io.StringIO()
+    p = Progress("warning", stream=quiet, tty=False)
+    p(rows(1)[0])
+    p.close()
+    assert quiet.getvalue() == ""
+
+
+def test_cli_levels_and_summary_table(tmp_path):
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
+    base = ["train", "stl", "--train", tr, "--lam", "1e-2", "--loss", "logistic", "--force"]
+    info = run_hpcmtl(base + ["--out", tmp_path / "a.h5"]).stdout
+    assert "rel_gap" in info and "rounds " in info and "result file" in info
+    warn = run_hpcmtl(base + ["--out", tmp_path / "b.h5", "--log-level", "warning"]).stdout
+    assert "rel_gap " not in warn and "result file" in warn
+    quiet = run_hpcmtl(base + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
