@@ -567,6 +567,16 @@ def cmd_evaluate(args):
 
 # ---------------------------------------------------------------------------
 def main(argv=None):
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`hpcmtl data info X | head`): stop quietly, like other tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == "train":
         from .cluster import run_main

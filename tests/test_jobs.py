@@ -8,7 +8,7 @@ import pytest
 from hpcmtl import jobs, store
 from hpcmtl.errors import InputError
 
-from conftest import ROOT, run_hpcmtl
+from conftest import ROOT, fake_slurm, run_hpcmtl
 
 EXAMPLE = {"train": "data/train.h5", "out": "results/run.h5"}
 GOLDEN = {
@@ -75,27 +75,7 @@ def test_lam_sweep_runs_locally_with_a_fake_sbatch(tmp_path):
                     "--set", "method=stl", "--out", script])
     assert r.returncode == 0, r.stderr
     (tmp_path / "out dir").mkdir()
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    # sbatch: run --wrap now (each array index in turn), print a job id; srun: run the command
-    write_tool(bindir, "sbatch", '''
-wrap=""; array=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --wrap) wrap="$2"; shift 2;;
-    --array=*) array="${1#--array=}"; shift;;
-    *) shift;;
-  esac
-done
-echo "$array|$wrap" >> "$SBATCH_LOG"
-if [ -n "$array" ]; then
-  for i in $(seq "${array%-*}" "${array#*-}"); do SLURM_ARRAY_TASK_ID=$i bash -c "$wrap" >&2 || exit 1; done
-else
-  bash -c "$wrap" >&2 || exit 1
-fi
-echo 4242
-''')
-    write_tool(bindir, "srun", 'exec "$@"\n')
+    bindir = fake_slurm(tmp_path / "bin")
     env = dict(os.environ, SBATCH_LOG=str(tmp_path / "sbatch.log"),
                PATH=f"{bindir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
