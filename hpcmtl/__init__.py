@@ -1,7 +1,9 @@
 """hpcmtl: MPI-native multi-task learning (DMTRL and friends) for HPC clusters."""
 __version__ = "0.1.0"
 
-from .errors import InputError  # noqa: F401
+from .errors import InputError
+
+__all__ = ["DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks", "InputError", "__version__"]
 
 
 def __getattr__(name):

@@ -427,7 +427,8 @@ class Server(ServerBase):
         from .checkpoint import block_payloads
         self.BT = ck["arrays"]["BT"].copy()
         self.Sigma = ck["arrays"]["Sigma"].copy()
-        self.rho = float(ck["arrays"]["rho"])
+        # rho depends on how tasks are cut into blocks, which may differ at another rank count
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         c = ck["counters"]
         self.round, self.t = int(c["round"]), int(c["t"])
         self.outer_state = OuterState(int(c["outer"]), c["previous"])
