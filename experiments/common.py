@@ -1,4 +1,5 @@
 """Helpers shared by the experiment scripts: run hpcmtl as a user would (CLI, real mpiexec)."""
+import argparse
 import json
 import os
 import subprocess
@@ -36,3 +37,19 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def setup(doc, default_out, ranks=True, **options):
+    """Parse --out (and --ranks, and ``options``: name -> (type, default)); make the folder.
+
+    Returns ``(args, P)`` where ``P(name)`` is a path inside the output folder.
+    """
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=default_out)
+    if ranks:
+        ap.add_argument("--ranks", type=int, default=5)
+    for name, (kind, default) in options.items():
+        ap.add_argument(f"--{name}", type=kind, default=default, nargs="+" if isinstance(default, list) else None)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    return args, lambda name: os.path.join(args.out, name)

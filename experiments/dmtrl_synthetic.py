@@ -13,15 +13,13 @@
 
 Losses: logistic, lam = 1e-3 (the labels come from a logistic model).
 """
-import argparse
 import json
-import os
 
 import numpy as np
 
 from hpcmtl import store
 
-from common import hpcmtl, pyplot
+from common import hpcmtl, pyplot, setup
 
 TRAIN = ["--loss", "logistic", "--lam", "1e-3", "--quiet", "--force"]
 
@@ -32,13 +30,8 @@ def corr(S):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/synthetic")
-    ap.add_argument("--ranks", type=int, default=5)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    args, P = setup(__doc__, "results/synthetic")
     plt = pyplot()
-    P = lambda name: os.path.join(args.out, name)  # noqa: E731
     summary = {}
     hists = {}
     for v in (1, 2):

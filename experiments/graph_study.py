@@ -14,9 +14,7 @@ features of growing dimension: test AUC and fit time against the exact SVM.
 
     python experiments/graph_study.py --out results/graph
 """
-import argparse
 import json
-import os
 import time
 
 import numpy as np
@@ -27,7 +25,7 @@ from sklearn.svm import SVC
 from hpcmtl import GraphMTL, synthetic
 from hpcmtl.task_graph import task_kernel, topology
 
-from common import pyplot
+from common import pyplot, setup
 
 CS = (0.1, 10.0, 1e3, 1e5)
 GAMMAS = (1e-3, 0.1, 10.0, 1e3)
@@ -51,11 +49,7 @@ def svc_auc(G_train, y_train, G_eval, y_eval, C):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/graph")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    args, P = setup(__doc__, "results/graph", ranks=False, seed=(int, 0))
     (Xs, ys, names), _ = synthetic.seasonal(seed=args.seed)
     d = split(Xs, ys, np.random.default_rng(args.seed))
     (Xtr, ytr, ttr), (Xva, yva, tva), (Xte, yte, tte) = d["train"], d["val"], d["test"]
@@ -132,7 +126,7 @@ def main():
         results["CYCLE_rff"][f"gamma={gam:g}"] = {"alpha": a, "C": C, "lam": lam, "exact_test_auc": exact_auc,
                                                    "exact_fit_seconds": exact_s, "by_dim": rff}
         print("exact at gamma", gam, exact_auc, exact_s, flush=True)
-    with open(os.path.join(args.out, "graph_study.json"), "w") as f:
+    with open(P("graph_study.json"), "w") as f:
         json.dump({"results": results, "best_val_auc_by_alpha": best_by_alpha}, f, indent=1, default=float)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -142,7 +136,7 @@ def main():
     ax.set_ylabel("best validation AUC")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "fig3-alpha.png"), dpi=110)
+    fig.savefig(P("fig3-alpha.png"), dpi=110)
 
 
 if __name__ == "__main__":

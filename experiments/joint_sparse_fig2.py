@@ -12,28 +12,20 @@ features (rows of W non-zero for at least one task) against the relevant set.
 
     python experiments/joint_sparse_fig2.py --out results/joint-sparse [--ranks 5]
 """
-import argparse
 import json
-import os
 
 import numpy as np
 
 from hpcmtl import store, synthetic
 
-from common import hpcmtl, pyplot
+from common import hpcmtl, pyplot, setup
 
 SIZES = (10, 20, 40, 80, 160, 320, 640)
 ETA0 = (1.0, 10.0, 100.0, 1000.0)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/joint-sparse")
-    ap.add_argument("--ranks", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    P = lambda name: os.path.join(args.out, name)  # noqa: E731
+    args, P = setup(__doc__, "results/joint-sparse", seed=(int, 0))
     table = {}
     for n in SIZES:
         tr, te, truth = synthetic.joint_sparse(seed=args.seed, n_train=n, n_test=500)

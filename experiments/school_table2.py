@@ -10,7 +10,6 @@ distributed job (mpiexec).  Reported: pooled test RMSE and explained variance
 
     python experiments/school_table2.py --out results/school [--splits 10] [--ranks 5]
 """
-import argparse
 import json
 import os
 
@@ -23,7 +22,7 @@ from hpcmtl.cluster import Cluster
 
 from hpcmtl.cli import evaluate_arrays
 
-from common import SHARED_DATA, hpcmtl, need_shared
+from common import SHARED_DATA, hpcmtl, need_shared, setup
 
 GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
@@ -44,13 +43,7 @@ def rmse(W, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/school")
-    ap.add_argument("--splits", type=int, default=10)
-    ap.add_argument("--ranks", type=int, default=5)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    P = lambda name: os.path.join(args.out, name)  # noqa: E731
+    args, P = setup(__doc__, "results/school", splits=(int, 10))
     hpcmtl(["data", "convert", "--format", "malsar", need_shared(os.path.join(SHARED_DATA, "school.mat")),
             P("school.h5"), "--force"])
     rows = {"STL": [], "Centralized MTRL": [], "DMTRL": []}

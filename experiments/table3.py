@@ -12,13 +12,12 @@ test error averaged over tasks, the relative duality gap reached and rounds.
 
     python experiments/table3.py --out results/table3 [--ranks 5]
 """
-import argparse
 import json
 import os
 
 from hpcmtl import store
 
-from common import SHARED_DATA, hpcmtl, need_shared
+from common import SHARED_DATA, hpcmtl, need_shared, setup
 
 GRIDS = {"mnist": (1e-5, 1e-4, 1e-3), "mds": (1e-5, 1e-4, 1e-3)}
 SOLVER = ["--loss", "hinge", "--tol", "1e-3", "--max-rounds", "300", "--outer", "5", "--quiet", "--force"]
@@ -33,12 +32,7 @@ def run(method, train, test, out, lam, ranks):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/table3")
-    ap.add_argument("--ranks", type=int, default=5)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    P = lambda name: os.path.join(args.out, name)  # noqa: E731
+    args, P = setup(__doc__, "results/table3")
     hpcmtl(["data", "convert", "--format", "mnist", need_shared(os.path.join(SHARED_DATA, "mnist")),
             P("mnist-tr.h5"), "--test-out", P("mnist-te.h5"), "--force"])
     hpcmtl(["data", "convert", "--format", "mds", need_shared(os.path.join(SHARED_DATA, "mds")), P("mds.h5"), "--force"])
