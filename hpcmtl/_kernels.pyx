@@ -673,3 +673,518 @@ def project_l1_inplace(double[::1] v, double radius, uint64_t seed):
             v[i] = v[i] - theta if v[i] > theta else 0.0
     free(work)
     return theta
+
+
+# ---------------------------------------------------------------------------
+# Online multitask learning with a shared loss (paper 004)
+# ---------------------------------------------------------------------------
+# Every rule sets w_j <- w_j + tau_j y_j x_j; they differ in tau (Fig. 1).
+# update ids: 0 finite-horizon Perceptron (Eq. 9), 1 infinite horizon (Eq. 16),
+#             2 implicit (Eq. 23 / Lemma 8).
+# norm ids:   0 p-norm with 1 < p < inf (p = 1 and p = inf arrive as r-max, r = k / r = 1),
+#             1 r-max norm (Eq. 1; its dual is max(||u||_inf, ||u||_1 / r), Eq. 3).
+from libc.stdlib cimport qsort
+from libc.math cimport pow as cpow
+
+cdef enum UpdateId:
+    PERCEPTRON = 0
+    INFINITE_HORIZON = 1
+    IMPLICIT = 2
+
+cdef enum NormId:
+    PNORM = 0
+    RMAX = 1
+
+cdef struct TauParams:
+    int update
+    int norm
+    double p
+    Py_ssize_t r
+    double C
+    double R2          # R^2 (infinite horizon)
+    double rho2        # squared remoteness of the dual norm (Lemmas 2, 3)
+
+cdef struct Event:
+    double q           # breakpoint (or -loss when ranking losses)
+    int kind           # 0: tau_j leaves C, 1: tau_j reaches 0, 2: a zero instance's tau jumps C -> 0
+    int j
+
+
+cdef int event_cmp(const void* a, const void* b) noexcept nogil:
+    cdef const Event* x = <const Event*>a
+    cdef const Event* y = <const Event*>b
+    if x.q < y.q:
+        return -1
+    if x.q > y.q:
+        return 1
+    if x.kind != y.kind:
+        return -1 if x.kind < y.kind else 1
+    return -1 if x.j < y.j else (1 if x.j > y.j else 0)
+
+
+cdef double global_norm(const TauParams* P, const double* loss, Py_ssize_t k, Event* ev) noexcept nogil:
+    """||loss|| under the global norm (losses are >= 0)."""
+    cdef Py_ssize_t j, n = 0
+    cdef double m = 0.0, s = 0.0
+    if P.norm == RMAX:
+        n = top_losses(loss, k, ev)
+        for j in range(min(n, P.r)):
+            s += -ev[j].q
+        return s
+    for j in range(k):
+        if loss[j] > m:
+            m = loss[j]
+    if m == 0.0:
+        return 0.0
+    for j in range(k):
+        if loss[j] > 0.0:
+            s += cpow(loss[j] / m, P.p)       # scaled: no overflow for large p
+    return m * cpow(s, 1.0 / P.p)
+
+
+cdef Py_ssize_t top_losses(const double* loss, Py_ssize_t k, Event* ev) noexcept nogil:
+    """The positive losses in decreasing order (ties: lower task index first); returns their count."""
+    cdef Py_ssize_t j, n = 0
+    for j in range(k):
+        if loss[j] > 0.0:
+            ev[n].q = -loss[j]
+            ev[n].kind = 0
+            ev[n].j = <int>j
+            n += 1
+    qsort(ev, n, sizeof(Event), event_cmp)
+    return n
+
+
+cdef void tau_explicit(const TauParams* P, const double* loss, Py_ssize_t k, double* tau,
+                       Event* ev) noexcept nogil:
+    """Eq. 9 (finite horizon) and Eq. 16 (infinite horizon): c * argmax of tau.loss on the unit dual ball."""
+    cdef Py_ssize_t j, n
+    cdef double norm, c
+    for j in range(k):
+        tau[j] = 0.0
+    norm = global_norm(P, loss, k, ev)
+    if norm == 0.0:
+        return
+    c = P.C
+    if P.update == INFINITE_HORIZON and norm / (P.R2 * P.rho2) < c:
+        c = norm / (P.R2 * P.rho2)
+    if P.norm == RMAX:                           # Eq. 12: c on the r largest positive losses
+        n = top_losses(loss, k, ev)
+        for j in range(min(n, P.r)):
+            tau[ev[j].j] = c
+        return
+    for j in range(k):                           # Eq. 11: c (l_j / ||l||_p)^(p - 1)
+        if loss[j] > 0.0:
+            tau[j] = c * cpow(loss[j] / norm, P.p - 1.0)
+
+
+cdef void tau_implicit_l2(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
+                          double* tau) noexcept nogil:
+    """Sec. 6: tau_j = l_j / (||x_j||^2 + theta), theta >= 0 the root of sum tau_j^2 = C^2 (Eq. 27)."""
+    cdef Py_ssize_t j, it
+    cdef double s = 0.0, theta = 0.0, phi, dphi, t, nxt, C2 = P.C * P.C
+    cdef bint binding = False
+    for j in range(k):
+        tau[j] = 0.0
+        if loss[j] > 0.0:
+            if sq[j] <= 0.0:
+                binding = True
+            else:
+                s += (loss[j] / sq[j]) * (loss[j] / sq[j])
+            t = loss[j] / P.C - sq[j]            # theta* >= l_j / C - ||x_j||^2: each tau_j <= C
+            if t > theta:
+                theta = t
+    if not binding and s <= C2:
+        for j in range(k):
+            if loss[j] > 0.0:
+                tau[j] = loss[j] / sq[j]
+        return
+    # Newton on the convex decreasing phi(theta) = sum (l_j / (s_j + theta))^2 - C^2 from a point
+    # left of the root: the iterates increase monotonically to the root
+    for it in range(200):
+        phi = -C2
+        dphi = 0.0
+        for j in range(k):
+            if loss[j] > 0.0:
+                t = loss[j] / (sq[j] + theta)
+                phi += t * t
+                dphi -= 2.0 * t * t / (sq[j] + theta)
+        if phi <= 0.0 or dphi == 0.0:
+            break
+        nxt = theta - phi / dphi
+        if not (nxt > theta):
+            break
+        theta = nxt
+    s = 0.0
+    for j in range(k):
+        if loss[j] > 0.0:
+            tau[j] = loss[j] / (sq[j] + theta)
+            s += tau[j] * tau[j]
+    if s > C2:                                   # rounding at the root: stay inside the ball
+        t = P.C / sqrt(s)
+        for j in range(k):
+            tau[j] *= t
+
+
+cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
+                            double* tau, Event* ev) noexcept nogil:
+    """Sec. 7: tau_j = clip((l_j - theta) / ||x_j||^2, 0, C) (Eq. 33), sum tau_j <= r C, in O(k log k).
+
+    theta is found by walking the sorted breakpoints l_j - C ||x_j||^2 and l_j, on which the
+    sets Psi (tau_j > 0) and Phi (tau_j = C) change; within one interval sum tau_j is linear
+    in theta and Eq. 34 gives theta exactly.
+    """
+    cdef Py_ssize_t j, n = 0, e, e2, n_jump
+    cdef double budget = P.C * <double>P.r, total = 0.0, A = 0.0, S = 0.0, theta = 0.0, lo = 0.0
+    cdef double q, after, share
+    cdef bint found = False, at_jump = False
+    cdef int jj
+    for j in range(k):
+        tau[j] = 0.0
+        if loss[j] > 0.0:
+            total += min(loss[j] / sq[j], P.C) if sq[j] > 0.0 else P.C
+    if total <= budget:                          # theta = 0
+        for j in range(k):
+            if loss[j] > 0.0:
+                tau[j] = min(loss[j] / sq[j], P.C) if sq[j] > 0.0 else P.C
+        return
+    # state at theta = 0: g(theta) = sum tau_j(theta) = A - theta S
+    for j in range(k):
+        if loss[j] <= 0.0:
+            continue
+        if sq[j] <= 0.0:
+            A += P.C
+            ev[n].q = loss[j]; ev[n].kind = 2; ev[n].j = <int>j; n += 1
+            continue
+        if loss[j] - P.C * sq[j] > 0.0:
+            A += P.C
+            ev[n].q = loss[j] - P.C * sq[j]; ev[n].kind = 0; ev[n].j = <int>j; n += 1
+        else:
+            A += loss[j] / sq[j]
+            S += 1.0 / sq[j]
+        ev[n].q = loss[j]; ev[n].kind = 1; ev[n].j = <int>j; n += 1
+    qsort(ev, n, sizeof(Event), event_cmp)
+    e = 0
+    while e < n and not found:
+        q = ev[e].q
+        if S > 0.0:
+            theta = (A - budget) / S
+            if theta <= q:
+                if theta < lo:
+                    theta = lo
+                found = True
+                break
+        # apply every event at this breakpoint
+        e2 = e
+        n_jump = 0
+        while e2 < n and ev[e2].q == q:
+            jj = ev[e2].j
+            if ev[e2].kind == 0:
+                A += loss[jj] / sq[jj] - P.C
+                S += 1.0 / sq[jj]
+            elif ev[e2].kind == 1:
+                A -= loss[jj] / sq[jj]
+                S -= 1.0 / sq[jj]
+            else:
+                n_jump += 1
+            e2 += 1
+        if n_jump > 0:
+            after = A - n_jump * P.C - q * S
+            if after <= budget:                  # the zero instances at q share what is left
+                share = (budget - after) / n_jump
+                theta = q
+                for j in range(e, e2):
+                    if ev[j].kind == 2:
+                        tau[ev[j].j] = share
+                found = True
+                at_jump = True
+                break
+            A -= n_jump * P.C
+        lo = q
+        e = e2
+    # Eq. 33 at theta (tau of zero instances at a jump were set above)
+    for j in range(k):
+        if loss[j] <= 0.0:
+            continue
+        if sq[j] <= 0.0:                         # a step: C above theta, 0 below
+            if loss[j] > theta or (loss[j] == theta and not at_jump):
+                tau[j] = P.C
+            elif loss[j] < theta:
+                tau[j] = 0.0
+            continue
+        q = (loss[j] - theta) / sq[j]
+        tau[j] = 0.0 if q <= 0.0 else (P.C if q >= P.C else q)
+
+
+cdef void solve_tau(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
+                    double* tau, Event* ev) noexcept nogil:
+    if P.update == IMPLICIT:
+        if P.norm == RMAX:
+            tau_implicit_rmax(P, loss, sq, k, tau, ev)
+        else:
+            tau_implicit_l2(P, loss, sq, k, tau)
+    else:
+        tau_explicit(P, loss, k, tau, ev)
+
+
+cdef TauParams make_params(int update, int norm, double p, Py_ssize_t r, double C, double R2, double rho2):
+    cdef TauParams P
+    P.update = update
+    P.norm = norm
+    P.p = p
+    P.r = r
+    P.C = C
+    P.R2 = R2
+    P.rho2 = rho2
+    return P
+
+
+def tau_rounds(const double[:, ::1] losses, const double[:, ::1] sq_norms, int update, int norm, double p,
+               Py_ssize_t r, double C, double R2, double rho2):
+    """tau for each row of (T x k) losses and squared instance norms (the rules in isolation)."""
+    cdef Py_ssize_t T = losses.shape[0], k = losses.shape[1], t
+    cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
+    out = np.zeros((T, k), dtype=np.float64)
+    cdef double[:, ::1] o = out
+    cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
+    if ev == NULL:
+        raise MemoryError("tau workspace")
+    with nogil:
+        for t in range(T):
+            solve_tau(&P, &losses[t, 0], &sq_norms[t, 0], k, &o[t, 0], ev)
+    free(ev)
+    return out
+
+
+cdef inline double hinge(double y, double margin) noexcept nogil:
+    cdef double l
+    if y == 0.0:                                 # a dormant task: loss 0, hypothesis untouched (Sec. 9)
+        return 0.0
+    l = 1.0 - y * margin
+    return l if l > 0.0 else 0.0
+
+
+cdef void add_scaled_row(double* W, Py_ssize_t k, const double* vals, const int* idx, int nnz,
+                         const double* coef, int n_nonzero) noexcept nogil:
+    # W[idx, :] += np.outer(vals, coef)   (W is d x k row-major; coef_j = tau_j y_j)
+    cdef int a
+    cdef Py_ssize_t j
+    cdef double v
+    cdef double* row
+    if 4 * n_nonzero >= k:                       # many tasks move: whole rows, contiguous
+        for a in range(nnz):
+            v = vals[a]
+            row = W + <Py_ssize_t>idx[a] * k
+            for j in range(k):
+                row[j] += coef[j] * v
+    else:                                        # few tasks move: only their columns
+        for j in range(k):
+            if coef[j] != 0.0:
+                for a in range(nnz):
+                    W[<Py_ssize_t>idx[a] * k + j] += coef[j] * vals[a]
+
+
+def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
+                  bint dense, int n_features, bint per_task, const double[:, ::1] Y, double[:, ::1] W,
+                  int update, int norm, double p, Py_ssize_t r, double C, double R2, double rho2,
+                  double[:, ::1] margins, double[::1] global_loss):
+    """Run the rounds of a chunk in order, updating ``W`` (d x k) in place.
+
+    Row t of the data is round t's shared instance, or (``per_task``) row
+    ``t * k + j`` is task j's instance.  ``Y`` (T x k) holds -1 / +1, or 0 for a
+    dormant task.  Writes each round's margins ``w_j . x_j`` (before the update)
+    and global loss ``||l_t||``.
+    """
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef Py_ssize_t T = Y.shape[0], k = Y.shape[1], t, j
+    cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
+    cdef int nnz, a, n_move
+    cdef const double* vals
+    cdef const int* idx
+    cdef double v, s
+    cdef double* m
+    cdef double* row
+    cdef double* work = <double*>malloc(max(4 * k, 1) * sizeof(double))
+    cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
+    if work == NULL or ev == NULL:
+        free(work)
+        free(ev)
+        raise MemoryError("online workspace")
+    cdef double* loss = work
+    cdef double* sq = work + k
+    cdef double* tau = work + 2 * k
+    cdef double* coef = work + 3 * k
+    cdef double* Wp = &W[0, 0]
+    with nogil:
+        for t in range(T):
+            m = &margins[t, 0]
+            if not per_task:
+                # margins[t] = x_t @ W;  sq = ||x_t||^2 for every task
+                nnz = get_row(&rows, t, &vals, &idx)
+                for j in range(k):
+                    m[j] = 0.0
+                s = 0.0
+                for a in range(nnz):
+                    v = vals[a]
+                    s += v * v
+                    row = &W[idx[a], 0]
+                    for j in range(k):
+                        m[j] += v * row[j]
+                for j in range(k):
+                    sq[j] = s
+            else:
+                for j in range(k):
+                    nnz = get_row(&rows, t * k + j, &vals, &idx)
+                    s = 0.0
+                    v = 0.0
+                    for a in range(nnz):
+                        s += vals[a] * vals[a]
+                        v += vals[a] * Wp[<Py_ssize_t>idx[a] * k + j]
+                    m[j] = v
+                    sq[j] = s
+            for j in range(k):
+                loss[j] = hinge(Y[t, j], m[j])
+            global_loss[t] = global_norm(&P, loss, k, ev)
+            solve_tau(&P, loss, sq, k, tau, ev)
+            n_move = 0
+            for j in range(k):
+                coef[j] = tau[j] * Y[t, j]
+                if coef[j] != 0.0:
+                    n_move += 1
+            if n_move == 0:
+                continue
+            if not per_task:
+                add_scaled_row(Wp, k, vals, idx, nnz, coef, n_move)
+            else:
+                for j in range(k):
+                    if coef[j] != 0.0:
+                        nnz = get_row(&rows, t * k + j, &vals, &idx)
+                        for a in range(nnz):
+                            Wp[<Py_ssize_t>idx[a] * k + j] += coef[j] * vals[a]
+    free(work)
+    free(ev)
+
+
+# -- the same rounds in blocks of B, for the distributed engine ---------------
+# Worker: base margins X_b W (B x k_local) and, on one worker, the Gram matrix
+# X_b X_b^T (B x B).  Server: round s's exact margin is
+#   w_{t+s} . x_{t+s} = M0[s] + sum_{s' < s} tau[s'] y[s'] G[s', s],
+# so the rounds are solved in order (exact sequential semantics) with one
+# exchange per block.  Worker: applies the B updates in round order.
+def online_block_margins(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
+                         bint dense, int n_features, Py_ssize_t start, const double[:, ::1] W,
+                         double[:, ::1] M0):
+    """``M0[s] = x_{start+s} @ W`` for the B rows of a block (same summation order as ``online_rounds``)."""
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef Py_ssize_t B = M0.shape[0], k = M0.shape[1], s, j
+    cdef int nnz, a
+    cdef const double* vals
+    cdef const int* idx
+    cdef double v
+    cdef double* m
+    cdef const double* row
+    if k == 0:
+        return
+    with nogil:
+        for s in range(B):
+            m = &M0[s, 0]
+            nnz = get_row(&rows, start + s, &vals, &idx)
+            for j in range(k):
+                m[j] = 0.0
+            for a in range(nnz):
+                v = vals[a]
+                row = &W[idx[a], 0]
+                for j in range(k):
+                    m[j] += v * row[j]
+
+
+def online_block_gram(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
+                      bint dense, int n_features, Py_ssize_t start, double[:, ::1] G, double[::1] scratch):
+    """``G = X_b X_b^T`` for the B rows of a block; ``scratch`` is a zeroed length-d vector (left zeroed).
+
+    The diagonal is ``||x||^2`` summed in row order, as in ``online_rounds``.
+    """
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef Py_ssize_t B = G.shape[0], s, s2
+    cdef int nnz, nnz2, a
+    cdef const double* vals
+    cdef const int* idx
+    cdef const double* vals2
+    cdef const int* idx2
+    cdef double v
+    with nogil:
+        for s in range(B):
+            nnz = get_row(&rows, start + s, &vals, &idx)
+            v = 0.0
+            for a in range(nnz):
+                v += vals[a] * vals[a]
+            G[s, s] = v
+            for a in range(nnz):
+                scratch[idx[a]] = vals[a]
+            for s2 in range(s):
+                nnz2 = get_row(&rows, start + s2, &vals2, &idx2)
+                v = 0.0
+                for a in range(nnz2):
+                    v += vals2[a] * scratch[idx2[a]]
+                G[s2, s] = v
+                G[s, s2] = v
+            for a in range(nnz):
+                scratch[idx[a]] = 0.0
+
+
+def online_block_solve(const double[:, ::1] M0, const double[:, ::1] G, const double[:, ::1] Y,
+                       int update, int norm, double p, Py_ssize_t r, double C, double R2, double rho2,
+                       double[:, ::1] tau, double[:, ::1] margins, double[::1] global_loss):
+    """Server: the B rounds of a block in order, from base margins and the Gram matrix."""
+    cdef Py_ssize_t B = M0.shape[0], k = M0.shape[1], s, s2, j
+    cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
+    cdef double v
+    cdef double* work = <double*>malloc(max(2 * k, 1) * sizeof(double))
+    cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
+    if work == NULL or ev == NULL:
+        free(work)
+        free(ev)
+        raise MemoryError("online workspace")
+    cdef double* loss = work
+    cdef double* sq = work + k
+    with nogil:
+        for s in range(B):
+            for j in range(k):
+                v = M0[s, j]
+                for s2 in range(s):
+                    if tau[s2, j] != 0.0:
+                        v += tau[s2, j] * Y[s2, j] * G[s2, s]
+                margins[s, j] = v
+                loss[j] = hinge(Y[s, j], v)
+                sq[j] = G[s, s]
+            global_loss[s] = global_norm(&P, loss, k, ev)
+            solve_tau(&P, loss, sq, k, &tau[s, 0], ev)
+    free(work)
+    free(ev)
+
+
+def online_block_apply(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
+                       bint dense, int n_features, Py_ssize_t start, const double[:, ::1] Y,
+                       const double[:, ::1] tau, double[:, ::1] W):
+    """Worker: ``W += x_s (tau_s * y_s)`` for the block's rounds s in order (local task columns)."""
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef Py_ssize_t B = Y.shape[0], k = Y.shape[1], s, j
+    cdef int nnz, n_move
+    cdef const double* vals
+    cdef const int* idx
+    if k == 0:
+        return
+    cdef double* coef = <double*>malloc(k * sizeof(double))
+    if coef == NULL:
+        raise MemoryError("online workspace")
+    with nogil:
+        for s in range(B):
+            n_move = 0
+            for j in range(k):
+                coef[j] = tau[s, j] * Y[s, j]
+                if coef[j] != 0.0:
+                    n_move += 1
+            if n_move:
+                nnz = get_row(&rows, start + s, &vals, &idx)
+                add_scaled_row(&W[0, 0], k, vals, idx, nnz, coef, n_move)
+    free(coef)

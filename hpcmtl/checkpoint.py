@@ -26,7 +26,8 @@ from .errors import InputError
 
 MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
               "projection", "eta0",
-              "rff_gamma", "eig_floor", "split_tasks", "shrinking")
+              "rff_gamma", "eig_floor", "split_tasks", "shrinking",
+              "update", "norm", "r", "p", "C", "R", "code", "block_rounds")
 
 
 def data_signature(source) -> str:
@@ -61,13 +62,18 @@ class Checkpointer:
         self.train_path = getattr(source, "path", None)
         self.sigma_signature = sigma_signature(sigma)
         self.last = time.monotonic()
+        self.last_round = None
         self.written = 0
 
     def signal_received(self):
         return self.signals.received if self.signals is not None else None
 
     def due(self, round_) -> bool:
-        if self.every and round_ % self.every == 0:
+        """Every N rounds (a multiple of N was reached since the last check) or every S seconds."""
+        prev = round_ - 1 if self.last_round is None else self.last_round
+        crossed = self.every and round_ // self.every > prev // self.every
+        self.last_round = round_
+        if crossed:
             return True
         return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
 

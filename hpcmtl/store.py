@@ -463,6 +463,7 @@ def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=Tru
         f.attrs["n_rounds"] = X.shape[0]
         f.attrs["n_features"] = X.shape[1]
         f.attrs["n_labels"] = Y.shape[1]
+        f.attrs["max_row_norm"] = float(np.sqrt(np.max(np.asarray(X.multiply(X).sum(axis=1))))) if X.shape[0] else 0.0
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         g = f.create_group("X")
@@ -487,13 +488,62 @@ class StreamFile(_OpenFile):
         self.n_features = int(self._f.attrs["n_features"])
         self.n_labels = int(self._f.attrs["n_labels"])
         self.label_names = [s.decode() if isinstance(s, bytes) else str(s) for s in self._f["label_names"][()]]
+        f = self._f
+        try:
+            g = f["X"]
+            self.nnz = int(g["indptr"][-1]) if g["indptr"].shape[0] else 0
+            ok = (g["indptr"].shape == (self.n_rounds + 1,) and f["Y"].shape == (self.n_rounds, self.n_labels)
+                  and g["data"].shape[0] >= self.nnz and g["indices"].shape[0] >= self.nnz)
+        except KeyError as exc:
+            self.close()
+            raise InputError(f"{self.path}: missing {exc.args[0]!s} (datasets X/data, X/indices, X/indptr and Y "
+                             f"are required)") from None
+        if not ok or len(self.label_names) != self.n_labels:
+            self.close()
+            raise InputError(f"{self.path}: field 'X' or 'Y': shapes do not match n_rounds={self.n_rounds}, "
+                             f"n_labels={self.n_labels}")
+
+    def max_row_norm(self, chunk=65536) -> float:
+        """Largest ||x_t|| of the stream (stored by write_stream; computed in chunks for older files)."""
+        if "max_row_norm" in self._f.attrs:
+            return float(self._f.attrs["max_row_norm"])
+        best = 0.0
+        for start in range(0, self.n_rounds, chunk):
+            X, _ = self.read_rounds(start, min(self.n_rounds, start + chunk))
+            if X.shape[0]:
+                best = max(best, float(np.sqrt(np.max(np.asarray(X.multiply(X).sum(axis=1))))))
+        return best
+
+    def read_rounds(self, start: int, stop: int):
+        """Rounds ``start:stop`` as (CSR instances, labels), validated (one-line errors naming the round)."""
+        g = self._f["X"]
+        try:
+            indptr = g["indptr"][start:stop + 1].astype(np.int64)
+            lo, hi = int(indptr[0]), int(indptr[-1])
+            if np.any(np.diff(indptr) < 0) or hi > g["data"].shape[0]:
+                raise InputError(f"{self.path}: field 'X/indptr': not a valid CSR row pointer in rounds {start}..{stop - 1}")
+            data, indices = g["data"][lo:hi], g["indices"][lo:hi]
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{self.path}: cannot read rounds {start}..{stop - 1}: {exc}") from None
+        if indices.size and (indices.min() < 0 or indices.max() >= self.n_features):
+            raise InputError(f"{self.path}: field 'X/indices': column index outside 0..{self.n_features - 1} "
+                             f"in rounds {start}..{stop - 1}")
+        if not np.all(np.isfinite(data)):
+            bad = int(np.searchsorted(indptr, lo + int(np.argmax(~np.isfinite(data))), side="right")) - 1
+            raise InputError(f"{self.path}: field 'X': NaN or Inf in round {start + bad}")
+        X = sp.csr_matrix((data, indices, indptr - lo), shape=(stop - start, self.n_features))
+        return X, self.read_labels(start, stop)
+
+    def read_labels(self, start: int, stop: int):
+        Y = self._f["Y"][start:stop]
+        bad = ~np.isin(Y, (-1.0, 0.0, 1.0))
+        if np.any(bad):
+            t = int(np.argmax(bad.any(axis=1)))
+            raise InputError(f"{self.path}: field 'Y': round {start + t} has a label other than -1, 0, +1")
+        return np.asarray(Y, dtype=np.float64)
 
     def chunks(self, size: int):
-        g = self._f["X"]
         for start in range(0, self.n_rounds, size):
             stop = min(self.n_rounds, start + size)
-            indptr = g["indptr"][start:stop + 1]
-            lo, hi = int(indptr[0]), int(indptr[-1])
-            X = sp.csr_matrix((g["data"][lo:hi], g["indices"][lo:hi], indptr - lo),
-                              shape=(stop - start, self.n_features))
-            yield start, X, self._f["Y"][start:stop]
+            X, Y = self.read_rounds(start, stop)
+            yield start, X, Y

@@ -180,3 +180,107 @@ def project_l1_sort(v, C):
     rho = np.nonzero(u * np.arange(1, len(u) + 1) > (css - C))[0][-1]
     theta = (css[rho] - C) / (rho + 1.0)
     return np.sign(v) * np.maximum(a - theta, 0)
+
+
+# ---------------------------------------------------------------------------
+# Online multitask learning (paper 004): independent solvers of the tau problems
+# ---------------------------------------------------------------------------
+def dual_norm(tau, norm, p=2.0, r=1):
+    """||tau||^* of the global norm (Eq. 3 for r-max; the conjugate exponent for p-norms)."""
+    tau = np.abs(np.asarray(tau, dtype=float))
+    k = tau.size
+    if norm == "linf":
+        norm, r = "rmax", 1
+    if norm == "l1":
+        norm, r = "rmax", k
+    if norm == "rmax":
+        return max(tau.max(initial=0.0), tau.sum() / r)
+    p = 2.0 if norm == "l2" else p
+    q = p / (p - 1)
+    return float(np.sum(tau ** q) ** (1 / q))
+
+
+def global_norm(loss, norm, p=2.0, r=1):
+    loss = np.abs(np.asarray(loss, dtype=float))
+    k = loss.size
+    if norm == "linf":
+        return float(loss.max(initial=0.0))
+    if norm == "l1":
+        return float(loss.sum())
+    if norm == "rmax":
+        return float(np.sort(loss)[::-1][:r].sum())
+    p = 2.0 if norm == "l2" else p
+    return float(np.sum(loss ** p) ** (1 / p))
+
+
+def implicit_objective(tau, loss, sq):
+    """Lemma 8's objective sum_j 2 tau_j l_j - tau_j^2 ||x_j||^2."""
+    return float(np.sum(2 * tau * loss - tau ** 2 * sq))
+
+
+def implicit_rmax_enumerate(loss, sq, C, r):
+    """Sec. 7's 'straightforward and excessively inefficient' solver: every (zero, free, capped) pattern.
+
+    Free coordinates take ``(l_j - theta) / s_j`` with theta 0 (sum constraint slack)
+    or given by Eq. 34 (sum constraint tight); the best feasible candidate is the
+    optimum (the objective is strictly concave for s > 0).  Exponential in k.
+    """
+    import itertools
+    loss, sq = np.asarray(loss, float), np.asarray(sq, float)
+    k = loss.size
+    best, best_tau = -np.inf, None
+    for pattern in itertools.product((0, 1, 2), repeat=k):
+        pattern = np.array(pattern)
+        free, capped = pattern == 1, pattern == 2
+        thetas = [0.0]
+        if free.any():
+            thetas.append((np.sum(loss[free] / sq[free]) + capped.sum() * C - r * C) / np.sum(1 / sq[free]))
+        for theta in thetas:
+            if theta < 0:
+                continue
+            t = np.zeros(k)
+            t[capped] = C
+            t[free] = (loss[free] - theta) / sq[free]
+            if np.any(t < -1e-12) or np.any(t > C + 1e-12) or t.sum() > r * C * (1 + 1e-12):
+                continue
+            value = implicit_objective(t, loss, sq)
+            if value > best:
+                best, best_tau = value, t
+    return best_tau
+
+
+def implicit_l2_brentq(loss, sq, C):
+    """Sec. 6 by a bracketing root finder on Eq. 27 (independent of the kernel's Newton iteration)."""
+    from scipy.optimize import brentq
+    loss, sq = np.asarray(loss, float), np.asarray(sq, float)
+    free = loss / np.where(sq > 0, sq, np.nan)
+    if np.all(sq[loss > 0] > 0) and np.sum(free[loss > 0] ** 2) <= C * C:
+        return np.where(loss > 0, free, 0.0)
+    phi = lambda th: np.sum((loss / (sq + th)) ** 2) - C * C  # noqa: E731
+    hi = np.sqrt(np.sum(loss ** 2)) / C + 1.0
+    theta = brentq(phi, 1e-300 if np.any(sq[loss > 0] == 0) else 0.0, hi, xtol=1e-15, rtol=1e-15, maxiter=500)
+    return loss / (sq + theta)
+
+
+def slsqp_max(objective, constraint, k, C, x0=None):
+    """A general-purpose solver: maximize objective(tau) over tau >= 0 with constraint(tau) >= 0 (SLSQP)."""
+    from scipy.optimize import minimize
+    res = minimize(lambda t: -objective(t), np.full(k, C / (2 * k)) if x0 is None else x0, method="SLSQP",
+                   bounds=[(0, None)] * k, constraints=[{"type": "ineq", "fun": constraint}],
+                   options={"ftol": 1e-15, "maxiter": 1000})
+    return res.x
+
+
+def online_reference(X, Y, tau_rule):
+    """Fig. 1 written out with NumPy: margins, hinge losses, tau_rule(loss, sq), additive update."""
+    T, k = Y.shape
+    W = np.zeros((X.shape[1], k))
+    margins = np.zeros((T, k))
+    for t in range(T):
+        x = np.asarray(X[t].todense()).ravel() if hasattr(X, "todense") else X[t]
+        m = x @ W
+        margins[t] = m
+        loss = np.where(Y[t] != 0, np.maximum(0, 1 - Y[t] * m), 0.0)
+        tau = tau_rule(loss, np.full(k, x @ x))
+        W += np.outer(x, tau * Y[t])
+    return W, margins
