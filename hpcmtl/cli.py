@@ -15,7 +15,7 @@ import sys
 from . import __version__
 from .errors import InputError
 
-TRAIN_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central", "l1inf")
+TRAIN_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central", "l1inf", "online")
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
 
 
@@ -138,9 +138,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     # -- train ----------------------------------------------------------------
     tr = sub.add_parser("train", help="train a model (distributed under mpiexec)")
     tr.add_argument("method", choices=TRAIN_METHODS)
-    tr.add_argument("--train", required=True, metavar="TRAIN.h5")
+    tr.add_argument("--train", metavar="TRAIN.h5", help="the task dataset (every method but online)")
+    tr.add_argument("--stream", metavar="STREAM.h5", help="online: the stream, read in chunks of rounds")
     tr.add_argument("--out", required=True, metavar="RESULT.h5")
-    tr.add_argument("--test", metavar="TEST.h5")
+    tr.add_argument("--test", metavar="TEST.h5", help="test tasks (online: a test stream) for the final model")
     tr.add_argument("--loss", default="hinge", help="hinge, smoothed-hinge, squared or logistic")
     tr.add_argument("--lam", type=_positive_float("--lam"), help="regularization (dmtrl, stl, fixed, ssdca, mtrl-central)")
     tr.add_argument("--gamma", type=_positive_float("--gamma"), default=1.0, help="smoothed-hinge parameter")
@@ -168,6 +169,21 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--projection", choices=("l1inf", "l1", "l2"), default="l1inf",
                     help="l1inf: the constraint (l1 / l2: every task column in its own ball)")
     tr.add_argument("--eta0", type=_positive_float("--eta0"), default=1.0, help="l1inf: step size eta0 / sqrt(t)")
+    tr.add_argument("--update", choices=("implicit", "perceptron", "infinite"), default="implicit",
+                    help="online: implicit (Sec. 5), finite-horizon Perceptron (Sec. 3) or infinite horizon (Sec. 4)")
+    tr.add_argument("--norm", choices=("linf", "l1", "l2", "rmax", "p"), default="rmax",
+                    help="online: the global loss (rmax with --r; p with --p)")
+    tr.add_argument("--r", type=_count("--r"), default=1, help="online: r of the r-max norm (1 = L-inf, k = L1)")
+    tr.add_argument("--p", type=float, default=2.0, help="online: p of the p-norm")
+    tr.add_argument("--C", default="1.0", help="online: aggressiveness, or 'auto' (Corollaries 5 and 7)")
+    tr.add_argument("--R", type=_positive_float("--R"), default=None,
+                    help="online: bound on ||x|| (default: the stream's largest instance norm)")
+    tr.add_argument("--code", help="online: an output code over a single-label stream's classes: exhaustive, "
+                    "one-vs-rest, random:K[:SEED] or a .npy matrix")
+    tr.add_argument("--block-rounds", type=_count("--block-rounds"), default=64,
+                    help="online: rounds per exchange with the workers (same sequential algorithm at any value)")
+    tr.add_argument("--chunk-rounds", type=_count("--chunk-rounds"), default=4096,
+                    help="online: rounds read from the file at a time (bounds memory)")
     tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
                     "(/model/Sigma) or a .npy file")
     tr.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (default: OUT.checkpoint.h5; always "
@@ -305,9 +321,13 @@ def data_synth(args):
         print(f"wrote {args.output}")
         return 0
     else:  # multilabel-stream
-        X, Y, truth = synthetic.multilabel_stream(args.seed, n_rounds=int(20000 * args.scale))
-        store.write_stream(args.output, X, Y, truth=truth, force=args.force)
-        print(f"wrote {args.output}")
+        T = int(20000 * args.scale)
+        n_test = T // 4 if args.test else 0
+        X, Y, truth = synthetic.multilabel_stream(args.seed, n_rounds=T + n_test)
+        store.write_stream(args.output, X[:T], Y[:T], truth=truth, force=args.force)
+        if args.test:       # later rounds of the same stream
+            store.write_stream(args.test, X[T:], Y[T:], truth=truth, force=args.force)
+        print("wrote " + " and ".join(outputs))
         return 0
     store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force)
     if args.test:
@@ -417,6 +437,71 @@ def read_sigma(path):
     return store.read_result(path)["model"]["Sigma"]
 
 
+def online_config(args):
+    from .online import OnlineConfig
+    C = args.C
+    if C != "auto":
+        try:
+            C = float(C)
+        except ValueError:
+            raise InputError(f"--C must be a number > 0 or 'auto', got {args.C!r}") from None
+        if not C > 0 or C == float("inf"):
+            raise InputError(f"--C must be a number > 0 or 'auto', got {args.C!r}")
+    return OnlineConfig(update=args.update, norm=args.norm, r=args.r, p=args.p, C=C, R=args.R, code=args.code,
+                        block_rounds=args.block_rounds, chunk_rounds=args.chunk_rounds)
+
+
+def check_inputs(args):
+    """--train for the task-dataset methods, --stream for online (one-line errors)."""
+    if args.method == "online":
+        if args.stream is None:
+            raise InputError("method 'online' needs --stream STREAM.h5")
+        if args.train is not None:
+            raise InputError("method 'online' reads --stream, not --train")
+    elif args.train is None:
+        raise InputError(f"method '{args.method}' needs --train TRAIN.h5")
+
+
+def cmd_train_online(args, cluster, signals, checkpoint):
+    from .checkpoint import Checkpointer
+    from .online import StreamTasks, evaluate_stream, train
+    config = online_config(args)
+    source = StreamTasks(args.stream, config.code)
+    test_source = StreamTasks(args.test, config.code) if args.test else None
+    if test_source is not None and (test_source.n_features != source.n_features or test_source.names != source.names):
+        raise InputError(f"{args.test}: its features or labels differ from the stream {args.stream}")
+    config.validate(source.n_tasks, source.n_rounds, source.stream.max_row_norm())   # R, C settle here
+    progress = None
+    if cluster.is_server:
+        from .progress import Progress
+        progress = Progress(args.log_level, args.progress_seconds, max_rounds=source.n_rounds)
+    checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
+                                config.to_dict(), source) if cluster.is_server else None
+    result = train(cluster, source, config, progress=progress, checkpointer=checkpointer,
+                   resume=checkpoint if args.resume else None)
+    progress and progress.close()
+    if result is None:
+        return None
+    if test_source is not None:
+        result.test = evaluate_stream(result.W, test_source)
+    s = result.summary
+    headline = (f"{s['rounds']} rounds: cumulative loss {s['cumulative_loss']:.6g}, inf-error rate "
+                f"{s['inf_error_rate']:.4f}, 1-error rate {s['one_error_rate']:.4f}"
+                + (f", multiclass error rate {s['multiclass_error_rate']:.4f}" if "multiclass_error_rate" in s else ""))
+    model = {"C": result.config["C"]}
+    if result.code is not None:
+        model["code"] = result.code
+    config_out = dict(result.config, n_features=source.n_features, stream=os.path.abspath(args.stream),
+                      test=os.path.abspath(args.test) if args.test else None, summary=s)
+    from . import store
+    store.write_result(args.out, result.W, None, result.history, config_out, cluster.size, __version__,
+                       task_names=result.task_names, extra=model, test=result.test, ranks=result.extra,
+                       groups={"trace": result.trace}, force=args.force)
+    if args.log_level != "error":
+        print(summary_table(args, result, headline))
+    return result
+
+
 def cmd_train(args, cluster):
     from . import store
     from .baselines import mtrl_central, ssdca
@@ -424,12 +509,17 @@ def cmd_train(args, cluster):
     from .cluster import SignalFlag
     from .dmtrl import train
     signals = SignalFlag().install()                # before anything slow: no rank dies on SIGTERM
-    config = config_from_args(args)                 # identical on every rank: fails together
+    check_inputs(args)
+    if args.quiet:
+        args.log_level = "error"
+    config = config_from_args(args) if args.method != "online" else None   # identical on every rank
     store.check_writable(args.out, args.force)
     checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
     store.check_writable(checkpoint, True)
     if args.resume and not os.path.exists(checkpoint):
         raise InputError(f"{checkpoint}: no checkpoint to resume from")
+    if args.method == "online":
+        return cmd_train_online(args, cluster, signals, checkpoint)
     source = store.TaskFile(args.train)
     test_source = store.TaskFile(args.test) if args.test else None
     sigma = None

@@ -110,6 +110,10 @@ STOP_FAILED = 2
 TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
+class AgreedError(InputError):
+    """An input error every rank raised together (through :meth:`Cluster.agree`): nobody waits for anybody."""
+
+
 class StopRequested(Exception):
     """A worker was told by the server to stop with a non-zero exit code (server prints why)."""
 
@@ -219,7 +223,7 @@ class Cluster:
         errors = self.comm.allgather(error)
         for e in errors:
             if e is not None:
-                raise InputError(e)
+                raise AgreedError(e)
 
     # -- hot path: uppercase collectives on NumPy buffers ---------------------
     def send_command(self, command: int, a: int = 0, b: int = 0, c: int = 0):

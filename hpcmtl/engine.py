@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .cluster import STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
+from .cluster import STOP, STOP_DONE, AgreedError, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
 from .errors import InputError, Preempted
 from .features import rff_map
 from .losses import check_labels, get_loss
@@ -220,6 +220,8 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
         outcome = server.run(resume)
     except Preempted:
         server.stop(STOP_PREEMPTED, Preempted.exit_code)
+        raise
+    except AgreedError:          # every rank raised it in the same collective: no one to stop
         raise
     except BaseException as exc:
         server.stop(STOP_FAILED, getattr(exc, "exit_code", 1))

@@ -504,6 +504,7 @@ CMD_MARGINS = 31      # Gatherv: base margins of a block of rounds (+ the Gram m
 CMD_UPDATE = 32       # Scatterv: tau of the block's rounds for the rank's tasks
 CMD_GET_W = 33        # Gatherv of the w columns (checkpoint, result)
 CMD_SET_W = 34        # Scatterv of the w columns (resume)
+CMD_LOAD = 35         # every rank reads its part of the next chunk; all fail together on bad data
 
 
 @dataclass
@@ -547,7 +548,10 @@ class StreamTasks:
         self.path = self.stream.path
         s = self.stream
         self.n_rounds, self.n_features = s.n_rounds, s.n_features
-        self.code = None if code is None else get_code(code, s.n_labels)
+        try:
+            self.code = None if code is None else get_code(code, s.n_labels)
+        except InputError as exc:
+            raise InputError(f"{self.path}: {s.n_labels} labels: {exc}") from None
         self.class_names = s.label_names
         self.names = s.label_names if self.code is None else [f"code{j}" for j in range(self.code.shape[1])]
         self.n_tasks = len(self.names)
@@ -582,7 +586,7 @@ class LocalColumns:
         self.blocks = cluster.my_blocks
 
     def register(self):
-        self.cluster.handlers.update({CMD_MARGINS: self.on_margins, CMD_UPDATE: self.on_update,
+        self.cluster.handlers.update({CMD_LOAD: self.on_load, CMD_MARGINS: self.on_margins, CMD_UPDATE: self.on_update,
                                       CMD_GET_W: self.on_get_w, CMD_SET_W: self.on_set_w})
 
     def load(self, start):
@@ -597,12 +601,21 @@ class LocalColumns:
         self.Y = np.ascontiguousarray(Yt[:, self.tasks])
         self.chunk = (lo, hi)
 
+    def on_load(self, ctrl, payload, width):
+        """Read the chunk starting at round ctrl[1]; ``payload`` is the server's own reading error."""
+        error = payload
+        if error is None and (len(self.tasks) or self.sends_gram):
+            try:
+                self.load(int(ctrl[1]))
+            except InputError as exc:
+                error = str(exc)
+        self.cluster.agree(error)
+
     def on_margins(self, ctrl, payload, width):
         start, B = int(ctrl[1]), int(ctrl[2])
         fault_point(self.cluster.rank, start // self.config.block_rounds)
         pieces = []
         if len(self.tasks) or self.sends_gram:
-            self.load(start)
             offset = start - self.chunk[0]
             M0 = np.empty((B, len(self.tasks)))
             _kernels.online_block_margins(*self.rows, offset, self.W, M0)
@@ -679,7 +692,12 @@ class OnlineServer(ServerBase):
         while self.round < T:
             lo = self.round - self.round % cfg.chunk_rounds
             hi = min(T, lo + cfg.chunk_rounds)
-            Yc, classes = self.source.labels(self.source.stream.read_labels(lo, hi), lo)
+            error = None
+            try:
+                Yc, classes = self.source.labels(self.source.stream.read_labels(lo, hi), lo)
+            except InputError as exc:
+                error = str(exc)
+            self.command(CMD_LOAD, lo, payload=error)
             while self.round < hi:
                 start = self.round
                 B = min(cfg.block_rounds, hi - start)
@@ -768,3 +786,31 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
                           extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
                                  "peak_rss_mb": ranks[:, 2]})
     return result
+
+
+def evaluate_stream(W, test_source, chunk=4096):
+    """Per-task test metrics of final hypotheses on a test stream (dormant rounds skipped), read in chunks.
+
+    With an output code, the summary also has the multiclass error rate after Hamming decoding.
+    """
+    from .metrics import summarize, task_metrics
+    scores, labels, mc_errors, n = [], [], 0, 0
+    for start in range(0, test_source.n_rounds, chunk):
+        X, Y = test_source.stream.read_rounds(start, min(test_source.n_rounds, start + chunk))
+        Yt, classes = test_source.labels(Y, start)
+        margins = np.asarray(X @ W)
+        scores.append(margins)
+        labels.append(Yt)
+        if classes is not None:
+            mc_errors += int(np.sum(hamming_decode(margins, test_source.code) != classes))
+            n += len(classes)
+    S, Y = np.concatenate(scores), np.concatenate(labels)
+    tasks = []
+    for j, name in enumerate(test_source.names):
+        active = Y[:, j] != 0
+        if active.any():
+            tasks.append(dict(name=name, **task_metrics(Y[active, j], S[active, j], False)))
+    summary = summarize(tasks, False)
+    if test_source.code is not None:
+        summary["multiclass_error_rate"] = mc_errors / max(1, n)
+    return {"tasks": tasks, "summary": summary}

@@ -17,6 +17,12 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 def describe(row) -> str:
+    if "inf_error_rate" in row:
+        mc = row.get("multiclass_error_rate")
+        return (f"round {row['round']:8d}/{row['n_rounds']}  cumulative loss {row['cumulative_loss']:.6g}  "
+                f"inf-error {row['inf_error_rate']:.4f}  1-error {row['one_error_rate']:.4f}  "
+                + (f"multiclass {mc:.4f}  " if mc is not None else "")
+                + f"{row['seconds']:8.2f}s  {row['bytes'] / 1e6:9.3f} MB")
     if "primal" in row:
         return (f"round {row['round']:5d}  outer {row['outer']:2d}  primal {row['primal']:.10g}  "
                 f"dual {row['dual']:.10g}  rel_gap {row['rel_gap']:.3e}  {row['seconds']:8.2f}s  "
