@@ -686,6 +686,29 @@ def project_l1_inplace(double[::1] v, double radius, uint64_t seed):
 from libc.stdlib cimport qsort
 from libc.math cimport pow as cpow
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define HPCMTL_PREFETCH(p) __builtin_prefetch((p), 1, 3)
+    #else
+    #define HPCMTL_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void HPCMTL_PREFETCH(const void* p) noexcept nogil
+
+
+cdef inline void prefetch_rows(const RowView* rows, Py_ssize_t t, const double* W, Py_ssize_t k) noexcept nogil:
+    """Ask for the W rows of round t's instance while this round's tau is being solved (a hint only)."""
+    cdef const double* vals
+    cdef const int* idx
+    cdef int nnz = get_row(rows, t, &vals, &idx), a
+    cdef Py_ssize_t off
+    for a in range(nnz):
+        off = 0
+        while off < k:
+            HPCMTL_PREFETCH(W + <Py_ssize_t>idx[a] * k + off)
+            off += 8
+
 cdef enum UpdateId:
     PERCEPTRON = 0
     INFINITE_HORIZON = 1
@@ -722,15 +745,57 @@ cdef int event_cmp(const void* a, const void* b) noexcept nogil:
     return -1 if x.j < y.j else (1 if x.j > y.j else 0)
 
 
+cdef double kth_largest(Event* ev, Py_ssize_t n, Py_ssize_t kth) noexcept nogil:
+    """The kth largest (1-based) of ev[0:n].q, by quickselect (expected O(n); reorders ev)."""
+    cdef Py_ssize_t lo = 0, hi = n - 1, i, j, want = kth - 1
+    cdef double pivot
+    cdef Event tmp
+    while lo < hi:
+        pivot = ev[lo + (hi - lo) // 2].q
+        i = lo
+        j = hi
+        while i <= j:
+            while ev[i].q > pivot:
+                i += 1
+            while ev[j].q < pivot:
+                j -= 1
+            if i <= j:
+                tmp = ev[i]; ev[i] = ev[j]; ev[j] = tmp
+                i += 1
+                j -= 1
+        if want <= j:
+            hi = j
+        elif want >= i:
+            lo = i
+        else:
+            break
+    return ev[want].q
+
+
 cdef double global_norm(const TauParams* P, const double* loss, Py_ssize_t k, Event* ev) noexcept nogil:
     """||loss|| under the global norm (losses are >= 0)."""
-    cdef Py_ssize_t j, n = 0
-    cdef double m = 0.0, s = 0.0
+    cdef Py_ssize_t j, n = 0, above = 0
+    cdef double m = 0.0, s = 0.0, v
     if P.norm == RMAX:
-        n = top_losses(loss, k, ev)
-        for j in range(min(n, P.r)):
-            s += -ev[j].q
-        return s
+        # sum of the r largest: the r-th largest v by selection, then sum(l > v) + (r - #(l > v)) v
+        for j in range(k):
+            if loss[j] > 0.0:
+                ev[n].q = loss[j]
+                n += 1
+                s += loss[j]
+                if loss[j] > m:
+                    m = loss[j]
+        if P.r == 1 or n == 0:
+            return m
+        if n <= P.r:
+            return s
+        v = kth_largest(ev, n, P.r)
+        s = 0.0
+        for j in range(k):
+            if loss[j] > v:
+                s += loss[j]
+                above += 1
+        return s + (P.r - above) * v
     for j in range(k):
         if loss[j] > m:
             m = loss[j]
@@ -768,6 +833,13 @@ cdef void tau_explicit(const TauParams* P, const double* loss, Py_ssize_t k, dou
     c = P.C
     if P.update == INFINITE_HORIZON and norm / (P.R2 * P.rho2) < c:
         c = norm / (P.R2 * P.rho2)
+    if P.norm == RMAX and P.r == 1:              # Eq. 12 with r = 1: the first largest loss
+        n = 0
+        for j in range(k):
+            if loss[j] > loss[n]:
+                n = j
+        tau[n] = c
+        return
     if P.norm == RMAX:                           # Eq. 12: c on the r largest positive losses
         n = top_losses(loss, k, ev)
         for j in range(min(n, P.r)):
@@ -826,19 +898,43 @@ cdef void tau_implicit_l2(const TauParams* P, const double* loss, const double* 
             tau[j] *= t
 
 
+cdef inline bint event_above(const Event* a, const Event* b) noexcept nogil:
+    return a.q > b.q or (a.q == b.q and (a.kind < b.kind or (a.kind == b.kind and a.j < b.j)))
+
+
+cdef void sift_down(Event* h, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
+    """Max-heap (largest breakpoint on top) repair below position i."""
+    cdef Py_ssize_t c
+    cdef Event tmp
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            return
+        if c + 1 < n and event_above(&h[c + 1], &h[c]):
+            c += 1
+        if not event_above(&h[c], &h[i]):
+            return
+        tmp = h[i]; h[i] = h[c]; h[c] = tmp
+        i = c
+
+
 cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
                             double* tau, Event* ev) noexcept nogil:
-    """Sec. 7: tau_j = clip((l_j - theta) / ||x_j||^2, 0, C) (Eq. 33), sum tau_j <= r C, in O(k log k).
+    """Sec. 7: tau_j = clip((l_j - theta) / ||x_j||^2, 0, C) (Eq. 33), sum tau_j <= r C.
 
-    theta is found by walking the sorted breakpoints l_j - C ||x_j||^2 and l_j, on which the
-    sets Psi (tau_j > 0) and Phi (tau_j = C) change; within one interval sum tau_j is linear
-    in theta and Eq. 34 gives theta exactly.
+    theta = 0 when the clipped steps already fit the budget r C.  Otherwise sum tau_j(theta)
+    is piecewise linear and non-increasing in theta, with breakpoints l_j - C ||x_j||^2 (tau_j
+    leaves C) and l_j (tau_j reaches 0): on the interval holding theta* the sets Psi and Phi
+    are fixed and Eq. 34 gives theta* exactly.  The paper walks the sorted breakpoints up from
+    0; we walk them down from the largest with a heap (O(k) to build, O(log k) a step), so a
+    small r C (L-inf) stops after the few largest losses: O(k log k) at worst.
     """
-    cdef Py_ssize_t j, n = 0, e, e2, n_jump
-    cdef double budget = P.C * <double>P.r, total = 0.0, A = 0.0, S = 0.0, theta = 0.0, lo = 0.0
-    cdef double q, after, share
-    cdef bint found = False, at_jump = False
-    cdef int jj
+    cdef Py_ssize_t j, n = 0, n_jump
+    cdef double budget = P.C * <double>P.r, total = 0.0, A = 0.0, S = 0.0, theta = 0.0, hi = INFINITY
+    cdef double q, lo, share, g, floor, v
+    cdef double top[9]
+    cdef Py_ssize_t i
+    cdef int jj, kind
     for j in range(k):
         tau[j] = 0.0
         if loss[j] > 0.0:
@@ -848,72 +944,90 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
             if loss[j] > 0.0:
                 tau[j] = min(loss[j] / sq[j], P.C) if sq[j] > 0.0 else P.C
         return
-    # state at theta = 0: g(theta) = sum tau_j(theta) = A - theta S
+    # At most r tasks sit at C, and every other j has theta* >= l_j - r C ||x_j||^2, so theta* is
+    # at least the (r+1)-th largest of these: tasks with a loss below it stay at 0 (fewer events)
+    # (a scan keeping the r + 1 largest, for r < 8; larger r skip this)
+    floor = 0.0
+    if P.r < 8:
+        for j in range(P.r + 1):
+            top[j] = -INFINITY
+        for j in range(k):
+            if loss[j] > 0.0:
+                v = loss[j] - budget * sq[j]
+                if v > top[P.r]:
+                    i = P.r
+                    while i > 0 and top[i - 1] < v:
+                        top[i] = top[i - 1]
+                        i -= 1
+                    top[i] = v
+        if top[P.r] > floor:
+            floor = top[P.r]
+    for j in range(k):
+        if loss[j] <= 0.0 or loss[j] < floor:
+            continue
+        if sq[j] <= 0.0:
+            ev[n].q = loss[j]; ev[n].kind = 2; ev[n].j = <int>j; n += 1
+        else:
+            ev[n].q = loss[j]; ev[n].kind = 1; ev[n].j = <int>j; n += 1
+            ev[n].q = loss[j] - P.C * sq[j]; ev[n].kind = 0; ev[n].j = <int>j; n += 1
+    j = n // 2
+    while j > 0:
+        j -= 1
+        sift_down(ev, n, j)
+    # g(theta) = A - theta S on [lo, hi) between consecutive breakpoints, from theta = inf down
+    while True:
+        q = ev[0].q if n > 0 else 0.0
+        lo = q if q > 0.0 else 0.0
+        if A - lo * S >= budget:                 # sum tau = r C is crossed in [lo, hi)
+            theta = (A - budget) / S if S > 0.0 else lo
+            if theta < lo:
+                theta = lo
+            if theta > hi:
+                theta = hi
+            break
+        # pass the breakpoint q: every event there (tau_j frees at l_j, caps at l_j - C s_j)
+        n_jump = 0
+        while n > 0 and ev[0].q == q:
+            jj = ev[0].j
+            kind = ev[0].kind
+            if kind == 1:
+                A += loss[jj] / sq[jj]
+                S += 1.0 / sq[jj]
+            elif kind == 0:
+                A += P.C - loss[jj] / sq[jj]
+                S -= 1.0 / sq[jj]
+            else:
+                n_jump += 1
+                A += P.C
+            n -= 1
+            ev[0] = ev[n]
+            sift_down(ev, n, 0)
+        if n_jump > 0 and A - q * S >= budget:  # the zero instances at q jump past the budget:
+            theta = q                            # theta* = q, and they share what is left
+            break
+        hi = q
+    # Eq. 33 at theta; a zero instance is a step: C below theta, 0 above, and at theta = l_j
+    # the zero instances share what the others leave of the (tight) budget
+    n_jump = 0
+    g = 0.0
     for j in range(k):
         if loss[j] <= 0.0:
             continue
         if sq[j] <= 0.0:
-            A += P.C
-            ev[n].q = loss[j]; ev[n].kind = 2; ev[n].j = <int>j; n += 1
-            continue
-        if loss[j] - P.C * sq[j] > 0.0:
-            A += P.C
-            ev[n].q = loss[j] - P.C * sq[j]; ev[n].kind = 0; ev[n].j = <int>j; n += 1
-        else:
-            A += loss[j] / sq[j]
-            S += 1.0 / sq[j]
-        ev[n].q = loss[j]; ev[n].kind = 1; ev[n].j = <int>j; n += 1
-    qsort(ev, n, sizeof(Event), event_cmp)
-    e = 0
-    while e < n and not found:
-        q = ev[e].q
-        if S > 0.0:
-            theta = (A - budget) / S
-            if theta <= q:
-                if theta < lo:
-                    theta = lo
-                found = True
-                break
-        # apply every event at this breakpoint
-        e2 = e
-        n_jump = 0
-        while e2 < n and ev[e2].q == q:
-            jj = ev[e2].j
-            if ev[e2].kind == 0:
-                A += loss[jj] / sq[jj] - P.C
-                S += 1.0 / sq[jj]
-            elif ev[e2].kind == 1:
-                A -= loss[jj] / sq[jj]
-                S -= 1.0 / sq[jj]
-            else:
-                n_jump += 1
-            e2 += 1
-        if n_jump > 0:
-            after = A - n_jump * P.C - q * S
-            if after <= budget:                  # the zero instances at q share what is left
-                share = (budget - after) / n_jump
-                theta = q
-                for j in range(e, e2):
-                    if ev[j].kind == 2:
-                        tau[ev[j].j] = share
-                found = True
-                at_jump = True
-                break
-            A -= n_jump * P.C
-        lo = q
-        e = e2
-    # Eq. 33 at theta (tau of zero instances at a jump were set above)
-    for j in range(k):
-        if loss[j] <= 0.0:
-            continue
-        if sq[j] <= 0.0:                         # a step: C above theta, 0 below
-            if loss[j] > theta or (loss[j] == theta and not at_jump):
+            if loss[j] > theta:
                 tau[j] = P.C
-            elif loss[j] < theta:
-                tau[j] = 0.0
-            continue
-        q = (loss[j] - theta) / sq[j]
-        tau[j] = 0.0 if q <= 0.0 else (P.C if q >= P.C else q)
+            elif loss[j] == theta:
+                n_jump += 1
+        else:
+            q = (loss[j] - theta) / sq[j]
+            tau[j] = 0.0 if q <= 0.0 else (P.C if q >= P.C else q)
+        g += tau[j]
+    if n_jump > 0:
+        share = (budget - g) / n_jump
+        share = 0.0 if share < 0.0 else (P.C if share > P.C else share)
+        for j in range(k):
+            if loss[j] > 0.0 and sq[j] <= 0.0 and loss[j] == theta:
+                tau[j] = share
 
 
 cdef void solve_tau(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
@@ -964,24 +1078,65 @@ cdef inline double hinge(double y, double margin) noexcept nogil:
     return l if l > 0.0 else 0.0
 
 
+cdef int moving_tasks(const double* tau, const double[:, ::1] Y, Py_ssize_t t, Py_ssize_t k,
+                      double* coef, int* moving) noexcept nogil:
+    """coef_j = tau_j y_j; the tasks with coef_j != 0 listed in ``moving``; returns their count."""
+    cdef Py_ssize_t j
+    cdef int n = 0
+    for j in range(k):
+        coef[j] = tau[j] * Y[t, j]
+        if coef[j] != 0.0:
+            moving[n] = <int>j
+            n += 1
+    return n
+
+
 cdef void add_scaled_row(double* W, Py_ssize_t k, const double* vals, const int* idx, int nnz,
-                         const double* coef, int n_nonzero) noexcept nogil:
+                         const double* coef, const int* moving, int n_move) noexcept nogil:
     # W[idx, :] += np.outer(vals, coef)   (W is d x k row-major; coef_j = tau_j y_j)
-    cdef int a
+    cdef int a, m
     cdef Py_ssize_t j
     cdef double v
     cdef double* row
-    if 4 * n_nonzero >= k:                       # many tasks move: whole rows, contiguous
-        for a in range(nnz):
-            v = vals[a]
-            row = W + <Py_ssize_t>idx[a] * k
+    for a in range(nnz):
+        v = vals[a]
+        row = W + <Py_ssize_t>idx[a] * k
+        if 4 * n_move >= k:                      # many tasks move: the whole row, contiguous
             for j in range(k):
                 row[j] += coef[j] * v
-    else:                                        # few tasks move: only their columns
+        else:                                    # a few: only theirs, still row by row
+            for m in range(n_move):
+                row[moving[m]] += coef[moving[m]] * v
+
+
+cdef void row_times_W(const double* vals, const int* idx, int nnz, const double* W, Py_ssize_t k,
+                      double* m) noexcept nogil:
+    # m = x @ W for a sparse row x (W is d x k row-major).  Four rows of W at a time, adding in
+    # exactly the order of one row at a time (so the bits do not depend on this unrolling)
+    cdef int a = 0
+    cdef Py_ssize_t j
+    cdef double v0, v1, v2, v3
+    cdef const double* r0
+    cdef const double* r1
+    cdef const double* r2
+    cdef const double* r3
+    for j in range(k):
+        m[j] = 0.0
+    while a + 4 <= nnz:
+        v0 = vals[a]; v1 = vals[a + 1]; v2 = vals[a + 2]; v3 = vals[a + 3]
+        r0 = W + <Py_ssize_t>idx[a] * k
+        r1 = W + <Py_ssize_t>idx[a + 1] * k
+        r2 = W + <Py_ssize_t>idx[a + 2] * k
+        r3 = W + <Py_ssize_t>idx[a + 3] * k
         for j in range(k):
-            if coef[j] != 0.0:
-                for a in range(nnz):
-                    W[<Py_ssize_t>idx[a] * k + j] += coef[j] * vals[a]
+            m[j] = (((m[j] + v0 * r0[j]) + v1 * r1[j]) + v2 * r2[j]) + v3 * r3[j]
+        a += 4
+    while a < nnz:
+        v0 = vals[a]
+        r0 = W + <Py_ssize_t>idx[a] * k
+        for j in range(k):
+            m[j] = m[j] + v0 * r0[j]
+        a += 1
 
 
 def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
@@ -1006,9 +1161,11 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
     cdef double* row
     cdef double* work = <double*>malloc(max(4 * k, 1) * sizeof(double))
     cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
-    if work == NULL or ev == NULL:
+    cdef int* moving = <int*>malloc(max(k, 1) * sizeof(int))
+    if work == NULL or ev == NULL or moving == NULL:
         free(work)
         free(ev)
+        free(moving)
         raise MemoryError("online workspace")
     cdef double* loss = work
     cdef double* sq = work + k
@@ -1021,15 +1178,10 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
             if not per_task:
                 # margins[t] = x_t @ W;  sq = ||x_t||^2 for every task
                 nnz = get_row(&rows, t, &vals, &idx)
-                for j in range(k):
-                    m[j] = 0.0
+                row_times_W(vals, idx, nnz, Wp, k, m)
                 s = 0.0
                 for a in range(nnz):
-                    v = vals[a]
-                    s += v * v
-                    row = &W[idx[a], 0]
-                    for j in range(k):
-                        m[j] += v * row[j]
+                    s += vals[a] * vals[a]
                 for j in range(k):
                     sq[j] = s
             else:
@@ -1042,19 +1194,17 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
                         v += vals[a] * Wp[<Py_ssize_t>idx[a] * k + j]
                     m[j] = v
                     sq[j] = s
+            if not per_task and t + 1 < T and not rows.dense:
+                prefetch_rows(&rows, t + 1, Wp, k)
             for j in range(k):
                 loss[j] = hinge(Y[t, j], m[j])
             global_loss[t] = global_norm(&P, loss, k, ev)
             solve_tau(&P, loss, sq, k, tau, ev)
-            n_move = 0
-            for j in range(k):
-                coef[j] = tau[j] * Y[t, j]
-                if coef[j] != 0.0:
-                    n_move += 1
+            n_move = moving_tasks(tau, Y, t, k, coef, moving)
             if n_move == 0:
                 continue
             if not per_task:
-                add_scaled_row(Wp, k, vals, idx, nnz, coef, n_move)
+                add_scaled_row(Wp, k, vals, idx, nnz, coef, moving, n_move)
             else:
                 for j in range(k):
                     if coef[j] != 0.0:
@@ -1063,6 +1213,7 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
                             Wp[<Py_ssize_t>idx[a] * k + j] += coef[j] * vals[a]
     free(work)
     free(ev)
+    free(moving)
 
 
 # -- the same rounds in blocks of B, for the distributed engine ---------------
@@ -1089,13 +1240,7 @@ def online_block_margins(const double[::1] data, const int[::1] indices, const i
         for s in range(B):
             m = &M0[s, 0]
             nnz = get_row(&rows, start + s, &vals, &idx)
-            for j in range(k):
-                m[j] = 0.0
-            for a in range(nnz):
-                v = vals[a]
-                row = &W[idx[a], 0]
-                for j in range(k):
-                    m[j] += v * row[j]
+            row_times_W(vals, idx, nnz, &W[0, 0], k, m)
 
 
 def online_block_gram(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
@@ -1168,23 +1313,23 @@ def online_block_apply(const double[::1] data, const int[::1] indices, const int
                        const double[:, ::1] tau, double[:, ::1] W):
     """Worker: ``W += x_s (tau_s * y_s)`` for the block's rounds s in order (local task columns)."""
     cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
-    cdef Py_ssize_t B = Y.shape[0], k = Y.shape[1], s, j
+    cdef Py_ssize_t B = Y.shape[0], k = Y.shape[1], s
     cdef int nnz, n_move
     cdef const double* vals
     cdef const int* idx
     if k == 0:
         return
     cdef double* coef = <double*>malloc(k * sizeof(double))
-    if coef == NULL:
+    cdef int* moving = <int*>malloc(k * sizeof(int))
+    if coef == NULL or moving == NULL:
+        free(coef)
+        free(moving)
         raise MemoryError("online workspace")
     with nogil:
         for s in range(B):
-            n_move = 0
-            for j in range(k):
-                coef[j] = tau[s, j] * Y[s, j]
-                if coef[j] != 0.0:
-                    n_move += 1
+            n_move = moving_tasks(&tau[s, 0], Y, s, k, coef, moving)
             if n_move:
                 nnz = get_row(&rows, start + s, &vals, &idx)
-                add_scaled_row(&W[0, 0], k, vals, idx, nnz, coef, n_move)
+                add_scaled_row(&W[0, 0], k, vals, idx, nnz, coef, moving, n_move)
     free(coef)
+    free(moving)
