@@ -939,7 +939,7 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
         tau[j] = 0.0
         if loss[j] > 0.0:
             total += min(loss[j] / sq[j], P.C) if sq[j] > 0.0 else P.C
-    if total <= budget:                          # theta = 0
+    if total <= budget * (1.0 + 1e-12):          # theta = 0 (the sum of r values C may round above r C)
         for j in range(k):
             if loss[j] > 0.0:
                 tau[j] = min(loss[j] / sq[j], P.C) if sq[j] > 0.0 else P.C
@@ -978,7 +978,8 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
     while True:
         q = ev[0].q if n > 0 else 0.0
         lo = q if q > 0.0 else 0.0
-        if A - lo * S >= budget:                 # sum tau = r C is crossed in [lo, hi)
+        if A - lo * S >= budget or n == 0:       # sum tau = r C is crossed in [lo, hi) (n == 0: it
+            # must be, as sum tau(0) > r C; rounding in A can only hide it by an ulp)
             theta = (A - budget) / S if S > 0.0 else lo
             if theta < lo:
                 theta = lo

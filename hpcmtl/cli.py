@@ -99,6 +99,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     conv.add_argument("output", metavar="OUT.h5")
     conv.add_argument("--test-out", metavar="TEST.h5", help="mnist/reuters: also write the test split")
     conv.add_argument("--stream", action="store_true", help="reuters: write online streams instead of task datasets")
+    conv.add_argument("--online", action="store_true", help="reuters --stream: one stream of every ModApte document "
+                      "in original order, hashed log-count features (paper 004)")
+    conv.add_argument("--single-label", type=_count("--single-label"), default=None, metavar="N",
+                      help="reuters --online: only documents whose one topic is among the N most frequent")
     conv.add_argument("--min-docs", type=_count("--min-docs"), default=100, help="reuters: minimum training documents of a topic")
     conv.add_argument("--n-features", type=_count("--n-features"), default=None,
                       help="svmlight: number of features; mds: hashing dimension (10000); reuters: vocabulary size (20000)")
@@ -383,6 +387,13 @@ def data_convert(args):
 
 def reuters_stream(args):
     from . import converters, store
+    if args.online:
+        X, Y, topics = converters.reuters_online(args.inputs[0], args.n_features or 2 ** 16,
+                                                 args.min_docs, args.single_label)
+        store.write_stream(args.output, X, Y, label_names=topics, force=args.force,
+                           attrs={"source_format": "reuters", "order": "NEWID"})
+        print(f"wrote {args.output}: {X.shape[0]} rounds, {len(topics)} labels")
+        return 0
     train, test = converters.read_reuters(args.inputs[0])
     topics = converters.reuters_topics(train, args.min_docs)
     Xtr, Xte = converters.reuters_features(train, test, args.n_features or 20000)

@@ -363,6 +363,32 @@ def reuters_features(train, test, max_features=20000):
     return sp.csr_matrix(Xtr, dtype=np.float64), sp.csr_matrix(Xte, dtype=np.float64)
 
 
+def reuters_online(directory, n_features=2 ** 16, min_docs=10, single_label=None):
+    """An online stream of every ModApte document in its original order (NEWID), paper 004 style.
+
+    Features are the paper's log2(1 + count) bag of words, hashed (nothing is fitted, so no
+    round sees statistics of later ones) and scaled to unit length.  Labels: one task per
+    topic with at least ``min_docs`` documents in the stream; or, with ``single_label=N``,
+    only the documents whose one topic is among the N most frequent, one-vs-rest over those
+    N classes (the input of an output code).  Returns ``(X, Y, topics)``.
+    """
+    from sklearn.feature_extraction.text import HashingVectorizer
+    train, test = read_reuters(directory)
+    docs = sorted(train + test, key=lambda d: d["newid"])
+    topics = reuters_topics(docs, min_docs)
+    if single_label is not None:
+        topics = topics[:single_label]
+        docs = [d for d in docs if len(d["topics"]) == 1 and d["topics"][0] in topics]
+    if not topics or not docs:
+        raise InputError(f"{directory}: no topic has {min_docs} documents")
+    vec = HashingVectorizer(n_features=n_features, alternate_sign=False, norm=None)
+    X = sp.csr_matrix(vec.transform([d["text"] for d in docs]), dtype=np.float64)
+    X.data = np.log2(1.0 + X.data)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    X = sp.csr_matrix(sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ X)
+    return X, reuters_labels(docs, topics), topics
+
+
 def reuters_topics(train, min_docs):
     """Topics with at least ``min_docs`` training documents, most frequent first."""
     counts = {}

@@ -44,6 +44,9 @@ def _label(path, res):
     cfg = res["config"]
     method = cfg.get("method", "?")
     extra = f", lam {cfg['lam']:g}" if cfg.get("lam") is not None else ""
+    if method == "online":
+        norm = {"rmax": f"r-max r={cfg.get('r')}", "p": f"p={cfg.get('p')}"}.get(cfg.get("norm"), cfg.get("norm"))
+        extra = f", {cfg.get('update')}, {norm}, C {float(cfg.get('C')):g}"
     if method == "l1inf":
         extra = f", {cfg.get('projection')}, C {cfg.get('radius'):g}"
     return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
@@ -102,6 +105,29 @@ def report(paths, out_dir) -> dict:
         fig.savefig(written["sparsity"], dpi=110)
         plt.close(fig)
 
+    online = [(p, r) for p, r in runs if "inf_error" in r["history"]]
+    if online:
+        columns = [("inf_error", "inf-error rate (any task wrong)"), ("n_errors", "1-error rate (tasks wrong)")]
+        if any("multiclass_error" in r["history"] for _, r in online):
+            columns.append(("multiclass_error", "multiclass error rate"))
+        fig, axes = plt.subplots(1, len(columns), figsize=(4.6 * len(columns), 3.6), squeeze=False)
+        for p, r in online:
+            h = r["history"]
+            t = h["round"]
+            for ax, (key, _) in zip(axes[0], columns):
+                if key in h:
+                    errors = h[key] / (len(r["model"]["task_names"]) if key == "n_errors" else 1)
+                    ax.plot(t, np.cumsum(errors) / t, label=_label(p, r))
+        for ax, (_, title) in zip(axes[0], columns):
+            ax.set_xlabel("rounds")
+            ax.set_ylabel("cumulative " + title.split(" (")[0])
+            ax.set_title(title, fontsize=9)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        written["online"] = os.path.join(out_dir, "online-errors.png")
+        fig.savefig(written["online"], dpi=110)
+        plt.close(fig)
+
     for p, r in runs:
         Sigma = r["model"].get("Sigma")
         train = r["config"].get("train")
@@ -124,12 +150,17 @@ def report(paths, out_dir) -> dict:
         plt.close(fig)
         break
 
-    lines = ["# hpcmtl report", "", "| run | rounds | seconds | final gap / objective | test metrics |",
+    lines = ["# hpcmtl report", "", "| run | rounds | seconds | final gap / objective / online errors | test metrics |",
              "|---|---|---|---|---|"]
     for p, r in runs:
         h = r["history"]
         final = (f"{h['rel_gap'][-1]:.2e}" if "rel_gap" in h else
                  f"{h['best_objective'][-1]:.6g}" if "best_objective" in h else "")
+        if "inf_error" in h:
+            k = len(r["model"]["task_names"])
+            final = (f"inf-error {h['inf_error'].mean():.4f}, 1-error {h['n_errors'].sum() / (len(h['round']) * k):.4f}"
+                     + (f", multiclass {h['multiclass_error'].mean():.4f}" if "multiclass_error" in h else ""))
+            h = dict(h, seconds=r.get("trace", {}).get("seconds", [0.0]))
         test = r.get("test", {}).get("summary", {})
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in test.items()
                             if k in ("error_rate", "auc", "rmse", "explained_variance"))

@@ -69,6 +69,15 @@ def test_implicit_rmax_no_general_solver_does_better(seed):
     assert implicit_objective(got, loss, sq) >= implicit_objective(general, loss, sq) - 1e-9
 
 
+def test_l1_implicit_is_independent_pa_steps_even_when_every_step_is_capped():
+    """L1 = r-max with r = k: theta = 0, tau_j = min(C, l_j / ||x_j||^2); C added k times may round above k C."""
+    rng = np.random.default_rng(21)
+    L = rng.exponential(size=(5000, 20)) + 1.0
+    S = np.full_like(L, 0.5)
+    got = online.tau(L, S, 0.05, update="implicit", norm="l1")
+    np.testing.assert_array_equal(got, np.minimum(0.05, L / S))
+
+
 def test_implicit_l2_with_equal_norms_is_eq_28():
     rng = np.random.default_rng(3)
     for C in (0.01, 0.5, 10.0):

@@ -39,3 +39,23 @@ def test_report_and_csv_for_dmtrl_and_l1inf_runs(tmp_path):
     assert len(rows) == len(h["round"]) and float(rows[-1]["rel_gap"]) == h["rel_gap"][-1]
     r = run_hpcmtl(["report", tmp_path / "missing.h5", "--out", out_dir])
     assert r.returncode == 2 and "missing.h5: no such file" in r.stderr
+
+
+def test_report_draws_cumulative_online_errors(tmp_path):
+    s = tmp_path / "s.h5"
+    assert run_hpcmtl(["data", "synth", "multilabel-stream", s, "--scale", "0.1"]).returncode == 0
+    runs = []
+    for norm in ("linf", "l1"):
+        out = tmp_path / f"{norm}.h5"
+        r = run_hpcmtl(["train", "online", "--stream", s, "--out", out, "--norm", norm, "--C", "0.05", "--quiet"])
+        assert r.returncode == 0, r.stderr
+        runs.append(out)
+    out_dir = tmp_path / "report"
+    r = run_hpcmtl(["report", *runs, "--out", out_dir, "--csv"])
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(out_dir / "online-errors.png") > 0
+    md = (out_dir / "report.md").read_text()
+    h = store.read_result(runs[0])["history"]
+    assert f"linf.h5 (online, implicit, linf, C 0.05)" in md and f"inf-error {h['inf_error'].mean():.4f}" in md
+    rows = list(csv.DictReader(open(out_dir / "linf-history.csv")))
+    assert len(rows) == 2000 and int(rows[-1]["n_errors"]) == h["n_errors"][-1]
