@@ -18,10 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import scipy.sparse as sp
+from timing import median_time
 
 from hpcmtl import store
 from hpcmtl.online import OnlineMultitask
@@ -62,15 +62,6 @@ def numpy_pa(X, Y, C):
         tau = np.minimum(C, loss / (x @ x))
         W[idx] += np.outer(x, tau * Y[t])
     return W
-
-
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
 
 
 def main():

@@ -7,21 +7,11 @@ the rest costs (target: within 3x).  Also reports how the time grows from 1e5 to
     python bench/bench_projection.py [--repeats 5]
 """
 import argparse
-import statistics
-import time
 
 import numpy as np
+from timing import median_time
 
 from hpcmtl.projection import l1inf_norm, project_l1inf
-
-
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():
@@ -33,8 +23,8 @@ def main():
     for d, m in ((10000, 100), (1000, 1000), (100000, 20)):
         W = rng.normal(size=(d, m))
         C = 0.5 * l1inf_norm(W)
-        sort = median_time(lambda: np.sort(np.abs(W), axis=1), args.repeats)
-        proj = median_time(lambda: project_l1inf(W, C), args.repeats)
+        sort = median_time(lambda: np.sort(np.abs(W), axis=1), args.repeats)[0]
+        proj = median_time(lambda: project_l1inf(W, C), args.repeats)[0]
         steps = project_l1inf(W, C, return_info=True)[1]["newton_steps"]
         print(f"{d:>7d} x {m:<5d} {sort:9.4f} {proj:10.4f} {proj / sort:6.2f} {steps:13d}", flush=True)
     print("\ngrowth (m = 100):")
@@ -42,7 +32,7 @@ def main():
     for d in (1000, 10000, 100000):
         W = rng.normal(size=(d, 100))
         C = 0.5 * l1inf_norm(W)
-        proj = median_time(lambda: project_l1inf(W, C), args.repeats)
+        proj = median_time(lambda: project_l1inf(W, C), args.repeats)[0]
         n = d * 100
         print(f"{n:>10d} {proj:10.4f} {proj / (n * np.log(n)) * 1e9:22.3f}", flush=True)
 

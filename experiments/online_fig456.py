@@ -84,7 +84,8 @@ def main():
             axes[1].set_ylabel("cumulative 1-error rate")
             for ax in axes:
                 ax.set_xlabel("rounds")
-                ax.set_ylim(bottom=0)
+                tail = max(line.get_ydata()[T // 50:].max() for line in ax.get_lines())
+                ax.set_ylim(0, 1.2 * tail)               # not the first rounds' spike
             axes[0].legend(fontsize=8)
             fig.suptitle(f"{name} ({k} tasks)")
             fig.tight_layout()

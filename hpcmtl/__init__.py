@@ -3,7 +3,8 @@ __version__ = "0.1.0"
 
 from .errors import InputError
 
-__all__ = ["DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks", "InputError", "__version__"]
+__all__ = ["DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks", "OnlineMultitask", "OnlineECOC", "InputError",
+           "__version__"]
 
 
 def __getattr__(name):
@@ -11,4 +12,7 @@ def __getattr__(name):
     if name in ("DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks"):
         from . import estimators
         return getattr(estimators, name)
+    if name in ("OnlineMultitask", "OnlineECOC"):
+        from . import online
+        return getattr(online, name)
     raise AttributeError(f"module 'hpcmtl' has no attribute {name!r}")

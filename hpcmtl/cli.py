@@ -234,10 +234,17 @@ def build_parser():  # noqa: C901 - one flat description of the command line
 def cmd_data(args):
     from . import store
     if args.data_command == "info":
-        with store.TaskFile(args.input) as tf:
-            info = tf.info()
+        stream = store.file_format(args.input) == store.STREAM_FORMAT
+        with (store.StreamFile if stream else store.TaskFile)(args.input) as f:
+            info = f.info()
         if args.json:
             print(json.dumps(info))
+        elif stream:
+            print(f"{info['path']}: stream of {info['n_rounds']} rounds, {info['n_features']} features, "
+                  f"{info['n_labels']} labels, {info['nnz'] / max(1, info['n_rounds']):.1f} non-zeros a round, "
+                  f"max ||x|| {info['max_row_norm']:.4g}, {info['positive_labels_per_round']:.2f} positive labels a round")
+            for t in info["labels"]:
+                print(f"  {t['name']:>20s}  +1 {t['positive']:<8d} -1 {t['negative']:<8d} dormant {t['dormant']}")
         else:
             print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
                   f"{info['storage']}, {info['n_samples']} samples, density {info['density']:.4g}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -189,6 +190,18 @@ class ServerBase:
         self.cluster.send_command(STOP, reason, code)
 
     # subclasses provide: run(resume) -> outcome, checkpoint_state() and restore(ck)
+
+
+@dataclass
+class RunResult:
+    """What every engine algorithm hands back on the server (subclasses add their own fields)."""
+    W: np.ndarray                  # d x m (task columns)
+    history: dict                  # per-round columns
+    config: dict
+    task_names: list
+    n_rounds: int
+    seconds: float
+    bytes_moved: int
 
 
 def peak_rss_mb() -> float:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import engine
-from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
+from .engine import LocalBase, RunResult, ServerBase, load_blocks, peak_rss_mb
 from .errors import InputError
 from .losses import LOSSES, check_choice, loss_and_derivative
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
@@ -189,14 +189,8 @@ class Server(ServerBase):
 
 
 @dataclass
-class JointSparseResult:
-    W: np.ndarray                  # best iterate at the last radius
-    history: dict
-    config: dict
-    task_names: list
-    n_rounds: int
-    seconds: float
-    bytes_moved: int
+class JointSparseResult(RunResult):
+    # W is the best iterate at the last radius
     path: dict                     # per radius: radius, objective, selected, l1inf_norm, W
     test: dict | None = None
     extra: dict = dataclasses.field(default_factory=dict)

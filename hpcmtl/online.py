@@ -26,7 +26,6 @@ the server computes tau once per round).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -34,7 +33,7 @@ import scipy.sparse as sp
 
 from . import _kernels, engine
 from .cluster import fault_point
-from .engine import ServerBase, peak_rss_mb
+from .engine import RunResult, ServerBase, peak_rss_mb
 from .errors import InputError
 from .losses import check_choice
 
@@ -738,14 +737,7 @@ class OnlineServer(ServerBase):
 
 
 @dataclass
-class OnlineResult:
-    W: np.ndarray
-    history: dict
-    config: dict
-    task_names: list
-    n_rounds: int
-    seconds: float
-    bytes_moved: int
+class OnlineResult(RunResult):
     summary: dict
     trace: dict
     code: np.ndarray | None = None

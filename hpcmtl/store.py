@@ -325,6 +325,19 @@ class TaskFile(_OpenFile):
                 "density": density, "has_truth": _TRUTH in self._f, "tasks": tasks}
 
 
+def file_format(path) -> str | None:
+    """The 'format' attribute of an HDF5 file (None if it has none); InputError if unreadable."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        with h5py.File(path, "r") as f:
+            fmt = f.attrs.get("format")
+    except OSError:
+        raise InputError(f"{path}: not an HDF5 file") from None
+    return fmt.decode() if isinstance(fmt, bytes) else fmt
+
+
 def read_all_tasks(path):
     """Every task of a file as full blocks (for single-process tools and tests)."""
     with TaskFile(path) as tf:
@@ -502,6 +515,15 @@ class StreamFile(_OpenFile):
             self.close()
             raise InputError(f"{self.path}: field 'X' or 'Y': shapes do not match n_rounds={self.n_rounds}, "
                              f"n_labels={self.n_labels}")
+
+    def info(self) -> dict:
+        """Summary for ``hpcmtl data info`` (reads the labels, not the instances)."""
+        Y = self._f["Y"][()]
+        labels = [{"name": n, "positive": int(np.sum(Y[:, j] == 1)), "negative": int(np.sum(Y[:, j] == -1)),
+                   "dormant": int(np.sum(Y[:, j] == 0))} for j, n in enumerate(self.label_names)]
+        return {"path": self.path, "format": STREAM_FORMAT, "n_rounds": self.n_rounds, "n_features": self.n_features,
+                "n_labels": self.n_labels, "nnz": self.nnz, "max_row_norm": self.max_row_norm(),
+                "positive_labels_per_round": float(np.sum(Y == 1) / max(1, self.n_rounds)), "labels": labels}
 
     def max_row_norm(self, chunk=65536) -> float:
         """Largest ||x_t|| of the stream (stored by write_stream; computed in chunks for older files)."""

@@ -202,7 +202,6 @@ def dual_norm(tau, norm, p=2.0, r=1):
 
 def global_norm(loss, norm, p=2.0, r=1):
     loss = np.abs(np.asarray(loss, dtype=float))
-    k = loss.size
     if norm == "linf":
         return float(loss.max(initial=0.0))
     if norm == "l1":

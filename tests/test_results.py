@@ -56,6 +56,6 @@ def test_report_draws_cumulative_online_errors(tmp_path):
     assert os.path.getsize(out_dir / "online-errors.png") > 0
     md = (out_dir / "report.md").read_text()
     h = store.read_result(runs[0])["history"]
-    assert f"linf.h5 (online, implicit, linf, C 0.05)" in md and f"inf-error {h['inf_error'].mean():.4f}" in md
+    assert "linf.h5 (online, implicit, linf, C 0.05)" in md and f"inf-error {h['inf_error'].mean():.4f}" in md
     rows = list(csv.DictReader(open(out_dir / "linf-history.csv")))
     assert len(rows) == 2000 and int(rows[-1]["n_errors"]) == h["n_errors"][-1]
