@@ -52,6 +52,13 @@ def _label(path, res):
     return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
 
 
+def _save(plt, fig, written, name, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written[name] = path
+
+
 def report(paths, out_dir) -> dict:
     """Figures and a Markdown summary for result files; returns {name: path} of what was written."""
     import matplotlib
@@ -76,10 +83,7 @@ def report(paths, out_dir) -> dict:
             ax.set_xlabel(xl)
             ax.set_ylabel("relative duality gap")
         axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        written["gap"] = os.path.join(out_dir, "gap.png")
-        fig.savefig(written["gap"], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, written, "gap", os.path.join(out_dir, "gap.png"))
 
     sub_runs = [(p, r) for p, r in runs if "best_objective" in r["history"]]
     if sub_runs:
@@ -89,10 +93,7 @@ def report(paths, out_dir) -> dict:
         ax.set_xlabel("rounds")
         ax.set_ylabel("best objective")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        written["objective"] = os.path.join(out_dir, "objective.png")
-        fig.savefig(written["objective"], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, written, "objective", os.path.join(out_dir, "objective.png"))
         p, r = sub_runs[0]
         W = r["model"]["W"]
         fig, ax = plt.subplots(figsize=(5, 4))
@@ -100,10 +101,7 @@ def report(paths, out_dir) -> dict:
         ax.set_xlabel("task")
         ax.set_ylabel("feature")
         ax.set_title(f"non-zero entries of W: {int(np.count_nonzero(np.abs(W).max(axis=1)))} features")
-        fig.tight_layout()
-        written["sparsity"] = os.path.join(out_dir, "sparsity.png")
-        fig.savefig(written["sparsity"], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, written, "sparsity", os.path.join(out_dir, "sparsity.png"))
 
     online = [(p, r) for p, r in runs if "inf_error" in r["history"]]
     if online:
@@ -123,10 +121,7 @@ def report(paths, out_dir) -> dict:
             ax.set_ylabel("cumulative " + title.split(" (")[0])
             ax.set_title(title, fontsize=9)
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        written["online"] = os.path.join(out_dir, "online-errors.png")
-        fig.savefig(written["online"], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, written, "online", os.path.join(out_dir, "online-errors.png"))
 
     for p, r in runs:
         Sigma = r["model"].get("Sigma")
