@@ -571,18 +571,16 @@ class StreamTasks:
 class LocalColumns:
     """Worker side: the rank's task columns of W (d x k_local) and the current chunk of the stream."""
 
-    def __init__(self, cluster, source, config, rule):
+    def __init__(self, cluster, source, config):
         self.cluster = cluster
         self.source = source
         self.config = config
-        self.rule = rule
         self.tasks = np.array([b.task for b in cluster.my_blocks], dtype=np.int64)
         self.W = np.zeros((source.n_features, len(self.tasks)))
         self.sends_gram = cluster.my_worker == 0
         self.scratch = np.zeros(source.n_features) if self.sends_gram else None
         self.chunk = (-1, -1)
         self.rows = self.Y = None
-        self.blocks = cluster.my_blocks
 
     def register(self):
         self.cluster.handlers.update({CMD_LOAD: self.on_load, CMD_MARGINS: self.on_margins, CMD_UPDATE: self.on_update,
@@ -761,7 +759,7 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
     rss_before_data = peak_rss_mb()
     cluster.set_plan(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
                                  cluster.n_workers))
-    local = LocalColumns(cluster, source, config, rule)
+    local = LocalColumns(cluster, source, config)
 
     def make_server():
         return OnlineServer(cluster, source, config, rule, progress, checkpointer)
