@@ -2,11 +2,25 @@
 
 Templates live in ``hpcmtl/templates``; each declares its parameters in
 ``# hpcmtl-param: NAME DEFAULT DESCRIPTION`` lines (default ``-``: required).
-Placeholders: ``{{name}}`` is replaced by the shell-quoted value,
-``{{name|raw}}`` (for ``#SBATCH`` lines, which sbatch parses itself) only by
-a value made of safe characters, ``{{name|words}}`` by each whitespace-separated
-word quoted.  The rendered examples in the repository's ``jobs/`` folder are
-these templates with example paths, and a test keeps them identical.
+Every value is checked against its kind (``KINDS``) when the template is
+rendered: numbers must be numbers, ``time`` a SLURM time, ``method`` and
+``loss`` known names, paths one line.  Placeholders:
+
+``{{name}}``
+    the value quoted for the shell that runs the script (a list value such as
+    ``lams``: each item quoted);
+``{{name|raw}}``
+    the value as is, for ``#SBATCH`` lines (sbatch parses them itself, no
+    shell does), allowed only for kinds made of safe characters;
+``{{name|wrap}}``
+    the value quoted for the ``sh`` that runs a ``sbatch --wrap`` command, with
+    that quoted text escaped once more for the single-quoted ``'...'`` string
+    that holds the command in the script: two shells, two levels of quoting.
+
+Options are written ``--opt={{value}}`` and positional values are checked
+names, so no value (``--help``) can become an option.  The rendered examples in
+the repository's ``jobs/`` folder are these templates with example paths, and
+a test keeps them identical.
 """
 from __future__ import annotations
 
@@ -15,12 +29,28 @@ import re
 import shlex
 
 from .errors import InputError
-from .losses import closest
+from .losses import LOSSES, closest
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 _PARAM = re.compile(r"^# hpcmtl-param:\s+(\w+)\s+(\S+)\s+(.*)$", re.M)
-_PLACEHOLDER = re.compile(r"\{\{(\w+)(?:\|(raw|words))?\}\}")
-_SAFE_RAW = re.compile(r"^[A-Za-z0-9_.:/@%+=,-]+$")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)(?:\|(\w+))?\}\}")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/@%+=,-]+$")
+_NUMBER = re.compile(r"^(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+_COUNT = re.compile(r"^\d+$")
+# SLURM --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds (or unlimited)
+_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|unlimited|infinite)$", re.I)
+
+# The kind of every template parameter: what it may hold and how it is checked.
+KINDS = {
+    "job_name": "name", "partition": "name", "mpi": "name",
+    "ntasks": "count", "nodes": "count", "tasks_per_node": "count",
+    "time": "time",
+    "method": "method", "loss": "loss",
+    "lam": "number", "lams": "numbers",
+    "train": "path", "test": "path", "out": "path", "prefix": "path",
+}
+_RAW_KINDS = ("name", "count", "time")      # kinds that may appear unquoted in #SBATCH lines
 
 
 def templates() -> dict:
@@ -33,6 +63,61 @@ def templates() -> dict:
             params = {m.group(1): (m.group(2), m.group(3).strip()) for m in _PARAM.finditer(f.read())}
         out[name] = (path, params)
     return out
+
+
+def _methods():
+    from .cli import TRAIN_METHODS
+    return TRAIN_METHODS
+
+
+def check_value(key: str, value: str, template: str = "") -> list:
+    """The checked value of parameter ``key`` as a list of words (one word unless a list kind)."""
+    owner = f" of template '{template}'" if template else ""
+
+    def wrong(what):
+        return InputError(f"The '{key}' parameter{owner} must be {what}. Got {value!r} instead.")
+
+    value = str(value)
+    if any(c in value for c in "\n\r\0"):
+        raise wrong("one line")
+    kind = KINDS.get(key)
+    if kind is None:
+        raise InputError(f"template '{template}' declares parameter '{key}' of unknown kind; add it to jobs.KINDS")
+    if kind == "path":
+        if not value:
+            raise wrong("a file name, not empty")
+        return [value]
+    if kind == "numbers":
+        words = value.split()
+        if not words or not all(_NUMBER.match(w) and 0 < float(w) < float("inf") for w in words):
+            raise wrong("numbers > 0 separated by spaces, such as '1e-4 1e-3 1e-2'")
+        return words
+    if kind == "number":
+        if not (_NUMBER.match(value) and 0 < float(value) < float("inf")):
+            raise wrong("a number > 0, such as 1e-3")
+    elif kind == "count":
+        if not (_COUNT.match(value) and int(value) >= 1):
+            raise wrong("an integer >= 1")
+    elif kind == "time":
+        if not _TIME.match(value):
+            raise wrong("a SLURM time: MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]]")
+    elif kind == "method":
+        if value not in _methods():
+            raise InputError(f"The '{key}' parameter{owner} must be one of {', '.join(_methods())}. "
+                             f"Got {value!r} instead.{closest(value, _methods())}")
+    elif kind == "loss":
+        if value not in LOSSES:
+            raise InputError(f"The '{key}' parameter{owner} must be one of {', '.join(LOSSES)}. "
+                             f"Got {value!r} instead.{closest(value, LOSSES)}")
+    elif kind == "name":
+        if not _SAFE_NAME.match(value):
+            raise wrong("made of letters, digits and _.:/@%+=,- only")
+    return [value]
+
+
+def _wrap_quote(word: str) -> str:
+    """``word`` quoted for the shell of a ``--wrap`` command, then for the '...' string holding it."""
+    return shlex.quote(word).replace("'", "'\\''")
 
 
 def render(name: str, values: dict) -> str:
@@ -49,22 +134,20 @@ def render(name: str, values: dict) -> str:
     missing = [k for k, v in merged.items() if v == "-"]
     if missing:
         raise InputError(f"template '{name}' needs --set {missing[0]}=... ({params[missing[0]][1]})")
-    for key, value in merged.items():
-        if "\n" in str(value) or "\0" in str(value):
-            raise InputError(f"parameter '{key}' must be one line")
+    words = {key: check_value(key, value, name) for key, value in merged.items()}
 
     def substitute(m):
         key, mode = m.group(1), m.group(2)
-        if key not in merged:
+        if key not in words:
             raise InputError(f"template '{name}' uses undeclared parameter '{key}'")
-        value = str(merged[key])
-        if mode == "raw":
-            if not _SAFE_RAW.match(value):
-                raise InputError(f"parameter '{key}' = {value!r}: only letters, digits and _.:/@%+=,- are allowed here")
-            return value
-        if mode == "words":
-            return " ".join(shlex.quote(w) for w in value.split())
-        return shlex.quote(value)
+        if mode is None:
+            return " ".join(shlex.quote(w) for w in words[key])
+        if mode == "wrap":
+            return " ".join(_wrap_quote(w) for w in words[key])
+        if mode == "raw" and KINDS[key] in _RAW_KINDS:
+            return words[key][0]
+        raise InputError(f"template '{name}': placeholder '{m.group(0)}' is not allowed "
+                         f"(raw is only for kinds {', '.join(_RAW_KINDS)})")
 
     with open(path, encoding="utf-8") as f:
         return _PLACEHOLDER.sub(substitute, f.read())
@@ -76,5 +159,7 @@ def parse_sets(pairs) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InputError(f"--set takes key=value, got {pair!r}")
+        if key in out:
+            raise InputError(f"--set {key}=... is given twice")
         out[key] = value
     return out

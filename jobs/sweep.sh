@@ -14,17 +14,16 @@
 # hpcmtl-param: loss      hinge         loss
 # hpcmtl-param: lams      -             the lam values, separated by spaces
 set -euo pipefail
-train=data/train.h5
-test=data/test.h5
-prefix=results/sweep
 lams=(1e-4 1e-3 1e-2)
 n=${#lams[@]}
-q() { printf '%q' "$1"; }          # quote once more for the shell that runs each --wrap
+# sbatch runs each --wrap command with /bin/sh: the values in it are quoted for that shell
+# when the template is rendered, and the '...' around it keeps this script's shell out.
 array_job=$(sbatch --parsable --job-name=hpcmtl-sweep --ntasks=5 --time=01:00:00 \
-    --array=0-$((n - 1)) --output=hpcmtl-%A_%a.log --wrap "set -euo pipefail
-lams=(${lams[*]})
-srun hpcmtl train dmtrl --train $(q "$train") --test $(q "$test") --loss hinge \
-    --lam \${lams[\$SLURM_ARRAY_TASK_ID]} --out $(q "$prefix")-\$SLURM_ARRAY_TASK_ID.h5 --force")
+    --array=0-$((n - 1)) --output=hpcmtl-%A_%a.log --wrap 'set -eu
+set -- 1e-4 1e-3 1e-2
+shift "$SLURM_ARRAY_TASK_ID"
+srun hpcmtl train dmtrl --train=data/train.h5 --test=data/test.h5 --loss=hinge \
+    --lam="$1" --out=results/sweep-"$SLURM_ARRAY_TASK_ID".h5 --force')
 sbatch --parsable --job-name=hpcmtl-sweep-collect --ntasks=1 --dependency=afterok:"$array_job" \
-    --output=hpcmtl-%j.log --wrap "hpcmtl report $(q "$prefix")-*.h5 --out $(q "$prefix")-report --csv"
+    --output=hpcmtl-%j.log --wrap 'hpcmtl report --out=results/sweep-report --csv -- results/sweep-*.h5'
 echo "submitted array job $array_job with $n values of lam and its collection step"

@@ -1,11 +1,12 @@
 """SLURM job scripts: golden files, quoting, and the lam sweep run locally with a fake sbatch."""
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from hpcmtl import jobs, store
+from hpcmtl import cli, jobs, store
 from hpcmtl.errors import InputError
 
 from conftest import ROOT, fake_slurm, run_hpcmtl
@@ -48,13 +49,15 @@ def test_values_are_quoted_so_they_arrive_verbatim(tmp_path):
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", ARGS_FILE=str(tmp_path / "args"))
     assert subprocess.run(["bash", str(script)], cwd=tmp_path, env=env).returncode == 0
     args = (tmp_path / "args").read_text().splitlines()
-    assert args[args.index("--train") + 1] == hostile
+    assert f"--train={hostile}" in args
     assert not (tmp_path / "pwned").exists()
 
 
 def test_render_errors():
-    with pytest.raises(InputError, match=r"only letters, digits and _.:/@%\+=,- are allowed here"):
+    with pytest.raises(InputError, match=r"The 'time' parameter of template 'train' must be a SLURM time"):
         jobs.render("train", dict(EXAMPLE, test="t", time="1:00; rm -rf /"))
+    with pytest.raises(InputError, match=r"The 'job_name' parameter .* made of letters, digits and _.:/@%\+=,- only"):
+        jobs.render("train", dict(EXAMPLE, test="t", job_name="a b"))
     with pytest.raises(InputError, match=r"template 'train' has no parameter 'lamda'.*Did you mean 'lam'\?"):
         jobs.render("train", dict(EXAMPLE, test="t", lamda="1"))
     with pytest.raises(InputError, match=r"template 'train' needs --set test=\.\.\."):
@@ -63,6 +66,135 @@ def test_render_errors():
         jobs.render("trian", {})
     r = run_hpcmtl(["jobs", "render", "sweep", "--set", "prefix"])
     assert r.returncode == 2 and "--set takes key=value" in r.stderr
+
+
+def test_every_template_parameter_has_a_checked_kind():
+    for name, (_, params) in jobs.templates().items():
+        for key, (default, _) in params.items():
+            assert key in jobs.KINDS, (name, key)
+            if default != "-":
+                jobs.check_value(key, default, name)
+
+
+# --- values are data: hostile values run through every template and every nested shell ---------
+HOSTILE = [
+    "$(touch pwned)",
+    "`touch pwned`",
+    "x; touch pwned",
+    "x && touch pwned #",
+    "it's \"quoted\" \\ $HOME ~ * ? [a] {a,b} !! %s",
+    "x' ; touch pwned ; '",
+    "a'\\''b'\"'\"'c",
+    "$'\\x41' ${IFS} $((1+1))",
+    "--help",
+    "-x",
+    "tab\tin it",
+    "données é ✓",
+]
+
+FAKE_TOOLS = {
+    # srun: drop its own options, run the command
+    "srun": 'while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
+    # hpcmtl: record argv, one record per call (values are one line: newlines are refused at render)
+    "hpcmtl": 'printf "%s\\n" "$@" >> "$ARGS_FILE"; echo "<end>" >> "$ARGS_FILE"\n',
+    "scontrol": "exit 0\n",
+}
+
+
+def run_rendered(tmp_path, text, wrap_shell="bash"):
+    """Run a rendered script with fake sbatch (runs --wrap with WRAP_SHELL -c), srun, scontrol, hpcmtl."""
+    bindir = fake_slurm(tmp_path / "bin")
+    sbatch = (bindir / "sbatch").read_text()
+    assert sbatch.count("bash -c") == 2
+    (bindir / "sbatch").write_text(sbatch.replace("bash -c", '"$WRAP_SHELL" -c'))
+    for name, body in FAKE_TOOLS.items():
+        write_tool(bindir, name, body)
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", ARGS_FILE=str(tmp_path / "args"),
+               WRAP_SHELL=wrap_shell, HOME=str(tmp_path / "home"))
+    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls, call = [], []
+    for line in (tmp_path / "args").read_text().split("\n")[:-1]:
+        if line == "<end>":
+            calls.append(call)
+            call = []
+        else:
+            call.append(line)
+    return calls
+
+
+WRAP_SHELLS = ["bash"] + (["dash"] if shutil.which("dash") else [])
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("template", ["train", "preemptible", "multinode", "sweep"])
+def test_hostile_values_arrive_verbatim_and_run_nothing(tmp_path, template, value):
+    values = {"train": value, "test": value, "out": value, "prefix": value, "lams": "1e-3 2e-3"}
+    params = jobs.templates()[template][1]
+    text = jobs.render(template, {k: v for k, v in values.items() if k in params})
+    for shell in WRAP_SHELLS:
+        calls = run_rendered(tmp_path, text, shell)
+        assert not (tmp_path / "pwned").exists()
+        trains = [cli.build_parser().parse_args(c) for c in calls if c[0] == "train"]
+        assert len(trains) == (2 if template == "sweep" else 1)
+        for k, args in enumerate(trains):
+            assert args.train == value and args.lam == ([1e-3, 2e-3][k] if template == "sweep" else 1e-3)
+            assert args.out == (f"{value}-{k}.h5" if template == "sweep" else value)
+            if "test" in params:
+                assert args.test == value
+        if template == "sweep":
+            report, = [cli.build_parser().parse_args(c) for c in calls if c[0] == "report"]
+            assert report.out == f"{value}-report" and report.results == [f"{value}-*.h5"]
+        (tmp_path / "args").unlink()
+
+
+BAD_VALUES = [
+    ("sweep", "lams", "1e-3 $(touch pwned)", "The 'lams' parameter of template 'sweep' must be numbers > 0"),
+    ("sweep", "lams", "1e-3 `touch pwned`", "must be numbers > 0"),
+    ("sweep", "lams", "1e-3;touch pwned", "must be numbers > 0"),
+    ("sweep", "lams", "--help", "must be numbers > 0"),
+    ("sweep", "lams", "1e-3 -1", "must be numbers > 0"),
+    ("sweep", "lams", "1e-3 nan", "must be numbers > 0"),
+    ("sweep", "lams", " ", "must be numbers > 0"),
+    ("train", "lam", "inf", "The 'lam' parameter of template 'train' must be a number > 0, such as 1e-3. Got 'inf'"),
+    ("train", "lam", "0", "must be a number > 0"),
+    ("train", "lam", "1e-3 --help", "must be a number > 0"),
+    ("train", "ntasks", "0", "The 'ntasks' parameter of template 'train' must be an integer >= 1. Got '0'"),
+    ("multinode", "nodes", "2.5", "must be an integer >= 1"),
+    ("multinode", "tasks_per_node", "4 --exclusive", "must be an integer >= 1"),
+    ("train", "time", "--help", "must be a SLURM time"),
+    ("train", "time", "1:00:00$(touch pwned)", "must be a SLURM time"),
+    ("train", "method", "--help", "The 'method' parameter of template 'train' must be one of dmtrl, stl"),
+    ("train", "method", "dmtr", "Did you mean 'dmtrl'?"),
+    ("train", "loss", "hinge; touch pwned", "The 'loss' parameter of template 'train' must be one of hinge"),
+    ("multinode", "mpi", "pmi2 --x", "made of letters, digits"),
+    ("preemptible", "partition", "$(touch pwned)", "made of letters, digits"),
+    ("train", "train", "", "The 'train' parameter of template 'train' must be a file name, not empty"),
+    ("train", "train", "a\ntouch pwned", "must be one line. Got 'a\\ntouch pwned' instead"),
+    ("train", "out", "a\rb", "must be one line"),
+]
+
+
+@pytest.mark.parametrize("template,key,value,message", BAD_VALUES)
+def test_values_are_checked_at_render_time(tmp_path, capsys, template, key, value, message):
+    values = {"train": "t.h5", "test": "t.h5", "out": "o.h5", "prefix": "p", "lams": "1e-3", key: value}
+    params = jobs.templates()[template][1]
+    sets = [x for k, v in values.items() if k in params for x in ("--set", f"{k}={v}")]
+    out = tmp_path / "job.sh"
+    assert cli.main(["jobs", "render", template, "--out", str(out)] + sets) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hpcmtl: error: ") and message in err, err
+    assert not out.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_the_reported_sweep_is_refused_and_runs_nothing(tmp_path):
+    r = run_hpcmtl(["jobs", "render", "sweep", "--set", "train=tr.h5", "--set", "test=te.h5", "--set", "prefix=p",
+                    "--set", f"lams=1e-3 $(touch {tmp_path}/x)", "--out", tmp_path / "sweep.sh"])
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "The 'lams' parameter of template 'sweep' must be numbers > 0" in r.stderr
+    assert not (tmp_path / "sweep.sh").exists() and not (tmp_path / "x").exists()
 
 
 @pytest.mark.mpi

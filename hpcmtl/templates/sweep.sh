@@ -14,17 +14,16 @@
 # hpcmtl-param: loss      hinge         loss
 # hpcmtl-param: lams      -             the lam values, separated by spaces
 set -euo pipefail
-train={{train}}
-test={{test}}
-prefix={{prefix}}
-lams=({{lams|words}})
+lams=({{lams}})
 n=${#lams[@]}
-q() { printf '%q' "$1"; }          # quote once more for the shell that runs each --wrap
+# sbatch runs each --wrap command with /bin/sh: the values in it are quoted for that shell
+# when the template is rendered, and the '...' around it keeps this script's shell out.
 array_job=$(sbatch --parsable --job-name={{job_name|raw}} --ntasks={{ntasks|raw}} --time={{time|raw}} \
-    --array=0-$((n - 1)) --output=hpcmtl-%A_%a.log --wrap "set -euo pipefail
-lams=(${lams[*]})
-srun hpcmtl train {{method|raw}} --train $(q "$train") --test $(q "$test") --loss {{loss|raw}} \
-    --lam \${lams[\$SLURM_ARRAY_TASK_ID]} --out $(q "$prefix")-\$SLURM_ARRAY_TASK_ID.h5 --force")
+    --array=0-$((n - 1)) --output=hpcmtl-%A_%a.log --wrap 'set -eu
+set -- {{lams|wrap}}
+shift "$SLURM_ARRAY_TASK_ID"
+srun hpcmtl train {{method|wrap}} --train={{train|wrap}} --test={{test|wrap}} --loss={{loss|wrap}} \
+    --lam="$1" --out={{prefix|wrap}}-"$SLURM_ARRAY_TASK_ID".h5 --force')
 sbatch --parsable --job-name={{job_name|raw}}-collect --ntasks=1 --dependency=afterok:"$array_job" \
-    --output=hpcmtl-%j.log --wrap "hpcmtl report $(q "$prefix")-*.h5 --out $(q "$prefix")-report --csv"
+    --output=hpcmtl-%j.log --wrap 'hpcmtl report --out={{prefix|wrap}}-report --csv -- {{prefix|wrap}}-*.h5'
 echo "submitted array job $array_job with $n values of lam and its collection step"
