@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
 SOURCES := setup.py pyproject.toml hpcmtl/_kernels.pyx
 
-.PHONY: demo test install clean
+.PHONY: demo test test-kernels install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m hpcmtl demo --out demo-output
 
+# tests/ includes the kernel tests twice: on the optimized hpcmtl._kernels and on
+# hpcmtl._kernels_debug, the same source with bounds checks on, which the tests
+# compile into build/kernels-debug/<source hash>/ the first time (HPCMTL_DEBUG_KERNELS=1,
+# see setup.py); the in-place module is never touched.
 test: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests
+
+# only the kernel tests (both builds; hypothesis, derandomized)
+test-kernels: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests/test_kernels.py tests/test_kernel_properties.py
 
 clean:
 	rm -rf build *.egg-info hpcmtl/*.so hpcmtl/_kernels.c demo-output

@@ -1,7 +1,18 @@
 """Build script for hpcmtl: the Cython kernels are compiled against NumPy.
 
-Set ``HPCMTL_DEBUG_KERNELS=1`` to compile with bounds checking and wraparound
-turned on (for a debug test run); the default build turns them off.
+The Cython directives are set here, once.  The default build compiles
+``hpcmtl/_kernels.pyx`` as ``hpcmtl._kernels`` with bounds checking off.
+
+``HPCMTL_DEBUG_KERNELS=1`` compiles the same source as a separate module,
+``hpcmtl._kernels_debug``, with bounds checking and initialized-view checks
+on, so it never replaces the optimized module.  Wraparound stays off: no
+kernel indexes from the end on purpose, so a negative index is a bug and must
+raise IndexError rather than silently read ``a[n - 1]``.  The generated C goes
+to ``HPCMTL_DEBUG_CYTHON_DIR`` (default ``build/cython-debug``), never beside
+the source.  The kernel tests build it themselves, once per source hash (see
+``tests/conftest.py``); by hand::
+
+    HPCMTL_DEBUG_KERNELS=1 python setup.py build_ext --build-lib build/kernels-debug/manual
 """
 import os
 
@@ -14,21 +25,23 @@ DEBUG = os.environ.get("HPCMTL_DEBUG_KERNELS", "0") == "1"
 directives = {
     "language_level": 3,
     "boundscheck": DEBUG,
-    "wraparound": DEBUG,
+    "wraparound": False,
     "cdivision": True,
     "initializedcheck": DEBUG,
     "nonecheck": False,
+    "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint
 }
 
 extensions = [
     Extension(
-        "hpcmtl._kernels",
+        "hpcmtl._kernels_debug" if DEBUG else "hpcmtl._kernels",
         ["hpcmtl/_kernels.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"] if not DEBUG else ["-O0", "-g"],
     )
 ]
+cython_dir = os.environ.get("HPCMTL_DEBUG_CYTHON_DIR", os.path.join("build", "cython-debug")) if DEBUG else None
 
 setup(
     name="hpcmtl",
@@ -39,7 +52,7 @@ setup(
     license="BSD-3-Clause",
     packages=find_packages(include=["hpcmtl", "hpcmtl.*"]),
     package_data={"hpcmtl": ["_kernels.pyx", "templates/*"]},
-    ext_modules=cythonize(extensions, compiler_directives=directives),
+    ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.23",
@@ -50,7 +63,7 @@ setup(
     ],
     extras_require={
         "mpi": ["mpich"],
-        "test": ["pytest>=7", "liblinear-official"],
+        "test": ["pytest>=7", "liblinear-official", "hypothesis>=6.70"],
         "plot": ["matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["hpcmtl=hpcmtl.cli:main"]},

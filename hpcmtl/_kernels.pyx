@@ -63,12 +63,114 @@ cdef inline double sparse_dot(const double* values, const int* idx, int nnz,
     return s
 
 
+# ---------------------------------------------------------------------------
+# Input checks.  The loops below run without bounds checks, so every public
+# kernel checks shapes, ids and the row structure here, before it releases the
+# GIL: no index computed inside a loop can then leave its array.  (The same
+# source compiled with bounds checks on, ``hpcmtl._kernels_debug``, runs the
+# kernel tests too: see setup.py and tests/conftest.py.)
+# ---------------------------------------------------------------------------
+# What an empty array points at: a pointer into a real object (never NULL, never
+# ``&a[0]`` of a zero-length view), so ``p + 0`` is defined and nothing is read.
+cdef double NO_DOUBLES[1]
+cdef int NO_INTS[1]
+cdef int64_t NO_OFFSETS[1]
+
+
+cdef inline const double* cptr(const double[::1] a) noexcept:
+    return &a[0] if a.shape[0] > 0 else NO_DOUBLES
+
+
+cdef inline double* mptr(double[::1] a) noexcept:
+    return &a[0] if a.shape[0] > 0 else NO_DOUBLES
+
+
+cdef inline double* mptr2(double[:, ::1] a) noexcept:
+    return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else NO_DOUBLES
+
+
+cdef inline const double* cptr2(const double[:, ::1] a) noexcept:
+    return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else NO_DOUBLES
+
+
+cdef int check_rows(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
+                    bint dense, int n_features, Py_ssize_t start, Py_ssize_t stop) except -1:
+    """Raise ValueError unless rows ``start..stop-1`` exist with every column in ``0..n_features-1``.
+
+    Dense: ``data`` holds ``stop x n_features`` values and ``indices`` is ``0..d-1``
+    (O(d)).  CSR: ``indptr[start..stop]`` is non-decreasing inside ``data`` and
+    ``indices``, and each of those rows' column indices is in range (O(rows + nnz)).
+    """
+    cdef Py_ssize_t i, p = 0, lo, hi
+    cdef int bad = 0
+    if n_features < 0:
+        raise ValueError(f"rows: n_features must be >= 0. Got {n_features} instead.")
+    if start < 0 or stop < start:
+        raise ValueError(f"rows: bad row range {start}..{stop}")
+    if dense:
+        if indices.shape[0] != n_features:
+            raise ValueError(f"dense rows: the shared index array has {indices.shape[0]} entries, "
+                             f"expected n_features = {n_features}")
+        if n_features > 0 and data.shape[0] // n_features < stop:
+            raise ValueError(f"dense rows: {data.shape[0]} values hold fewer than {stop} rows "
+                             f"of {n_features} features")
+        with nogil:
+            for i in range(n_features):
+                if indices[i] != i:
+                    bad = 1
+                    break
+        if bad:
+            raise ValueError("dense rows: the shared index array must be 0..n_features-1")
+        return 0
+    if indptr.shape[0] <= stop:
+        raise ValueError(f"CSR rows: indptr has {indptr.shape[0]} entries, {stop} rows need {stop + 1}")
+    lo = indptr[start]
+    hi = indptr[stop]
+    if lo < 0 or hi > data.shape[0] or hi > indices.shape[0]:
+        raise ValueError(f"CSR rows: indptr points outside data ({data.shape[0]}) or indices "
+                         f"({indices.shape[0]})")
+    with nogil:
+        for i in range(start, stop):
+            if indptr[i + 1] < indptr[i]:
+                bad = 1
+                break
+        if not bad:
+            for p in range(lo, hi):
+                if indices[p] < 0 or indices[p] >= n_features:
+                    bad = 2
+                    break
+    if bad == 1:
+        raise ValueError("CSR rows: indptr decreases")
+    if bad == 2:
+        raise ValueError(f"CSR rows: column index {indices[p]} outside 0..{n_features - 1}")
+    return 0
+
+
+cdef int check_length(str name, Py_ssize_t got, Py_ssize_t expected) except -1:
+    if got != expected:
+        raise ValueError(f"{name} has length {got}, expected {expected}")
+    return 0
+
+
+cdef int check_shape(str name, const double[:, ::1] a, Py_ssize_t rows, Py_ssize_t cols) except -1:
+    if a.shape[0] != rows or a.shape[1] != cols:
+        raise ValueError(f"{name} has shape ({a.shape[0]}, {a.shape[1]}), expected ({rows}, {cols})")
+    return 0
+
+
+cdef int check_loss(int loss) except -1:
+    if loss < HINGE or loss > LOGISTIC:
+        raise ValueError(f"unknown loss id {loss} (0 hinge, 1 smoothed hinge, 2 squared, 3 logistic)")
+    return 0
+
+
 cdef RowView make_view(const double[::1] data, const int[::1] indices,
                        const int64_t[::1] indptr, bint dense, int n_features):
+    """The row interface over checked arrays (see ``check_rows``)."""
     cdef RowView rows
-    rows.data = &data[0] if data.shape[0] > 0 else NULL
-    rows.indices = &indices[0] if indices.shape[0] > 0 else NULL
-    rows.indptr = &indptr[0]
+    rows.data = cptr(data)
+    rows.indices = &indices[0] if indices.shape[0] > 0 else NO_INTS
+    rows.indptr = &indptr[0] if indptr.shape[0] > 0 else NO_OFFSETS
     rows.dense = dense
     rows.n_features = n_features
     return rows
@@ -159,48 +261,72 @@ cdef inline double clip01(double b) noexcept nogil:
     return b
 
 
+cdef inline double sigmoid(double u) noexcept nogil:
+    # 1 / (1 + exp(-u)), without overflow
+    cdef double e
+    if u >= 0.0:
+        return 1.0 / (1.0 + exp(-u))
+    e = exp(u)
+    return e / (1.0 + e)
+
+
+cdef inline double logit(double t) noexcept nogil:
+    return log(t) - log1p(-t)
+
+
 cdef inline double logistic_root(double z, double q, double b) noexcept nogil:
     """Root in (0, 1) of g(t) = log((1 - t) / t) - z - q (t - b).
 
     g is decreasing; the root lies between b and s = sigmoid(-z) (g(s) has the
-    sign of b - s), so Newton runs inside that bracket with bisection as the
-    safeguard.
+    sign of b - s).  It is found for u = log(t / (1 - t)), where
+    G(u) = -u - z - q (sigmoid(u) - b) has G' <= -1 whatever q is: safeguarded
+    Newton (Numerical Recipes' rtsafe: bisect whenever the Newton step leaves the
+    bracket or does not halve it) inside the bracket, whose ends are kept in
+    [1e-300, 1 - 1e-16] (u in [-690.8, 36.7]), so a root near 0 at a huge q
+    (1e-198 at q = 1e200) costs a few bisections in u instead of hundreds in t.
+    A bracket wholly below 1e-300 (or above 1 - 1e-16) returns its inner end.
     """
-    cdef double s, lo, hi, t, g, gp, tn
+    cdef double s, lo, hi, u, un, t, G, Gp, dx, dxold
     cdef int it
-    if z >= 0.0:
-        s = exp(-z) / (1.0 + exp(-z))
-    else:
-        s = 1.0 / (1.0 + exp(z))
+    s = sigmoid(-z)
     if q <= 0.0:
         return s
     lo = b if b < s else s
     hi = s if b < s else b
-    if lo < 1e-300:
-        lo = 1e-300
-    if hi > 1.0 - 1e-16:
-        hi = 1.0 - 1e-16
-    if hi <= lo:
+    if hi < 1e-300:                  # the whole bracket below the floor (s underflowed, b = 0): stay
+        return hi
+    if lo > 1.0 - 1e-16:
         return lo
-    t = s
-    if t < lo or t > hi:
-        t = 0.5 * (lo + hi)
+    lo = logit(lo) if lo > 1e-300 else logit(1e-300)
+    hi = logit(hi) if hi < 1.0 - 1e-16 else logit(1.0 - 1e-16)
+    u = -z
+    if not (u >= lo and u <= hi):
+        u = 0.5 * (lo + hi)
+    dxold = hi - lo
+    dx = dxold
     for it in range(100):
-        g = log1p(-t) - log(t) - z - q * (t - b)
-        if g > 0.0:
-            lo = t
-        elif g < 0.0:
-            hi = t
+        t = sigmoid(u)
+        G = -u - z - q * (t - b)
+        if G > 0.0:
+            lo = u
+        elif G < 0.0:
+            hi = u
         else:
             return t
-        gp = -1.0 / (t * (1.0 - t)) - q
-        tn = t - g / gp
-        if not (tn > lo and tn < hi):
-            tn = 0.5 * (lo + hi)
-        if fabs(tn - t) <= 1e-16 * t or hi - lo <= 1e-16 * hi:
-            return tn
-        t = tn
-    return t
+        Gp = -1.0 - q * t * (1.0 - t)
+        un = u - G / Gp
+        if not (un > lo and un < hi) or fabs(2.0 * G) > fabs(dxold * Gp):
+            dxold = dx
+            dx = 0.5 * (hi - lo)
+            un = lo + dx
+        else:
+            dxold = dx
+            dx = un - u
+        # |du| bounds the relative change of t and of 1 - t
+        if fabs(dx) <= 4e-16 * (1.0 + fabs(un)) or hi - lo <= 4e-16 * (1.0 + fabs(hi)):
+            return sigmoid(un)
+        u = un
+    return sigmoid(u)
 
 
 cdef inline double coordinate_delta(int loss, double y, double a, double ux,
@@ -242,8 +368,14 @@ cdef struct Shrink:
 
 
 cdef inline void end_of_pass(Shrink* s, Py_ssize_t n) noexcept nogil:
-    """liblinear's bookkeeping after a pass over the active set."""
-    if s.pg_max - s.pg_min <= s.eps:
+    """liblinear's bookkeeping after a pass over the active set.
+
+    An exhausted active set (every coordinate shrunk, so the pass took no step
+    and PG_max - PG_min = -inf) restarts with the full set and no thresholds,
+    as in liblinear's solve_l2r_l1l2_svc: ``n_active`` never drops below 0, and
+    the next pass visits every coordinate.
+    """
+    if s.n_active <= 0 or s.pg_max - s.pg_min <= s.eps:
         if s.n_active == n and s.eps > 1e-12:
             s.eps *= 0.1                 # the full set met eps: tighten
         s.n_active = n                   # unshrink
@@ -290,56 +422,93 @@ def sdca_local(const double[::1] data, const int[::1] indices,
     local_iters : H as a multiple of the active coordinates (1 = one pass)
     seed : 64-bit seed of this block's stream for this round
 
-    Shrinking (hinge and smoothed hinge, liblinear's rule): a coordinate at a
-    bound whose gradient points out of the box by more than the previous pass's
-    extreme projected gradient leaves the active set; when the projected
-    gradients on the active set span at most ``eps``, every coordinate returns
-    (and ``eps`` shrinks tenfold once the full set has reached it).  Shrinking
-    only chooses which coordinates are visited: the duality gap is always
-    computed over all of them.
+    Shrinking (hinge and smoothed hinge, liblinear's rule; ignored for the
+    other losses): a coordinate at a bound whose gradient points out of the box
+    by more than the previous pass's extreme projected gradient leaves the
+    active set; when the projected gradients on the active set span at most
+    ``eps``, or when every coordinate has left it, every coordinate returns (and
+    ``eps`` shrinks tenfold once the full set has reached it).  Shrinking only
+    chooses which coordinates are visited: the duality gap is always computed
+    over all of them.
 
-    Returns the number of coordinate steps taken.
+    Returns the number of coordinate steps taken (``max(1, round(local_iters *
+    n_active))`` for a non-empty block).  Raises ValueError on inconsistent
+    shapes, rows, ``order`` entries outside ``0..n-1`` (with shrinking), an
+    unknown loss id, or a non-positive ``rho_sigma_over_lam`` / ``n_task``.
     """
     cdef Py_ssize_t n = y.shape[0]
     cdef int d = n_features
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef RowView rows
     cdef uint64_t state = seed
     cdef Py_ssize_t step = 0, pos, j, n_steps, i
     cdef int k, nnz, tmp
     cdef const double* vals
-    cdef const double* wp = &w[0]
+    cdef const double* wp
     cdef const int* idx
-    cdef double ux, q, delta, c_u, c_b, b, G, PG
-    cdef double inv_n = 1.0 / n_task
+    cdef double ux, q, delta, c_u, c_b, b, G, PG, v
+    cdef double inv_n
     cdef double* u
-    cdef bint shrinking = shrink_state[0] != 0.0
+    cdef bint shrinking, in_pass = False
     cdef Shrink sh
-    sh.n_active = <Py_ssize_t>shrink_state[1] if shrinking else n
-    sh.pg_max_old = shrink_state[2]
-    sh.pg_min_old = shrink_state[3]
-    sh.eps = shrink_state[4]
+    check_rows(data, indices, indptr, dense, n_features, 0, n)
+    check_length("alpha", alpha.shape[0], n)
+    check_length("sq_norms", sq_norms.shape[0], n)
+    check_length("order", order.shape[0], n)
+    check_length("w", w.shape[0], d)
+    check_length("delta_b", delta_b.shape[0], d)
+    check_length("shrink_state", shrink_state.shape[0], 5)
+    check_loss(loss)
+    if not (rho_sigma_over_lam > 0.0 and rho_sigma_over_lam < INFINITY):
+        raise ValueError(f"rho sigma / lam must be finite and > 0. Got {rho_sigma_over_lam!r} instead.")
+    if not (n_task > 0.0 and n_task < INFINITY):
+        raise ValueError(f"n_task must be finite and > 0. Got {n_task!r} instead.")
+    if not (local_iters >= 0.0 and local_iters * n < 1e18):
+        raise ValueError(f"local_iters must be >= 0 and local_iters * n < 1e18. Got {local_iters!r} instead.")
+    # shrinking is liblinear's rule for the box-constrained (hinge) duals only
+    shrinking = shrink_state[0] != 0.0 and (loss == HINGE or loss == SMOOTHED_HINGE)
+    sh.n_active = n
+    sh.pg_max_old = INFINITY
+    sh.pg_min_old = -INFINITY
+    sh.eps = 0.1
+    if shrinking:
+        v = shrink_state[1]
+        if v >= 1.0 and v <= <double>n:          # (a NaN or out-of-range count: everything active)
+            sh.n_active = <Py_ssize_t>v
+        sh.pg_max_old = shrink_state[2]
+        sh.pg_min_old = shrink_state[3]
+        if shrink_state[4] >= 0.0 and shrink_state[4] < INFINITY:
+            sh.eps = shrink_state[4]
+        for i in range(n):                       # the kept order indexes y, alpha and the rows
+            if order[i] < 0 or order[i] >= n:
+                raise ValueError(f"order[{i}] = {order[i]} is not a coordinate of this block (0..{n - 1})")
     sh.pg_max = -INFINITY
     sh.pg_min = INFINITY
     if n == 0:
         delta_b[:] = 0.0
         return 0
-    if sh.n_active < 1 or sh.n_active > n:
-        sh.n_active = n
+    rows = make_view(data, indices, indptr, dense, n_features)
+    wp = cptr(w)
+    inv_n = 1.0 / n_task
     n_steps = <Py_ssize_t>(local_iters * sh.n_active + 0.5)
     if n_steps < 1:
         n_steps = 1
-    u = <double*>malloc(d * sizeof(double))
+    u = <double*>malloc(max(d, 1) * sizeof(double))
     if u == NULL:
         raise MemoryError("local SDCA workspace")
     with nogil:
         for k in range(d):
             u[k] = wp[k]          # u = w + (rho sigma / lam) delta_b
+        # Each iteration either takes a step or shrinks one coordinate (n_active
+        # >= pos + 1 before it, so >= 0 after); a pass that shrank every coordinate
+        # ends with n_active = 0 and the next one restarts with all n and no
+        # thresholds, so it steps: the loop ends after n_steps steps.
         pos = sh.n_active
         while step < n_steps:
             if pos >= sh.n_active:
                 if shrinking:
-                    if step > 0:
+                    if in_pass:
                         end_of_pass(&sh, n)
+                    in_pass = True
                     # order[:n_active] = rng.permutation(order[:n_active])
                     for i in range(sh.n_active - 1, 0, -1):
                         j = bounded_rand(&state, i + 1)
@@ -418,15 +587,22 @@ def objective_terms(const double[::1] data, const int[::1] indices,
                     const double[::1] w, int loss, double gamma):
     """Return ``(sum_j l(w.x_j, y_j), sum_j l*(-alpha_j))`` over a block."""
     cdef Py_ssize_t n = y.shape[0], j
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef RowView rows
     cdef const double* vals
     cdef const int* idx
+    cdef const double* wp
     cdef int nnz
     cdef double loss_sum = 0.0, conj_sum = 0.0
+    check_rows(data, indices, indptr, dense, n_features, 0, n)
+    check_length("alpha", alpha.shape[0], n)
+    check_length("w", w.shape[0], n_features)
+    check_loss(loss)
+    rows = make_view(data, indices, indptr, dense, n_features)
+    wp = cptr(w)
     with nogil:
         for j in range(n):
             nnz = get_row(&rows, j, &vals, &idx)
-            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, &w[0]), y[j], gamma)
+            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, wp), y[j], gamma)
             conj_sum += conjugate_neg(loss, alpha[j], y[j], gamma)
     return loss_sum, conj_sum
 
@@ -444,16 +620,36 @@ def ssdca_epoch(const double[::1] data, const int[::1] indices,
     each step on row j of task i, ``B[:, i] += delta x_j / n_i`` and
     ``W += outer(delta x_j / n_i, Sigma[i]) / lam`` keep ``W = B Sigma / lam``.
     """
-    cdef Py_ssize_t n = y.shape[0], m = WT.shape[0]
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef Py_ssize_t n = y.shape[0], m = WT.shape[0], d = n_features
+    cdef RowView rows
     cdef uint64_t state = seed
     cdef Py_ssize_t step = 0, pos, j, t
-    cdef int k, nnz, i
+    cdef int k, nnz, i, bad = -1
     cdef const double* vals
     cdef const int* idx
+    cdef const double* WTp
     cdef double ux, q, delta, c_b, c_w
+    check_rows(data, indices, indptr, dense, n_features, 0, n)
+    check_length("alpha", alpha.shape[0], n)
+    check_length("task_of_row", task_of_row.shape[0], n)
+    check_length("sq_norms", sq_norms.shape[0], n)
+    check_length("perm", perm.shape[0], n)
+    check_length("n_of_task", n_of_task.shape[0], m)
+    check_shape("WT", WT, m, d)
+    check_shape("BT", BT, m, d)
+    check_shape("Sigma", Sigma, m, m)
+    check_loss(loss)
+    with nogil:
+        for t in range(n):
+            if task_of_row[t] < 0 or task_of_row[t] >= m:
+                bad = <int>t
+                break
+    if bad >= 0:
+        raise ValueError(f"task_of_row[{bad}] = {task_of_row[bad]} is not a task (0..{m - 1})")
     if n == 0 or n_steps <= 0:
         return 0
+    rows = make_view(data, indices, indptr, dense, n_features)
+    WTp = mptr2(WT)
     with nogil:
         pos = n
         while step < n_steps:
@@ -465,7 +661,7 @@ def ssdca_epoch(const double[::1] data, const int[::1] indices,
             step += 1
             i = task_of_row[j]
             nnz = get_row(&rows, j, &vals, &idx)
-            ux = sparse_dot(vals, idx, nnz, &WT[i, 0])
+            ux = sparse_dot(vals, idx, nnz, WTp + i * d)      # WT[i] . x_j
             q = Sigma[i, i] * sq_norms[j] / (lam * n_of_task[i])
             delta = coordinate_delta(loss, y[j], alpha[j], ux, q, gamma)
             if delta == 0.0:
@@ -485,6 +681,7 @@ def ssdca_epoch(const double[::1] data, const int[::1] indices,
 def row_sq_norms(const double[::1] data, const int[::1] indices,
                  const int64_t[::1] indptr, bint dense, int n_features, Py_ssize_t n_rows):
     """``||x_j||^2`` for every row of a block."""
+    check_rows(data, indices, indptr, dense, n_features, 0, n_rows)
     cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     out = np.empty(n_rows, dtype=np.float64)
     cdef double[::1] o = out
@@ -560,7 +757,10 @@ def l1inf_caps(const double[:, ::1] S, double delta, int max_newton=200):
     """
     cdef Py_ssize_t d = S.shape[0], m = S.shape[1], i, steps = 0
     cdef double theta = 0.0, value, slope, new_theta
-    cdef RowCap* rows = <RowCap*>malloc(max(d, 1) * sizeof(RowCap))
+    cdef RowCap* rows
+    if m == 0:                                        # rows of no entries: nothing to remove
+        return 0.0, np.zeros(d), 0
+    rows = <RowCap*>malloc(max(d, 1) * sizeof(RowCap))
     if rows == NULL:
         raise MemoryError("l1,inf projection workspace")
     out = np.empty(d, dtype=np.float64)
@@ -633,11 +833,21 @@ def project_l1_inplace(double[::1] v, double radius, uint64_t seed):
     cdef double s = 0.0, ds, pivot, rho_total = 0.0, theta
     cdef double* work
     cdef uint64_t state = seed
-    cdef double total = 0.0
+    cdef double total = 0.0, top = 0.0
+    if not (radius >= 0.0):
+        raise ValueError(f"the l1 radius must be >= 0. Got {radius!r} instead.")
     for i in range(n):
+        if not (v[i] >= 0.0 and v[i] < INFINITY):
+            raise ValueError(f"v[{i}] = {v[i]!r}: the l1 projection kernel takes finite entries >= 0")
         total += v[i]
+        if v[i] > top:
+            top = v[i]
     if total <= radius:
         return 0.0
+    if radius == 0.0:                                 # the ball is the origin: threshold at the largest
+        for i in range(n):
+            v[i] = 0.0
+        return top
     work = <double*>malloc(max(n, 1) * sizeof(double))
     if work == NULL:
         raise MemoryError("l1 projection workspace")
@@ -986,9 +1196,10 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
             if theta > hi:
                 theta = hi
             break
-        # pass the breakpoint q: every event there (tau_j frees at l_j, caps at l_j - C s_j)
+        # pass the breakpoint q: every event there (tau_j frees at l_j, caps at l_j - C s_j); the
+        # top event always goes (n > 0 here), so even a NaN breakpoint cannot stall the walk
         n_jump = 0
-        while n > 0 and ev[0].q == q:
+        while True:
             jj = ev[0].j
             kind = ev[0].kind
             if kind == 1:
@@ -1003,6 +1214,8 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
             n -= 1
             ev[0] = ev[n]
             sift_down(ev, n, 0)
+            if n == 0 or not (ev[0].q == q):
+                break
         if n_jump > 0 and A - q * S >= budget:  # the zero instances at q jump past the budget:
             theta = q                            # theta* = q, and they share what is left
             break
@@ -1029,6 +1242,13 @@ cdef void tau_implicit_rmax(const TauParams* P, const double* loss, const double
         for j in range(k):
             if loss[j] > 0.0 and sq[j] <= 0.0 and loss[j] == theta:
                 tau[j] = share
+        g += n_jump * share
+    if g > budget:
+        # rounding at the root: (l_j - theta) / s_j with theta close to l_j >> C s_j keeps only
+        # eps l_j / s_j of tau_j; stay inside the dual ball (sum tau <= r C)
+        share = budget / g
+        for j in range(k):
+            tau[j] *= share
 
 
 cdef void solve_tau(const TauParams* P, const double* loss, const double* sq, Py_ssize_t k,
@@ -1044,6 +1264,12 @@ cdef void solve_tau(const TauParams* P, const double* loss, const double* sq, Py
 
 cdef TauParams make_params(int update, int norm, double p, Py_ssize_t r, double C, double R2, double rho2):
     cdef TauParams P
+    if update < PERCEPTRON or update > IMPLICIT:
+        raise ValueError(f"unknown update id {update} (0 perceptron, 1 infinite horizon, 2 implicit)")
+    if norm != PNORM and norm != RMAX:
+        raise ValueError(f"unknown norm id {norm} (0 p-norm, 1 r-max)")
+    if norm == RMAX and r < 1:                    # r indexes the r largest losses
+        raise ValueError(f"the r-max norm needs r >= 1. Got {r} instead.")
     P.update = update
     P.norm = norm
     P.p = p
@@ -1059,7 +1285,10 @@ def tau_rounds(const double[:, ::1] losses, const double[:, ::1] sq_norms, int u
     """tau for each row of (T x k) losses and squared instance norms (the rules in isolation)."""
     cdef Py_ssize_t T = losses.shape[0], k = losses.shape[1], t
     cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
+    check_shape("sq_norms", sq_norms, T, k)
     out = np.zeros((T, k), dtype=np.float64)
+    if T == 0 or k == 0:
+        return out
     cdef double[:, ::1] o = out
     cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
     if ev == NULL:
@@ -1151,9 +1380,16 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
     dormant task.  Writes each round's margins ``w_j . x_j`` (before the update)
     and global loss ``||l_t||``.
     """
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef Py_ssize_t T = Y.shape[0], k = Y.shape[1], t, j
     cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
+    check_rows(data, indices, indptr, dense, n_features, 0, T * k if per_task else T)
+    check_shape("W", W, n_features, k)
+    check_shape("margins", margins, T, k)
+    check_length("global_loss", global_loss.shape[0], T)
+    if k == 0:                                   # no task: every loss vector is empty
+        global_loss[:] = 0.0
+        return
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef int nnz, a, n_move
     cdef const double* vals
     cdef const int* idx
@@ -1172,7 +1408,7 @@ def online_rounds(const double[::1] data, const int[::1] indices, const int64_t[
     cdef double* sq = work + k
     cdef double* tau = work + 2 * k
     cdef double* coef = work + 3 * k
-    cdef double* Wp = &W[0, 0]
+    cdef double* Wp = mptr2(W)
     with nogil:
         for t in range(T):
             m = &margins[t, 0]
@@ -1227,21 +1463,25 @@ def online_block_margins(const double[::1] data, const int[::1] indices, const i
                          bint dense, int n_features, Py_ssize_t start, const double[:, ::1] W,
                          double[:, ::1] M0):
     """``M0[s] = x_{start+s} @ W`` for the B rows of a block (same summation order as ``online_rounds``)."""
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef Py_ssize_t B = M0.shape[0], k = M0.shape[1], s, j
     cdef int nnz, a
     cdef const double* vals
     cdef const int* idx
+    cdef const double* Wp
     cdef double v
     cdef double* m
     cdef const double* row
     if k == 0:
         return
+    check_rows(data, indices, indptr, dense, n_features, start, start + B)
+    check_shape("W", W, n_features, k)
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    Wp = cptr2(W)
     with nogil:
         for s in range(B):
             m = &M0[s, 0]
             nnz = get_row(&rows, start + s, &vals, &idx)
-            row_times_W(vals, idx, nnz, &W[0, 0], k, m)
+            row_times_W(vals, idx, nnz, Wp, k, m)
 
 
 def online_block_gram(const double[::1] data, const int[::1] indices, const int64_t[::1] indptr,
@@ -1250,8 +1490,11 @@ def online_block_gram(const double[::1] data, const int[::1] indices, const int6
 
     The diagonal is ``||x||^2`` summed in row order, as in ``online_rounds``.
     """
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef Py_ssize_t B = G.shape[0], s, s2
+    check_rows(data, indices, indptr, dense, n_features, start, start + B)
+    check_shape("G", G, B, B)
+    check_length("scratch", scratch.shape[0], n_features)
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef int nnz, nnz2, a
     cdef const double* vals
     cdef const int* idx
@@ -1285,6 +1528,14 @@ def online_block_solve(const double[:, ::1] M0, const double[:, ::1] G, const do
     cdef Py_ssize_t B = M0.shape[0], k = M0.shape[1], s, s2, j
     cdef TauParams P = make_params(update, norm, p, r, C, R2, rho2)
     cdef double v
+    check_shape("G", G, B, B)
+    check_shape("Y", Y, B, k)
+    check_shape("tau", tau, B, k)
+    check_shape("margins", margins, B, k)
+    check_length("global_loss", global_loss.shape[0], B)
+    if k == 0:                                   # no task: every loss vector is empty
+        global_loss[:] = 0.0
+        return
     cdef double* work = <double*>malloc(max(2 * k, 1) * sizeof(double))
     cdef Event* ev = <Event*>malloc(max(2 * k, 1) * sizeof(Event))
     if work == NULL or ev == NULL:
@@ -1313,13 +1564,17 @@ def online_block_apply(const double[::1] data, const int[::1] indices, const int
                        bint dense, int n_features, Py_ssize_t start, const double[:, ::1] Y,
                        const double[:, ::1] tau, double[:, ::1] W):
     """Worker: ``W += x_s (tau_s * y_s)`` for the block's rounds s in order (local task columns)."""
-    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
     cdef Py_ssize_t B = Y.shape[0], k = Y.shape[1], s
     cdef int nnz, n_move
     cdef const double* vals
     cdef const int* idx
     if k == 0:
         return
+    check_rows(data, indices, indptr, dense, n_features, start, start + B)
+    check_shape("tau", tau, B, k)
+    check_shape("W", W, n_features, k)
+    cdef RowView rows = make_view(data, indices, indptr, dense, n_features)
+    cdef double* Wp = mptr2(W)
     cdef double* coef = <double*>malloc(k * sizeof(double))
     cdef int* moving = <int*>malloc(k * sizeof(int))
     if coef == NULL or moving == NULL:
@@ -1331,6 +1586,6 @@ def online_block_apply(const double[::1] data, const int[::1] indices, const int
             n_move = moving_tasks(&tau[s, 0], Y, s, k, coef, moving)
             if n_move:
                 nnz = get_row(&rows, start + s, &vals, &idx)
-                add_scaled_row(&W[0, 0], k, vals, idx, nnz, coef, moving, n_move)
+                add_scaled_row(Wp, k, vals, idx, nnz, coef, moving, n_move)
     free(coef)
     free(moving)

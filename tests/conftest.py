@@ -80,3 +80,83 @@ def fake_slurm(directory):
             f.write(body)
         os.chmod(path, 0o755)
     return directory
+
+
+# ---------------------------------------------------------------------------
+# The compiled kernels twice: optimized, and the same source bounds-checked
+# ---------------------------------------------------------------------------
+# setup.py compiles hpcmtl/_kernels.pyx as hpcmtl._kernels_debug when
+# HPCMTL_DEBUG_KERNELS=1 (boundscheck and initializedcheck on, wraparound off, -O0).
+# It goes to build/kernels-debug/<hash of the sources>/ (gitignored), built once
+# per source hash under a lock, so the in-place optimized module is never touched.
+KERNEL_SOURCES = ("hpcmtl/_kernels.pyx", "setup.py")
+KERNEL_USERS = ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.online")
+
+
+def debug_kernels_dir():
+    import hashlib
+    import sysconfig
+
+    import Cython
+    digest = hashlib.sha256()
+    for rel in KERNEL_SOURCES:
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            digest.update(f.read())
+    digest.update(f"{sys.version}|{sysconfig.get_config_var('EXT_SUFFIX')}|{Cython.__version__}|"
+                  f"{np.__version__}".encode())
+    return os.path.join(ROOT, "build", "kernels-debug", digest.hexdigest()[:16])
+
+
+def build_debug_kernels(timeout=900):
+    """Path of the bounds-checked extension, compiling it first if this source hash has none."""
+    import fcntl
+    import glob
+    import shutil
+    import sysconfig
+    out = debug_kernels_dir()
+    pattern = os.path.join(out, "hpcmtl", "_kernels_debug" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not glob.glob(pattern):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(os.path.join(os.path.dirname(out), ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)                 # one build at a time, the others wait for it
+            if not glob.glob(pattern):
+                tmp = f"{out}.partial-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                env = dict(os.environ, HPCMTL_DEBUG_KERNELS="1", HPCMTL_DEBUG_CYTHON_DIR=os.path.join(tmp, "c"))
+                proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", tmp,
+                                       "--build-temp", os.path.join(tmp, "obj")],
+                                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+                if proc.returncode != 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise RuntimeError(f"the bounds-checked kernel build failed:\n{proc.stdout}\n{proc.stderr}")
+                for old in os.listdir(os.path.dirname(out)):    # builds of older sources (we hold the lock)
+                    if old != ".lock" and old != os.path.basename(tmp):
+                        shutil.rmtree(os.path.join(os.path.dirname(out), old), ignore_errors=True)
+                os.replace(tmp, out)
+    return glob.glob(pattern)[0]
+
+
+@pytest.fixture(scope="session")
+def debug_kernels():
+    """``hpcmtl._kernels_debug``: the kernels' source compiled with bounds checks (an IndexError, not a
+    silent overwrite, on any out-of-range view index)."""
+    import importlib.util
+    name = "hpcmtl._kernels_debug"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, build_debug_kernels())
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+@pytest.fixture(params=["optimized", "bounds-checked"])
+def kernels(request, monkeypatch):
+    """The compiled kernels, optimized then bounds-checked; the modules calling them use the same one."""
+    import importlib
+
+    from hpcmtl import _kernels
+    module = _kernels if request.param == "optimized" else request.getfixturevalue("debug_kernels")
+    for name in KERNEL_USERS:
+        monkeypatch.setattr(importlib.import_module(name), "_kernels", module)
+    return module

@@ -283,3 +283,193 @@ def online_reference(X, Y, tau_rule):
         tau = tau_rule(loss, np.full(k, x @ x))
         W += np.outer(x, tau * Y[t])
     return W, margins
+
+
+# ---------------------------------------------------------------------------
+# Local SDCA written as liblinear's loop (issue 12: exhausted active sets restart)
+# ---------------------------------------------------------------------------
+def _float_bisect(f, lo, hi):
+    """The float t in [lo, hi] where the decreasing f changes sign, to one ulp: bisection on the bit patterns."""
+    a, b = np.float64(lo).view(np.int64), np.float64(hi).view(np.int64)   # order-preserving for t >= 0
+    while b - a > 1:
+        mid = a + (b - a) // 2
+        if f(float(np.int64(mid).view(np.float64))) > 0:
+            a = mid
+        else:
+            b = mid
+    return float(np.int64(b).view(np.float64))
+
+
+def coordinate_step_exact(loss, y, a, ux, q, gamma=1.0):
+    """The coordinate maximizer for every q >= 0: a zero row (q = 0) included, logistic to one ulp.
+
+    Hinge with q = 0: the objective is linear in b = y (a + delta), so b goes to the
+    edge its slope 1 - y ux points to (and stays where it is on a zero slope).
+    Logistic: the root of log((1 - t) / t) - y ux - q (t - y a) by bisection on the
+    floats of (0, 1) (no Newton iteration, no tolerance).
+    """
+    if loss == "hinge" and q == 0:
+        margin = 1 - y * ux
+        b = 1.0 if margin > 0 else (0.0 if margin < 0 else y * a)
+        return y * b - a
+    if loss == "logistic":
+        z, b = y * ux, y * a
+
+        def g(t):
+            return np.log1p(-t) - np.log(t) - z - q * (t - b) if t > 0 else np.inf
+        return y * _float_bisect(g, 0.0, np.nextafter(1.0, 0.0)) - a
+    with np.errstate(over="ignore"):                     # margin / q = inf at a tiny q: clipped to the box
+        return coordinate_step_reference(loss, y, a, ux, q, gamma)
+
+
+def sequential_dot(x, v):
+    """sum_k x_k v_k over the non-zeros of x in index order (the kernels' summation order)."""
+    s = 0.0
+    for k in np.flatnonzero(x):
+        s += x[k] * v[k]
+    return s
+
+
+class LocalSDCAReference:
+    """``sdca_local`` as liblinear's ``solve_l2r_l1l2_svc`` loop, with its state kept between calls.
+
+    A call is a sequence of passes.  A pass permutes the active set
+    ``order[:n_active]`` and walks it with ``s``; with shrinking (hinge losses only) a
+    coordinate at a bound whose gradient points out of the box further than the last
+    pass's extreme leaves the set (swapped with the last active one, ``s`` stays).  At
+    the end of a pass, ``PG_max - PG_min <= eps`` -- which includes the pass that shrank
+    every coordinate (no step: -inf - inf) -- brings every coordinate back with no
+    thresholds; otherwise the pass's extremes become the thresholds.  A call stops after
+    ``max(1, round(local_iters * n_active))`` steps, possibly mid-pass (then the partial
+    pass's extremes are kept).  Without shrinking each pass is a fresh permutation of
+    ``0..n-1``.  ``restarts`` counts the exhausted active sets seen.
+    """
+
+    def __init__(self, n, shrinking, order=None, state=None):
+        self.n = n
+        self.shrinking = bool(shrinking)
+        self.order = list(range(n)) if order is None else [int(v) for v in order]
+        count, self.pg_max_old, self.pg_min_old, eps = (n, np.inf, -np.inf, 0.1) if state is None \
+            else (float(state[1]), float(state[2]), float(state[3]), float(state[4]))
+        self.n_active = int(count) if 1 <= count <= n else n          # NaN / out of range: all active
+        self.eps = eps if 0 <= eps < np.inf else 0.1
+        self.restarts = 0
+
+    def _end_of_pass(self, pg_max, pg_min):
+        if pg_max - pg_min <= self.eps:
+            if self.n_active == 0:
+                self.restarts += 1
+            if self.n_active == self.n and self.eps > 1e-12:
+                self.eps *= 0.1
+            self.n_active, self.pg_max_old, self.pg_min_old = self.n, np.inf, -np.inf
+        else:
+            self.pg_max_old = pg_max if pg_max > 0 else np.inf
+            self.pg_min_old = pg_min if pg_min < 0 else -np.inf
+
+    def call(self, X, y, alpha, w, c, n_task, local_iters, seed, loss, gamma=1.0):
+        """One ``sdca_local`` call: returns ``(alpha, delta_b, steps)`` (alpha a new array)."""
+        X = X.toarray() if hasattr(X, "toarray") else np.asarray(X, dtype=float)
+        n = X.shape[0]
+        alpha = np.array(alpha, dtype=float)
+        if n == 0:
+            return alpha, np.zeros(X.shape[1]), 0
+        shrinking = self.shrinking and loss in ("hinge", "smoothed-hinge")
+        rng = SplitMix64(seed)
+        u = np.array(w, dtype=float)
+        sq = [sequential_dot(X[j], X[j]) for j in range(n)]
+        n_steps = max(1, int(local_iters * (self.n_active if shrinking else n) + 0.5))
+        steps = 0
+        while True:
+            if shrinking:                                   # one pass over a permuted active set
+                for i in range(self.n_active - 1, 0, -1):
+                    j = rng.bounded(i + 1)
+                    self.order[i], self.order[j] = self.order[j], self.order[i]
+            else:
+                self.order = rng.permutation(n)
+            active = self.n_active if shrinking else n
+            pg_max, pg_min, s = -np.inf, np.inf, 0
+            while s < active and steps < n_steps:
+                j = self.order[s]
+                ux = sequential_dot(X[j], u)
+                if shrinking:
+                    b = y[j] * alpha[j]
+                    G = y[j] * ux - 1.0 + (gamma * b if loss == "smoothed-hinge" else 0.0)
+                    if (b <= 0 and G > self.pg_max_old) or (b >= 1 and G < self.pg_min_old):
+                        active -= 1
+                        self.order[s], self.order[active] = self.order[active], self.order[s]
+                        continue
+                    PG = min(G, 0.0) if b <= 0 else (max(G, 0.0) if b >= 1 else G)
+                    pg_max, pg_min = max(pg_max, PG), min(pg_min, PG)
+                s += 1
+                steps += 1
+                delta = coordinate_step_exact(loss, y[j], alpha[j], ux, c * sq[j] * (1.0 / n_task), gamma)
+                if delta != 0.0:
+                    alpha[j] += delta
+                    u += (c * delta * (1.0 / n_task)) * X[j]
+            if shrinking:
+                self.n_active = active
+                if s >= active:
+                    self._end_of_pass(pg_max, pg_min)
+                elif pg_max >= pg_min:
+                    self.pg_max_old = pg_max if pg_max > 0 else np.inf
+                    self.pg_min_old = pg_min if pg_min < 0 else -np.inf
+            if steps >= n_steps:
+                return alpha, (u - w) / c, steps
+
+    def state(self):
+        """``shrink_state[1:]`` as the kernel keeps it."""
+        return [self.n_active, self.pg_max_old, self.pg_min_old, self.eps]
+
+
+def local_dual_objective(loss, X, y, alpha0, alpha, w, c, n_task, gamma=1.0):
+    """The local subproblem of a call (paper 001, Eq. 4) at alpha, up to a constant:
+    ``sum_j -l*(-alpha_j) - w . (X^T (alpha - alpha0)) - (c n_task / 2) ||X^T (alpha - alpha0) / n_task||^2``.
+    Each coordinate step maximizes it along one coordinate, so a call never lowers it."""
+    X = X.toarray() if hasattr(X, "toarray") else np.asarray(X, dtype=float)
+    db = X.T @ (alpha - alpha0) / n_task
+    return float(-conjugate_reference(loss, alpha, y, gamma).sum() - n_task * (w @ db) - 0.5 * c * n_task * (db @ db))
+
+
+def ssdca_epoch_reference(X, y, alpha, task_of_row, n_of_task, WT, BT, Sigma, lam, n_steps, seed, loss, gamma=1.0):
+    """Single-machine SDCA with exact W: a fresh permutation of all rows per pass; returns new arrays."""
+    X = X.toarray() if hasattr(X, "toarray") else np.asarray(X, dtype=float)
+    alpha, WT, BT = np.array(alpha, float), np.array(WT, float), np.array(BT, float)
+    n = X.shape[0]
+    rng = SplitMix64(seed)
+    perm, steps = [], 0
+    while steps < n_steps and n:
+        if not perm:
+            perm = rng.permutation(n)
+        j = perm.pop(0)
+        steps += 1
+        i = task_of_row[j]
+        q = Sigma[i, i] * sequential_dot(X[j], X[j]) / (lam * n_of_task[i])
+        delta = coordinate_step_exact(loss, y[j], alpha[j], sequential_dot(X[j], WT[i]), q, gamma)
+        alpha[j] += delta
+        BT[i] += delta * X[j] / n_of_task[i]
+        WT += np.outer(Sigma[i], delta * X[j] / n_of_task[i]) / lam
+    return alpha, WT, BT, steps
+
+
+def implicit_rmax_kkt_violation(tau, loss, sq, C, r):
+    """How far tau is from optimal for max sum 2 tau_j l_j - tau_j^2 s_j over 0 <= tau_j <= C,
+    sum tau_j <= r C (Lemma 8 on the r-max dual ball): 0 at the optimum, relative to the loss scale.
+
+    With v_j = l_j - tau_j s_j, optimality means one theta >= 0 (0 unless the sum is tight)
+    with theta >= v_j where tau_j = 0, theta <= v_j where tau_j = C and theta = v_j where
+    tau_j is free.  Zero instances (s_j = 0) and ties need no special case: no division.
+    """
+    tau, loss, sq = (np.asarray(a, float) for a in (tau, loss, sq))
+    scale = max(loss.max(initial=0.0), (sq * C).max(initial=0.0), 1e-300)
+    infeasible = max(0.0, -tau.min(initial=0.0), tau.max(initial=0.0) - C, tau.sum() - r * C) / C
+    at0, atC = tau <= C * 1e-12, tau >= C * (1 - 1e-12)
+    free = ~at0 & ~atC
+    v = loss - tau * sq
+    lower = max(0.0, v[at0].max(initial=0.0), v[free].max(initial=0.0))
+    upper = min(v[atC].min(initial=np.inf), v[free].min(initial=np.inf))
+    # tau_j = (l_j - theta) / s_j with theta close to l_j: eps l_j / s_j of tau_j is rounding, so the
+    # sum tells a slack budget from a tight one only to eps max(l / s) / C relative
+    cond = np.max(loss / np.where(sq > 0, sq, np.inf), initial=0.0) / C
+    if tau.sum() < r * C * (1 - 1e-9 - 1e-14 * cond):      # the budget is slack: theta = 0
+        upper = min(upper, 0.0)
+    return max(infeasible, max(0.0, lower - upper) / scale)

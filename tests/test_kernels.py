@@ -5,11 +5,13 @@ import scipy.sparse as sp
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.optimize import minimize_scalar
 
-from hpcmtl import _kernels
 from hpcmtl.losses import LOSSES, conjugate_reference, primal_reference
+from hpcmtl.store import read_result, write_tasks
 from hpcmtl.taskdata import TaskBlock
 
-from reference import ShrinkingReference, coordinate_step_reference, local_objective, sdca_local_reference
+from conftest import run_hpcmtl
+from reference import (LocalSDCAReference, ShrinkingReference, coordinate_step_reference, local_objective,
+                       sdca_local_reference)
 
 ALL_LOSSES = list(LOSSES)
 
@@ -19,7 +21,7 @@ def feasible_alpha(loss, y, rng):
 
 
 @pytest.mark.parametrize("loss", ALL_LOSSES)
-def test_coordinate_step_matches_closed_form_and_maximizes(loss):
+def test_coordinate_step_matches_closed_form_and_maximizes(kernels, loss):
     rng = np.random.default_rng(1)
     kid = LOSSES[loss].kernel_id
     for _ in range(300):
@@ -28,7 +30,7 @@ def test_coordinate_step_matches_closed_form_and_maximizes(loss):
         ux = rng.normal(scale=3)
         q = 10 ** rng.uniform(-4, 3)
         gamma = 10 ** rng.uniform(-2, 0.5)
-        delta = _kernels.coordinate_step(kid, y, a, ux, q, gamma)
+        delta = kernels.coordinate_step(kid, y, a, ux, q, gamma)
         assert_allclose(delta, coordinate_step_reference(loss, y, a, ux, q, gamma), rtol=1e-9, atol=1e-12)
         # a general-purpose 1-D solver finds no better point of the local objective
         f = lambda dl: -local_objective(loss, y, a, ux, q, dl, gamma)  # noqa: E731
@@ -40,10 +42,10 @@ def test_coordinate_step_matches_closed_form_and_maximizes(loss):
         assert -f(delta) >= -f(best) - 1e-9
 
 
-def test_hinge_step_with_zero_row_is_finite():
+def test_hinge_step_with_zero_row_is_finite(kernels):
     # ||x|| = 0 gives q = 0: the maximizer moves to the box edge the margin points to
-    assert _kernels.coordinate_step(0, 1.0, 0.3, 0.0, 0.0, 1.0) == pytest.approx(0.7)
-    assert _kernels.coordinate_step(0, -1.0, -0.3, -2.0, 0.0, 1.0) == pytest.approx(0.3)
+    assert kernels.coordinate_step(0, 1.0, 0.3, 0.0, 0.0, 1.0) == pytest.approx(0.7)
+    assert kernels.coordinate_step(0, -1.0, -0.3, -2.0, 0.0, 1.0) == pytest.approx(0.3)
 
 
 def _block(X, y, n_task=None):
@@ -52,7 +54,7 @@ def _block(X, y, n_task=None):
 
 @pytest.mark.parametrize("loss", ALL_LOSSES)
 @pytest.mark.parametrize("sparse", [False, True])
-def test_sdca_local_matches_numpy_reference(loss, sparse):
+def test_sdca_local_matches_numpy_reference(kernels, loss, sparse):
     rng = np.random.default_rng(2)
     n, d = 37, 9
     X = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.5)
@@ -62,9 +64,9 @@ def test_sdca_local_matches_numpy_reference(loss, sparse):
     blk = _block(sp.csr_matrix(X) if sparse else X, y, n_task=50)
     alpha = alpha0.copy()
     delta_b = np.empty(d)
-    steps = _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.arange(n, dtype=np.int32),
-                                _kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, 0.7, 2.5, 50.0,
-                                80 / n, 12345)
+    steps = kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.arange(n, dtype=np.int32),
+                               kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, 0.7, 2.5, 50.0,
+                               80 / n, 12345)
     assert steps == 80
     ref_alpha, ref_db = sdca_local_reference(X, y, alpha0, w, 2.5, 50.0, 80, 12345, loss, 0.7)
     assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
@@ -75,7 +77,7 @@ def test_sdca_local_matches_numpy_reference(loss, sparse):
 
 @pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge"])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_shrinking_matches_numpy_reference_over_rounds(loss, sparse):
+def test_shrinking_matches_numpy_reference_over_rounds(kernels, loss, sparse):
     rng = np.random.default_rng(12)
     n, d = 60, 5
     X = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.7)
@@ -83,7 +85,7 @@ def test_shrinking_matches_numpy_reference_over_rounds(loss, sparse):
     blk = _block(sp.csr_matrix(X) if sparse else X, y)
     c, kid = 20.0, LOSSES[loss].kernel_id
     alpha, b = np.zeros(n), np.zeros(d)
-    order, state = np.arange(n, dtype=np.int32), _kernels.new_shrink_state(n, True)
+    order, state = np.arange(n, dtype=np.int32), kernels.new_shrink_state(n, True)
     ref = ShrinkingReference(n)
     shrunk_seen = unshrunk_seen = False
     for r in range(40):
@@ -93,8 +95,8 @@ def test_shrinking_matches_numpy_reference_over_rounds(loss, sparse):
         ref_alpha = alpha.copy()
         before = ref.n_active
         db = np.empty(d)
-        _kernels.sdca_local(*blk.rows, blk.y, alpha, b * c, db, blk.sq_norms, order, state, kid, 0.5, c,
-                            float(n), 1.3, 1000 + r)
+        kernels.sdca_local(*blk.rows, blk.y, alpha, b * c, db, blk.sq_norms, order, state, kid, 0.5, c,
+                           float(n), 1.3, 1000 + r)
         ref_db = ref.round(X, y, ref_alpha, b * c, c, float(n), 1.3, 1000 + r, loss, 0.5)
         assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
         assert_allclose(db, ref_db, rtol=1e-9, atol=1e-12)
@@ -107,7 +109,7 @@ def test_shrinking_matches_numpy_reference_over_rounds(loss, sparse):
     assert_allclose(b, X.T @ alpha / n, atol=1e-12)      # B stays consistent with alpha
 
 
-def test_dense_and_csr_give_identical_bits():
+def test_dense_and_csr_give_identical_bits(kernels):
     rng = np.random.default_rng(3)
     X = rng.normal(size=(50, 8)) * (rng.uniform(size=(50, 8)) < 0.6)
     y = rng.choice([-1.0, 1.0], size=50)
@@ -115,8 +117,8 @@ def test_dense_and_csr_give_identical_bits():
     for M in (X, sp.csr_matrix(X)):
         blk = _block(M, y)
         alpha, db = np.zeros(50), np.empty(8)
-        _kernels.sdca_local(*blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.arange(50, dtype=np.int32),
-                            _kernels.new_shrink_state(50, True), 0, 1.0, 3.0, 50.0, 3.0, 7)
+        kernels.sdca_local(*blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.arange(50, dtype=np.int32),
+                           kernels.new_shrink_state(50, True), 0, 1.0, 3.0, 50.0, 3.0, 7)
         outs.append((alpha, db))
     assert_array_equal(outs[0][0], outs[1][0])
     assert_allclose(outs[0][1], outs[1][1], rtol=1e-14, atol=1e-15)  # sums skip explicit zeros in CSR
@@ -124,26 +126,168 @@ def test_dense_and_csr_give_identical_bits():
 
 @pytest.mark.parametrize("loss", ALL_LOSSES)
 @pytest.mark.parametrize("sparse", [False, True])
-def test_objective_terms_match_numpy(loss, sparse):
+def test_objective_terms_match_numpy(kernels, loss, sparse):
     rng = np.random.default_rng(4)
     X = rng.normal(size=(40, 7)) * (rng.uniform(size=(40, 7)) < 0.5)
     y = rng.normal(size=40) if loss == "squared" else rng.choice([-1.0, 1.0], size=40)
     alpha = np.array([feasible_alpha(loss, yi, rng) for yi in y])
     w = rng.normal(size=7) * 3
     blk = _block(sp.csr_matrix(X) if sparse else X, y)
-    lsum, csum = _kernels.objective_terms(*blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, 0.4)
+    lsum, csum = kernels.objective_terms(*blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, 0.4)
     assert_allclose(lsum, primal_reference(loss, X @ w, y, 0.4).sum(), rtol=1e-12)
     assert_allclose(csum, conjugate_reference(loss, alpha, y, 0.4).sum(), rtol=1e-12, atol=1e-12)
 
 
-def test_logistic_loss_is_stable_for_large_margins():
+def test_logistic_loss_is_stable_for_large_margins(kernels):
     blk = _block(np.array([[1.0], [1.0]]), np.array([1.0, -1.0]))
-    lsum, _ = _kernels.objective_terms(*blk.rows, blk.y, np.zeros(2), np.array([800.0]), 3, 1.0)
+    lsum, _ = kernels.objective_terms(*blk.rows, blk.y, np.zeros(2), np.array([800.0]), 3, 1.0)
     assert_allclose(lsum, 800.0, rtol=1e-12)   # log(1 + e^-800) + log(1 + e^800)
 
 
-def test_row_sq_norms_dense_and_csr():
+def test_row_sq_norms_dense_and_csr(kernels):
     rng = np.random.default_rng(5)
     X = rng.normal(size=(20, 5)) * (rng.uniform(size=(20, 5)) < 0.5)
     for M in (X, sp.csr_matrix(X)):
         assert_allclose(_block(M, np.ones(20)).sq_norms, (X ** 2).sum(axis=1), rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# Issue 12: an active set that shrinking empties restarts (liblinear), never underflows
+# ---------------------------------------------------------------------------
+def with_guards(a, fill):
+    """``a`` inside a buffer with 3 cells of ``fill`` each side (an out-of-range write shows up there)."""
+    buf = np.full(a.size + 6, fill, dtype=a.dtype)
+    buf[3:-3] = a
+    return buf, buf[3:-3]
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_an_active_set_emptied_before_the_first_step_restarts_with_every_coordinate(kernels, loss, sparse, n):
+    """Every coordinate at a bound, thresholds (-inf, +inf): each one shrinks on its first visit, so
+    n_active reaches 0 before any step.  The old kernel went on to n_active = -1 and wrote order[-1]
+    (an IndexError in the bounds-checked build, heap corruption in the optimized one)."""
+    rng = np.random.default_rng(n)
+    X = rng.normal(size=(n, 4))
+    X[-1, 1:] = 0.0                                   # a CSR row with one entry
+    y = np.array([1.0, -1.0, 1.0])[:n]
+    alpha0 = y * (np.arange(n) % 2)                   # b = y alpha = 0, 1, 0: every one at a bound
+    w = rng.normal(size=4)
+    blk = _block(sp.csr_matrix(X) if sparse else X, y)
+    abuf, alpha = with_guards(alpha0.copy(), -9e99)
+    obuf, order = with_guards(np.arange(n, dtype=np.int32), -77)
+    dbuf, db = with_guards(np.zeros(4), -9e99)
+    state = kernels.new_shrink_state(n, True)
+    state[2], state[3] = -np.inf, np.inf              # PG_max_old, PG_min_old: shrink at any gradient
+    ref = LocalSDCAReference(n, True, state=state)
+    steps = kernels.sdca_local(*blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, state, LOSSES[loss].kernel_id,
+                               0.5, 4.0, float(n), 2.0, 99)
+    ref_alpha, ref_db, ref_steps = ref.call(X, y, alpha0, w, 4.0, float(n), 2.0, 99, loss, 0.5)
+    assert ref.restarts == 1                          # the reference went through the empty set once
+    assert steps == ref_steps == 2 * n                # and every step was taken: round(2.0 x n)
+    assert_array_equal(abuf[:3], -9e99)
+    assert_array_equal(abuf[-3:], -9e99)
+    assert_array_equal(obuf[:3], -77)                 # order[-1] untouched
+    assert_array_equal(obuf[-3:], -77)
+    assert_array_equal(dbuf[[0, 1, 2, -3, -2, -1]], -9e99)
+    assert sorted(order) == list(range(n)) and list(order) == ref.order
+    assert int(state[1]) == ref.n_active and 1 <= ref.n_active <= n
+    assert_allclose(state[2:], ref.state()[1:], rtol=1e-12)
+    assert_allclose(alpha, ref_alpha, rtol=1e-12, atol=1e-15)
+    assert_allclose(db, ref_db, rtol=1e-9, atol=1e-14)
+    assert_allclose(db, X.T @ (alpha - alpha0) / n, rtol=1e-9, atol=1e-14)
+    assert np.all((0 <= y * alpha) & (y * alpha <= 1))
+
+
+def test_local_sdca_validates_what_would_index_out_of_range(kernels):
+    X = np.array([[1.0, 0.0], [0.0, 2.0]])
+    blk = _block(X, np.array([1.0, -1.0]))
+    csr = _block(sp.csr_matrix(X), np.array([1.0, -1.0]))
+
+    def call(rows=blk.rows, alpha=None, w=None, db=None, order=None, state=None, loss=0, c=1.0):
+        return kernels.sdca_local(*rows, blk.y, np.zeros(2) if alpha is None else alpha,
+                                  np.zeros(2) if w is None else w, np.zeros(2) if db is None else db, blk.sq_norms,
+                                  np.arange(2, dtype=np.int32) if order is None else order,
+                                  kernels.new_shrink_state(2, True) if state is None else state, loss, 1.0, c, 2.0,
+                                  1.0, 0)
+    for kwargs, message in [(dict(order=np.array([0, 2], dtype=np.int32)), "order"),
+                            (dict(order=np.array([-1, 0], dtype=np.int32)), "order"),
+                            (dict(alpha=np.zeros(1)), "alpha"), (dict(w=np.zeros(3)), "w"),
+                            (dict(db=np.zeros(1)), "delta_b"), (dict(state=np.zeros(4)), "shrink_state"),
+                            (dict(loss=7), "loss"), (dict(c=0.0), "rho"),
+                            (dict(rows=(X.ravel()[:3],) + blk.rows[1:]), "dense rows"),
+                            (dict(rows=csr.rows[:1] + (np.array([0, 2], dtype=np.int32),) + csr.rows[2:]), "column"),
+                            (dict(rows=csr.rows[:2] + (np.array([0, 1, 5]),) + csr.rows[3:]), "indptr"),
+                            (dict(rows=csr.rows[:2] + (np.array([0, 2, 1]),) + csr.rows[3:]), "indptr")]:
+        with pytest.raises(ValueError, match=message):
+            call(**kwargs)
+    # a count or eps from a damaged checkpoint is not trusted: everything active, eps = 0.1
+    for bad in (np.nan, -3.0, 0.0, 5.0, 1e300):
+        state = np.array([1.0, bad, np.inf, -np.inf, np.nan])
+        assert call(state=state) == 2 and 1 <= state[1] <= 2 and 0 < state[4] <= 0.1
+
+
+def test_row_kernels_check_the_row_structure(kernels):
+    csr = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2))
+    data, indices, indptr, dense, d = csr.rows
+    with pytest.raises(ValueError, match="indptr has 2 entries"):
+        kernels.row_sq_norms(data, indices, indptr[:2], dense, d, 2)
+    with pytest.raises(ValueError, match="column index 2 outside 0..1"):
+        kernels.objective_terms(data, np.array([0, 2], dtype=np.int32), indptr, dense, d, np.ones(2), np.zeros(2),
+                                np.zeros(2), 0, 1.0)
+    with pytest.raises(ValueError, match="w has length 3"):
+        kernels.objective_terms(data, indices, indptr, dense, d, np.ones(2), np.zeros(2), np.zeros(3), 0, 1.0)
+    with pytest.raises(ValueError, match="task_of_row"):
+        kernels.ssdca_epoch(data, indices, indptr, dense, d, np.ones(2), np.zeros(2), np.array([0, 1], np.int32),
+                            np.ones(1), np.zeros((1, 2)), np.zeros((1, 2)), np.eye(1), np.ones(2),
+                            np.zeros(2, np.int32), 0, 1.0, 1.0, 3, 0)
+    with pytest.raises(ValueError, match="r >= 1"):
+        kernels.tau_rounds(np.ones((1, 2)), np.ones((1, 2)), 2, 1, 0.0, 0, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="W has shape"):
+        kernels.online_block_apply(data, indices, indptr, dense, d, 0, np.ones((2, 1)), np.ones((2, 1)),
+                                   np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="3 rows need 4"):
+        kernels.online_block_margins(data, indices, indptr, dense, d, 1, np.zeros((2, 1)), np.empty((2, 1)))
+    # empty blocks, d = 0 and k = 0 take no pointer into an empty array
+    empty = _block(np.zeros((0, 0)), np.zeros(0))
+    assert kernels.row_sq_norms(*empty.rows, 0).shape == (0,)
+    assert kernels.objective_terms(*empty.rows, np.zeros(0), np.zeros(0), np.zeros(0), 0, 1.0) == (0.0, 0.0)
+    no_features = _block(np.zeros((2, 0)), np.array([1.0, -1.0]))
+    alpha, db = np.zeros(2), np.zeros(0)
+    assert kernels.sdca_local(*no_features.rows, no_features.y, alpha, np.zeros(0), db, no_features.sq_norms,
+                              np.arange(2, dtype=np.int32), kernels.new_shrink_state(2, True), 0, 1.0, 1.0, 2.0,
+                              1.0, 0) == 2
+    assert_array_equal(alpha, [1.0, -1.0])            # a zero row: q = 0, the margin 1 sends b to 1
+    assert kernels.tau_rounds(np.zeros((2, 0)), np.zeros((2, 0)), 2, 1, 0.0, 1, 1.0, 1.0, 1.0).shape == (2, 0)
+    gloss = np.full(2, np.nan)
+    kernels.online_rounds(*no_features.rows, False, np.zeros((2, 0)), np.zeros((0, 0)), 2, 1, 0.0, 1, 1.0, 1.0,
+                          1.0, np.zeros((2, 0)), gloss)
+    assert_array_equal(gloss, 0.0)
+
+
+def issue_12_tasks(path, seed=23):
+    """16 tasks of 3 rows, 5 features, labels +-1 (issue 12).  With this seed, shrinking empties some
+    block's active set before the first step of a round: the old kernel died with 'corrupted size vs.
+    prev_size' (exit 134) serially and took every rank down at 3 ranks."""
+    rng = np.random.default_rng(seed)
+    Xs = [rng.normal(size=(3, 5)) for _ in range(16)]
+    ys = [rng.choice([-1.0, 1.0], size=3) for _ in range(16)]
+    write_tasks(str(path), Xs, ys)
+
+
+@pytest.mark.parametrize("n_ranks", [None, pytest.param(3, marks=pytest.mark.mpi)], ids=["serial", "3-ranks"])
+def test_issue_12_reproduction_trains_to_a_finite_converged_model(tmp_path, n_ranks):
+    train, out = tmp_path / "tasks.h5", tmp_path / "model.h5"
+    issue_12_tasks(train)
+    proc = run_hpcmtl(["train", "dmtrl", "--train", train, "--out", out, "--lam", "1e-2", "--outer", "2", "--quiet"],
+                      n_ranks=n_ranks, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "corrupt" not in proc.stderr and "free()" not in proc.stderr
+    result = read_result(str(out))
+    model, history = result["model"], result["history"]
+    assert int(model["converged"]) == 1
+    assert model["W"].shape == (5, 16) and np.all(np.isfinite(model["W"])) and np.all(np.isfinite(model["Sigma"]))
+    for key in ("primal", "dual", "rel_gap"):
+        assert np.all(np.isfinite(history[key])), key
+    assert 0 <= history["rel_gap"][-1] <= 1e-6
