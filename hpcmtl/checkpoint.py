@@ -11,6 +11,16 @@ split blocks are re-cut for the new rank count and restart their shrinking).
 
 Settings that change the mathematics must match the checkpoint; stopping
 rules (tol, max_rounds, outer, outer_tol, gap_every) may change on resume.
+
+The training data must be the same too, content and not only shape: every
+rank computes the content fingerprint of the rows it reads, in the same pass
+(:func:`hpcmtl.store.fingerprint_rows`), the server adds them up per task
+(:func:`share_fingerprints`, one small gather after loading), a checkpoint
+stores them, and a resume whose data gives another fingerprint for any task
+(changed labels, changed features) is refused naming the task.  Because the
+fingerprints are computed from what is read, task files written before
+fingerprints existed resume exactly like new ones; a checkpoint written
+before fingerprints existed resumes with the task-table check only.
 """
 from __future__ import annotations
 
@@ -58,6 +68,7 @@ class Checkpointer:
         self.seconds = float(seconds)
         self.signals = signals
         self.config = dict(config or {})
+        self.source = source
         self.data_signature = data_signature(source) if source is not None else None
         self.train_path = getattr(source, "path", None)
         self.sigma_signature = sigma_signature(sigma)
@@ -82,7 +93,8 @@ class Checkpointer:
         arrays, blocks, counters = server.checkpoint_state()
         counters = dict(counters, n_ranks=server.cluster.size, data_signature=self.data_signature,
                         train=self.train_path, sigma_signature=self.sigma_signature)
-        store.write_checkpoint(self.path, arrays, blocks, self.config, counters)
+        store.write_checkpoint(self.path, arrays, blocks, self.config, counters,
+                               fingerprints=getattr(self.source, "content_fingerprints", None))
         self.last = time.monotonic()
         self.written += 1
 
@@ -100,7 +112,40 @@ def read_compatible(path, config, source, sigma=None) -> dict:
                          f"({ck['counters'].get('train')}), not {source.path}")
     if ck["counters"].get("sigma_signature") != sigma_signature(sigma):
         raise InputError(f"{path}: cannot resume: the fixed task covariance differs from the checkpoint's")
+    saved, now_read = ck.get("fingerprints"), getattr(source, "content_fingerprints", None)
+    if saved and now_read:
+        for i, name in enumerate(source.names):
+            if name in saved and now_read.get(name) is not None and saved[name] != now_read[name]:
+                a, b = saved[name], now_read[name]          # 16 hex digits of features, then 16 of labels
+                what = {(True, False): "its features (X)", (False, True): "its labels (y)"}.get(
+                    (a[:16] != b[:16], a[16:] != b[16:]), "its features and labels")
+                raise InputError(f"{path}: cannot resume: task '{name}' (#{i}) of {source.path} has changed since the "
+                                 f"checkpoint was written: {what} differ (content fingerprint {b}, the "
+                                 f"checkpoint's {a})")
     return ck
+
+
+def share_fingerprints(cluster, source):
+    """After loading: the server learns every task's content fingerprint from the rows the ranks read.
+
+    Called on every rank (one small gather); sets ``source.content_fingerprints``
+    (``{task name: fingerprint}``, None for a task not read completely) on the
+    server.  A source that keeps no fingerprints (in-memory tasks) is skipped
+    on every rank alike.
+    """
+    if not hasattr(source, "read_fingerprints"):
+        return None
+    gathered = cluster.gather_objects(source.read_fingerprints())
+    if gathered is None:
+        return None
+    parts = {}
+    for rank_parts in gathered:
+        for task, ranges in rank_parts.items():
+            parts.setdefault(task, {}).update({(r[0], r[1]): r for r in ranges})
+    source.content_fingerprints = {name: store.combine_fingerprints(list(parts.get(i, {}).values()),
+                                                                    int(source.n_samples[i]))
+                                   for i, name in enumerate(source.names)}
+    return source.content_fingerprints
 
 
 def block_payloads(ck, blocks, cluster):

@@ -129,10 +129,19 @@ class SignalFlag:
     and SIGINT only set the flag; the server finishes its round, writes a
     checkpoint and stops the job.  Installed on every rank (mpiexec and srun
     forward the signal to all of them), so no worker dies mid-collective.
+
+    The first signal decides: from then on every termination signal is
+    ignored (``SIG_IGN``) until the process ends.  A second SIGTERM (a
+    launcher that forwards the signal and the scheduler that sends it to the
+    ranks too, or an impatient user) is absorbed while the checkpoint is
+    written, and also during interpreter shutdown, where Python resets its
+    own handlers to the default and a late signal used to kill the rank (exit
+    15 instead of 75, so the job was not requeued).  SIGKILL still ends it.
     """
 
     def __init__(self):
         self.received = None
+        self.count = 0
 
     def install(self):
         import signal
@@ -142,7 +151,11 @@ class SignalFlag:
 
     def _handle(self, signum, frame):
         import signal
-        self.received = signal.Signals(signum).name
+        for name in TERMINATION_SIGNALS:      # absorb the rest; SIG_IGN survives interpreter shutdown
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        self.count += 1
+        if self.received is None:             # the first signal is the one reported
+            self.received = signal.Signals(signum).name
 
 
 def fault_point(rank: int, round_: int):
@@ -160,6 +173,9 @@ def fault_point(rank: int, round_: int):
         return
     if len(parts) > 2 and parts[2] == "kill":
         import signal
+        import sys
+        # the time of death, for tests that measure how fast the rest of the job ends
+        print(f"hpcmtl: rank {rank}: injected kill (HPCMTL_FAULT={spec})", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault (HPCMTL_FAULT={spec})")
 

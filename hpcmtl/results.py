@@ -18,6 +18,9 @@ import numpy as np
 from . import store
 from .errors import InputError
 
+# every file `report` may write into its directory (checked against the inputs before any work)
+REPORT_FILES = ("gap.png", "objective.png", "sparsity.png", "online-errors.png", "task-correlation.png", "report.md")
+
 
 def load(path) -> dict:
     """A result file as plain NumPy arrays and dicts."""
@@ -32,7 +35,7 @@ def history_csv(path, out=None) -> str:
         raise InputError(f"{path}: the result has no history")
     out = out or os.path.splitext(os.fspath(path))[0] + "-history.csv"
     columns = sorted(history)
-    with open(out, "w", newline="") as f:
+    with store.atomic_output(out, "history CSV") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for row in zip(*(history[c] for c in columns)):
@@ -52,10 +55,15 @@ def _label(path, res):
     return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
 
 
-def _save(plt, fig, written, name, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _save(plt, fig, written, name, path, tight=True):
+    """Save a figure under a temporary name, then rename (a full disk: one line, nothing left)."""
+    if tight:
+        fig.tight_layout()
+    try:
+        with store.atomic_output(path, "report file") as tmp:
+            fig.savefig(tmp, dpi=110, format=os.path.splitext(path)[1][1:] or "png")
+    finally:
+        plt.close(fig)
     written[name] = path
 
 
@@ -68,7 +76,10 @@ def report(paths, out_dir) -> dict:
     if not paths:
         raise InputError("report needs at least one result file")
     runs = [(p, load(p)) for p in paths]
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise store.write_error("report directory", out_dir, exc) from None
     written = {}
 
     gap_runs = [(p, r) for p, r in runs if "rel_gap" in r["history"]]
@@ -140,9 +151,7 @@ def report(paths, out_dir) -> dict:
             im = ax.imshow(M, vmin=-1, vmax=1, cmap="RdBu_r")
             ax.set_title(title)
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
-        written["correlation"] = os.path.join(out_dir, "task-correlation.png")
-        fig.savefig(written["correlation"], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, written, "correlation", os.path.join(out_dir, "task-correlation.png"), tight=False)
         break
 
     lines = ["# hpcmtl report", "", "| run | rounds | seconds | final gap / objective / online errors | test metrics |",
@@ -164,6 +173,6 @@ def report(paths, out_dir) -> dict:
         lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} |")
     lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in written.items()]
     written["summary"] = os.path.join(out_dir, "report.md")
-    with open(written["summary"], "w") as f:
+    with store.atomic_output(written["summary"], "report file") as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
     return written

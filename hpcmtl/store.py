@@ -18,13 +18,33 @@ hold everything needed to continue bit for bit.
 
 Every file is written under a temporary name in the target directory and
 renamed into place only when complete, so a killed writer never leaves a
-half-written file under the final name.
+half-written file under the final name.  HDF5 writes through a guarded raw
+file (h5py's ``fileobj`` driver): the first operating-system error (disk full,
+quota, file size limit) is kept and later writes are dropped, so the HDF5
+library never sees a failed write (it used to crash there); the error then
+ends the write with one line, ``cannot write checkpoint PATH: no space left on
+device``, the temporary removed and the previous file untouched.  A temporary
+orphaned by a killed writer is removed by the next write to the same path
+(a live writer holds a lock on its temporary, so it is never taken).
+
+Content fingerprints: every task's arrays (``X`` or the CSR arrays, and ``y``)
+have a 128-bit fingerprint, stored in the task table's ``fingerprint`` column
+when the file is written and computed again, in the same pass, whenever a
+task's rows are read (:func:`fingerprint_rows`).  It is a sum over elements of
+a mixed hash of (row, column, value bits), so the fingerprints of row ranges
+read on different ranks add up to the task's (a split task is verified too).
+Files written before fingerprints existed load as before: the fingerprint is
+computed from what is read (see :mod:`hpcmtl.checkpoint`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import io
 import json
 import os
+import re
 import tempfile
 
 import h5py
@@ -44,6 +64,11 @@ _TABLE = "task_table"
 _TASKS = "tasks"
 _TRUTH = "truth"
 _PREPROCESSING = "preprocessing"
+_FINGERPRINTS = "fingerprints"
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _task_group(i: int) -> str:
@@ -53,40 +78,282 @@ def _task_group(i: int) -> str:
 # ---------------------------------------------------------------------------
 # Atomic writing
 # ---------------------------------------------------------------------------
+class WriteError(InputError):
+    """An output file could not be written (disk full, quota, permissions): one line, exit 2."""
+
+
+def write_error(what: str, path, exc: OSError) -> WriteError:
+    """``cannot write checkpoint PATH: no space left on device`` (the reason as the OS gives it)."""
+    reason = exc.strerror or (errno.errorcode.get(exc.errno, "") if exc.errno else "") or str(exc)
+    return WriteError(f"cannot write {what} {os.fspath(path)}: {reason[:1].lower() + reason[1:]}")
+
+
+class _GuardedFile(io.RawIOBase):
+    """The raw file under h5py's ``fileobj`` driver while a temporary is written.
+
+    The first ``OSError`` of a write, truncate or sync is kept in ``error`` and
+    every later write is dropped (reported as done), so the HDF5 library never
+    sees a failed write -- on a full disk it used to crash in its cleanup.
+    The writer holds an exclusive ``flock`` on the file while it lives, which
+    tells :func:`remove_stale_temporaries` the temporary is not an orphan.
+    """
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self.fd = fd
+        self.pos = 0
+        self.error: OSError | None = None
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def readable(self):
+        return True
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, pos, whence=0):
+        if whence == os.SEEK_SET:
+            self.pos = pos
+        elif whence == os.SEEK_CUR:
+            self.pos += pos
+        else:
+            self.pos = os.fstat(self.fd).st_size + pos
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def readinto(self, buffer):
+        view = memoryview(buffer).cast("B")
+        data = os.pread(self.fd, len(view), self.pos)
+        if self.error is not None and len(data) < len(view):
+            data += bytes(len(view) - len(data))     # past a failed write: zeros, never a short read
+        view[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def write(self, buffer):
+        view = memoryview(buffer).cast("B")
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], self.pos + done)
+            except OSError as exc:
+                self.error = exc
+        self.pos += len(view)
+        return len(view)
+
+    def truncate(self, size=None):
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.error = exc
+        return size
+
+    def flush(self):
+        pass
+
+    def sync(self):
+        """fsync: a network file system may report a full disk only here."""
+        if self.error is None:
+            try:
+                os.fsync(self.fd)
+            except OSError as exc:
+                self.error = exc
+
+    def close(self):
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            try:
+                os.close(fd)
+            except OSError as exc:
+                self.error = self.error or exc
+        super().close()
+
+
+def _temporary_pattern(path: str):
+    """Names of the temporaries of ``path``: ``.NAME.XXXXXXXX.tmp`` (mkstemp's 8 random characters)."""
+    return re.compile(r"\." + re.escape(os.path.basename(path)) + r"\.[A-Za-z0-9_]{8}\.tmp")
+
+
+def remove_stale_temporaries(path) -> list:
+    """Remove temporaries of ``path`` left by killed writers; return their names.
+
+    A temporary whose writer still runs is locked (``flock``) and kept.  Where
+    the file system has no locks nothing is removed.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = _temporary_pattern(path)
+    removed = []
+    try:
+        names = [n for n in os.listdir(directory) if pattern.fullmatch(n)]
+    except OSError:
+        return removed
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)    # fails while its writer lives
+            os.unlink(full)
+            removed.append(name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 @contextlib.contextmanager
-def atomic_h5(path: str, force: bool = True):
+def atomic_h5(path: str, force: bool = True, what: str = "output file"):
     """Open a temporary HDF5 file beside ``path``; rename it into place on success.
 
     On any exception the temporary file is removed and ``path`` is untouched.
+    An operating-system error while writing (disk full, quota, file size
+    limit) raises :class:`WriteError` naming ``what`` and ``path``.
     """
     path = os.fspath(path)
     check_writable(path, force)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
+    remove_stale_temporaries(path)
     try:
-        with h5py.File(tmp, "w") as f:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise write_error(what, path, exc) from None
+    raw = _GuardedFile(fd)
+    try:
+        with h5py.File(raw, "w") as f:
             yield f
+        raw.sync()
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)      # mkstemp creates 0600; finished files follow the umask
+        with contextlib.suppress(OSError):
+            os.fchmod(raw.fd, 0o666 & ~umask)     # mkstemp creates 0600; finished files follow the umask
+        raw.close()
+        if raw.error is not None:
+            raise write_error(what, path, raw.error)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise write_error(what, path, exc) from None
+    except BaseException as exc:
+        raw.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if raw.error is not None and isinstance(exc, Exception) and not isinstance(exc, WriteError):
+            raise write_error(what, path, raw.error) from None     # the failed write is the cause
+        raise
+
+
+@contextlib.contextmanager
+def atomic_output(path, what: str = "output file"):
+    """A temporary path beside ``path`` for any writer (figures, CSV); renamed into place on success.
+
+    Same rules as :func:`atomic_h5`: temporaries of killed writers are removed
+    first, the temporary is locked while written, an ``OSError`` becomes a
+    one-line :class:`WriteError` and nothing is left under either name.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temporaries(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise write_error(what, path, exc) from None
+    lock = _GuardedFile(fd)                 # holds the lock; the writer opens the path itself
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise write_error(what, path, exc) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        lock.close()
 
 
 def check_writable(path: str, force: bool) -> None:
-    """Refuse an output path early (before any work): exists without force, or unwritable."""
+    """Refuse an output path early (before any work): a directory, exists without force, or unwritable."""
     path = os.fspath(path)
-    if os.path.exists(path) and not force:
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected the name of an output file")
+    if os.path.lexists(path) and not force:
         raise InputError(f"{path}: output file exists (use --force to overwrite)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise InputError(f"{path}: cannot write output: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
         raise InputError(f"{path}: cannot write output: directory {directory} is not writable")
+    try:                  # root passes os.access everywhere: try for real (an unnamed file where supported)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise InputError(f"{path}: cannot write output: cannot create a file in {directory} "
+                         f"({reason[:1].lower() + reason[1:]})") from None
+
+
+def same_file(a, b) -> str | None:
+    """How two paths name one file (None if they do not): same resolved path, or same (device, inode)."""
+    a, b = os.fspath(a), os.fspath(b)
+    if os.path.realpath(a) == os.path.realpath(b):
+        if os.path.abspath(a) == os.path.abspath(b):
+            return "same path"
+        return "through a symbolic link" if os.path.islink(a) or os.path.islink(b) else "same resolved path"
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return None
+    if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
+        return "a hard link"
+    return None
+
+
+def check_outputs(outputs, inputs=()) -> None:
+    """Refuse, before any work, outputs that would destroy an input or each other.
+
+    ``outputs``: ``(label, path, force)``; ``inputs``: ``(label, path)``
+    (None paths are skipped).  Like ``cp a a``, an output that resolves to an
+    input (same path, a symbolic link, a hard link) is refused whether or not
+    ``force`` is given; then each output must be a writable file name
+    (:func:`check_writable`).  One-line :class:`InputError` naming both paths.
+    """
+    outputs = [(label, os.fspath(p), force) for label, p, force in outputs if p is not None]
+    inputs = [(label, os.fspath(p)) for label, p in inputs if p is not None]
+    for k, (label, path, _) in enumerate(outputs):
+        for in_label, in_path in inputs:
+            how = same_file(path, in_path)
+            if how:
+                detail = "" if how == "same path" else f" ({how})"
+                raise InputError(f"{label} {path} is the same file as {in_label} {in_path}{detail}: "
+                                 f"refusing to overwrite an input")
+        for other_label, other, _ in outputs[:k]:
+            how = same_file(path, other)
+            if how:
+                detail = "" if how == "same path" else f" ({how})"
+                raise InputError(f"{label} {path} is the same file as {other_label} {other}{detail}: "
+                                 f"two outputs cannot share a file")
+    for label, path, force in outputs:
+        check_writable(path, force)
 
 
 def _open_read(path: str, expected_format: str) -> h5py.File:
@@ -99,20 +366,116 @@ def _open_read(path: str, expected_format: str) -> h5py.File:
         raise InputError(f"{path}: not an HDF5 file") from None
     fmt = f.attrs.get("format")
     if isinstance(fmt, bytes):
-        fmt = fmt.decode()
-    if fmt != expected_format:
+        fmt = fmt.decode("utf-8", "replace")
+    if not isinstance(fmt, str) or fmt != expected_format:
         f.close()
         raise InputError(f"{path}: attribute 'format' is {fmt!r}, expected {expected_format!r}")
-    version = int(f.attrs.get("format_version", -1))
-    if version != FORMAT_VERSION:
+    # a number equal to FORMAT_VERSION; text ('one'), arrays and other versions are refused
+    version = f.attrs.get("format_version")
+    version = version.item() if isinstance(version, np.generic) else version
+    if isinstance(version, bool) or not isinstance(version, (int, float)) or version != FORMAT_VERSION:
         f.close()
-        raise InputError(f"{path}: attribute 'format_version' is {version}, this hpcmtl reads version {FORMAT_VERSION}")
+        shown = "missing" if version is None else repr(version.tolist() if isinstance(version, np.ndarray) else version)
+        raise InputError(f"{path}: attribute 'format_version' is {shown}, this hpcmtl reads version {FORMAT_VERSION}")
     return f
 
 
 # ---------------------------------------------------------------------------
 # Task datasets
 # ---------------------------------------------------------------------------
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_Y_SALT = np.uint64(0xD6E8FEB86659FD93)
+_MASK = (1 << 64) - 1
+_CHUNK = 1 << 20          # elements hashed at a time (bounds the temporaries to a few MB)
+
+
+def _mix(z):
+    """splitmix64's finalizer, in place on a uint64 array (arithmetic wraps modulo 2**64)."""
+    z ^= z >> np.uint64(30)
+    z *= _M1
+    z ^= z >> np.uint64(27)
+    z *= _M2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _element_sum(rows, cols, bits, n_features) -> int:
+    """sum_e mix((row_e * d + col_e) * golden ^ bits_e) mod 2**64 over equally long uint64 arrays."""
+    key = rows * np.uint64(n_features) + cols      # broadcasts (rows x 1) + (1 x d) for dense blocks
+    key *= _GOLDEN
+    key ^= bits
+    return int(_mix(key).sum(dtype=np.uint64))
+
+
+def fingerprint_rows(X, y, row_start: int, n_features: int):
+    """Additive content fingerprint of rows ``row_start ..`` of a task: ``(x_sum, y_sum)``.
+
+    Every stored element of ``X`` (dense: all of them; CSR: the stored
+    entries) and every label contributes a 64-bit mixed hash of (global row,
+    column, IEEE bits) to a sum modulo 2**64, so the sums of row ranges add up
+    to the task's (:func:`fingerprint_hex`).  About 1 GB/s, in chunks.
+    """
+    total = 0
+    if sp.issparse(X):
+        data = np.ascontiguousarray(X.data, dtype=np.float64).view(np.uint64)
+        indices, indptr = np.asarray(X.indices), np.asarray(X.indptr, dtype=np.int64)
+        for s in range(0, data.size, _CHUNK):
+            e = slice(s, s + _CHUNK)
+            stop = min(s + _CHUNK, data.size)
+            r0 = int(np.searchsorted(indptr, s, side="right")) - 1             # rows holding entries s..stop-1
+            r1 = int(np.searchsorted(indptr, stop - 1, side="right"))
+            counts = np.diff(np.clip(indptr[r0:r1 + 1], s, stop))
+            rows = np.repeat(np.arange(row_start + r0, row_start + r1, dtype=np.uint64), counts)
+            total += _element_sum(rows, indices[e].astype(np.uint64), data[e], n_features)
+    else:
+        bits = np.ascontiguousarray(X, dtype=np.float64).view(np.uint64)
+        cols = np.arange(bits.shape[1], dtype=np.uint64)
+        step = max(1, _CHUNK // max(1, bits.shape[1]))
+        for s in range(0, bits.shape[0], step):
+            b = bits[s:s + step]
+            rows = np.arange(row_start + s, row_start + s + b.shape[0], dtype=np.uint64)[:, None]
+            total += _element_sum(rows, cols[None, :], b, n_features)
+    ybits = np.ascontiguousarray(y, dtype=np.float64).view(np.uint64)
+    key = np.arange(row_start, row_start + ybits.size, dtype=np.uint64)
+    key *= _GOLDEN
+    key += _Y_SALT
+    key ^= ybits
+    return total & _MASK, int(_mix(key).sum(dtype=np.uint64))
+
+
+def fingerprint_hex(x_sum: int, y_sum: int) -> str:
+    """The fingerprint as 32 hex digits (features, then labels)."""
+    return f"{x_sum & _MASK:016x}{y_sum & _MASK:016x}"
+
+
+def combine_fingerprints(parts, n_rows: int) -> str | None:
+    """A task's fingerprint from ``(start, stop, x_sum, y_sum)`` of row ranges covering ``0..n_rows`` once.
+
+    None when the ranges do not cover the task exactly (nothing to compare with).
+    """
+    whole = [p for p in parts if p[0] == 0 and p[1] == n_rows]
+    if whole:                       # the task was read in one piece (perhaps besides its blocks)
+        return fingerprint_hex(whole[0][2], whole[0][3])
+    x = y = pos = 0
+    for start, stop, xs, ys in sorted(parts):
+        if start != pos:
+            return None
+        x, y, pos = x + xs, y + ys, stop
+    return fingerprint_hex(x, y) if pos == n_rows else None
+
+
+def duplicate_name(names):
+    """(name, first index, second index) of the first repeated task name, or None."""
+    seen = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            return name, seen[name], i
+        seen[name] = i
+    return None
+
+
 def _array(group, name, data):
     """A dataset; large arrays are chunked by rows and gzip-1 compressed (readable by h5dump)."""
     data = np.asarray(data)
@@ -158,8 +521,12 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
     if len(Xs) != len(ys) or len(Xs) == 0:
         raise InputError(f"{path}: need one label vector per task and at least one task")
     names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
-    if len(set(names)) != len(names):
-        raise InputError(f"{path}: task names are not unique")
+    if len(names) != len(Xs):
+        raise InputError(f"{path}: {len(names)} task names for {len(Xs)} tasks")
+    dup = duplicate_name(names)
+    if dup:
+        raise InputError(f"{path}: task name '{dup[0]}' is used by tasks #{dup[1]} and #{dup[2]} "
+                         f"(task names must be unique)")
     storage = "csr" if any(sp.issparse(X) for X in Xs) else "dense"
     d = None
     mats = []
@@ -169,7 +536,7 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         _check_task(path, i, names[i], X, y, d)
         d = X.shape[1]
         mats.append((X, y))
-    with atomic_h5(path, force=force) as f:
+    with atomic_h5(path, force=force, what="data file") as f:
         f.attrs["format"] = TASKS_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["n_tasks"] = len(mats)
@@ -177,7 +544,8 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         f.attrs["storage"] = storage
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
-        table = np.zeros(len(mats), dtype=[("name", h5py.string_dtype()), ("n_samples", "i8"), ("nnz", "i8")])
+        table = np.zeros(len(mats), dtype=[("name", h5py.string_dtype()), ("n_samples", "i8"), ("nnz", "i8"),
+                                           ("fingerprint", h5py.string_dtype())])
         for i, (X, y) in enumerate(mats):
             g = f.create_group(_task_group(i))
             g.create_dataset("y", data=y)
@@ -190,7 +558,7 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
             else:
                 _array(g, "X", X)
                 nnz = int(np.count_nonzero(X))
-            table[i] = (names[i], X.shape[0], nnz)
+            table[i] = (names[i], X.shape[0], nnz, fingerprint_hex(*fingerprint_rows(X, y, 0, d)))
         f.create_dataset(_TABLE, data=table)
         for group, arrays in ((_TRUTH, truth), (_PREPROCESSING, preprocessing)):
             if arrays:
@@ -239,9 +607,23 @@ class TaskFile(_OpenFile):
         if len(table) != self.n_tasks:
             self.close()
             raise InputError(f"{self.path}: '{_TABLE}' has {len(table)} rows but n_tasks is {self.n_tasks}")
-        self.names = [n.decode() if isinstance(n, bytes) else str(n) for n in table["name"]]
-        self.n_samples = np.asarray(table["n_samples"], dtype=np.int64)
-        self.nnz = np.asarray(table["nnz"], dtype=np.int64)
+        try:
+            self.names = [n.decode() if isinstance(n, bytes) else str(n) for n in table["name"]]
+            self.n_samples = np.asarray(table["n_samples"], dtype=np.int64)
+            self.nnz = np.asarray(table["nnz"], dtype=np.int64)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            self.close()
+            raise InputError(f"{self.path}: '{_TABLE}' needs the columns name, n_samples and nnz ({exc})") from None
+        dup = duplicate_name(self.names)
+        if dup:
+            self.close()
+            raise InputError(f"{self.path}: '{_TABLE}': task name '{dup[0]}' is used by tasks #{dup[1]} and #{dup[2]} "
+                             f"(task names must be unique)")
+        # written by write_tasks since fingerprints exist; None for older files
+        self.fingerprints = ([v.decode() if isinstance(v, bytes) else str(v) for v in table["fingerprint"]]
+                             if "fingerprint" in (table.dtype.names or ()) else None)
+        # (start, stop, x_sum, y_sum) of every row range read, per task: fingerprints of what was read
+        self.read_parts: dict = {}
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
 
     def task_index(self, name) -> int:
@@ -294,7 +676,12 @@ class TaskFile(_OpenFile):
             raise InputError(f"{where}: cannot read task data: {exc}") from None
         y = np.asarray(y, dtype=np.float64)
         _check_task(self.path, i, self.names[i], X, y, self.n_features)
+        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(X, y, start, self.n_features)
         return TaskBlock(i, self.names[i], n, start, X, y, part)
+
+    def read_fingerprints(self) -> dict:
+        """{task index: (start, stop, x_sum, y_sum) list} of the rows read so far (see :func:`combine_fingerprints`)."""
+        return {i: [(a, b, xs, ys) for (a, b), (xs, ys) in parts.items()] for i, parts in self.read_parts.items()}
 
     def read_task(self, i: int) -> TaskBlock:
         return self.read_block(i)
@@ -358,7 +745,7 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
     ``groups`` adds further ``/<group>/<name>`` arrays (e.g. a regularization path).
     Sigma may be None for methods without a task covariance.
     """
-    with atomic_h5(path, force=force) as f:
+    with atomic_h5(path, force=force, what="result") as f:
         f.attrs["format"] = RESULT_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["config"] = json.dumps(config, sort_keys=True)
@@ -414,14 +801,16 @@ def read_result(path) -> dict:
 # ---------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------
-def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: dict):
+def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: dict, fingerprints: dict | None = None):
     """Full training state, written atomically (the previous checkpoint survives a crash).
 
     ``arrays``: server state (B, Sigma, rho, history columns); ``blocks``: one
     dict per task block with ``task, part, start, stop`` and the arrays
-    ``alpha``, ``order`` (coordinate order) and ``shrink`` (shrinking state).
+    ``alpha``, ``order`` (coordinate order) and ``shrink`` (shrinking state);
+    ``fingerprints``: ``{task name: content fingerprint}`` of the training data
+    read (``/fingerprints/{name,value}``; verified on resume).
     """
-    with atomic_h5(path, force=True) as f:
+    with atomic_h5(path, force=True, what="checkpoint") as f:
         f.attrs["format"] = CHECKPOINT_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["config"] = json.dumps(config, sort_keys=True)
@@ -437,6 +826,10 @@ def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: d
             h.create_dataset("alpha", data=np.asarray(b["alpha"], dtype=np.float64))
             h.create_dataset("order", data=np.asarray(b["order"], dtype=np.int32))
             h.create_dataset("shrink", data=np.asarray(b["shrink"], dtype=np.float64))
+        if fingerprints:
+            g = f.create_group(_FINGERPRINTS)
+            g.create_dataset("name", data=np.array(list(fingerprints), dtype=h5py.string_dtype()))
+            g.create_dataset("value", data=np.array(list(fingerprints.values()), dtype=h5py.string_dtype()))
 
 
 def read_checkpoint(path) -> dict:
@@ -450,6 +843,9 @@ def read_checkpoint(path) -> dict:
                 "blocks": [dict({k: int(h.attrs[k]) for k in ("task", "part", "start", "stop")},
                                 alpha=h["alpha"][()], order=h["order"][()], shrink=h["shrink"][()])
                            for h in f["blocks"].values()],
+                "fingerprints": ({_text(n): _text(v) for n, v in zip(f[_FINGERPRINTS]["name"][()],
+                                                                     f[_FINGERPRINTS]["value"][()])}
+                                 if _FINGERPRINTS in f else None),     # None: written before fingerprints
             }
         except KeyError as exc:
             raise InputError(f"{path}: incomplete checkpoint (missing {exc.args[0]})") from None
@@ -459,9 +855,36 @@ def read_checkpoint(path) -> dict:
 # Online streams (one shared instance per round, k labels)
 # ---------------------------------------------------------------------------
 def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=True):
-    """A multilabel stream: ``/X`` CSR (T x d) by rows, ``/Y`` (T x k) in {-1, 0, +1}.
+    """Write an online stream (format ``hpcmtl-stream``): public API, the file ``train online --stream`` reads.
 
-    A 0 label marks a dormant task on that round (paper 004, Sec. 9).
+    Round t shows instance ``X[t]`` and reveals labels ``Y[t]``: ``/X`` CSR
+    (T x d) by rows, ``/Y`` (T x k) in {-1, 0, +1}.  A 0 label marks a dormant
+    task on that round (paper 004, Sec. 9): it is neither predicted nor updated.
+    A single-label stream over C classes is one-hot (+1 on the round's class,
+    -1 on the others), the input of ``train online --code``.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The output file, written under a temporary name and renamed when complete.
+    X : (T, d) array or sparse matrix
+        One instance a round (stored as CSR float64; every value finite).
+    Y : (T, k) array
+        Labels in {-1, 0, +1}.
+    label_names : list of str, optional
+        One unique name a label column (default ``label0``, ``label1``, ...).
+    truth : dict of arrays, optional
+        Ground truth of synthetic data, stored under ``/truth``.
+    attrs : dict, optional
+        Extra root attributes (strings or numbers), e.g. the source of the data.
+    force : bool
+        Overwrite an existing file.
+
+    Raises
+    ------
+    InputError
+        Shapes that do not match, non-finite X, labels outside -1/0/+1,
+        repeated label names.
     """
     X = sp.csr_matrix(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
@@ -470,7 +893,11 @@ def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=Tru
     if not (np.all(np.isfinite(X.data)) and np.all(np.isin(Y, (-1.0, 0.0, 1.0)))):
         raise InputError(f"{path}: field 'X' must be finite and 'Y' in -1/0/+1")
     names = [str(n) for n in (label_names if label_names is not None else [f"label{j}" for j in range(Y.shape[1])])]
-    with atomic_h5(path, force=force) as f:
+    dup = duplicate_name(names)
+    if dup:
+        raise InputError(f"{path}: label name '{dup[0]}' is used by labels #{dup[1]} and #{dup[2]} "
+                         f"(label names must be unique)")
+    with atomic_h5(path, force=force, what="data file") as f:
         f.attrs["format"] = STREAM_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["n_rounds"] = X.shape[0]
@@ -515,6 +942,11 @@ class StreamFile(_OpenFile):
             self.close()
             raise InputError(f"{self.path}: field 'X' or 'Y': shapes do not match n_rounds={self.n_rounds}, "
                              f"n_labels={self.n_labels}")
+        dup = duplicate_name(self.label_names)
+        if dup:
+            self.close()
+            raise InputError(f"{self.path}: field 'label_names': label name '{dup[0]}' is used by labels #{dup[1]} "
+                             f"and #{dup[2]} (label names must be unique)")
 
     def info(self) -> dict:
         """Summary for ``hpcmtl data info`` (reads the labels, not the instances)."""

@@ -39,10 +39,16 @@ def test_killed_worker_ends_the_job_and_resume_is_bitwise(data, tmp_path):
     tr, _, reference = data
     out = tmp_path / "r.h5"
     args = ["train", "dmtrl", "--train", tr, "--out", out, "--quiet", "--checkpoint-every", "5"] + SETTINGS
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HPCMTL_FAULT="2:33:kill"))
+    for line in proc.stderr:                     # the rank says when it dies (MPI start-up not timed)
+        if "injected kill" in line:
+            break
     t = time.monotonic()
-    r = run_hpcmtl(args, n_ranks=3, env={"HPCMTL_FAULT": "2:33:kill"}, timeout=60)
+    proc.communicate(timeout=60)
     elapsed = time.monotonic() - t
-    assert r.returncode != 0 and elapsed < 10, (r.returncode, elapsed)
+    assert proc.returncode != 0 and elapsed < 10, (proc.returncode, elapsed)
     assert not out.exists()
     ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
     assert ck["counters"]["round"] == 30                         # the last checkpoint before the kill
@@ -76,7 +82,7 @@ def test_signal_checkpoints_and_exits_75_then_resume_is_bitwise(data, tmp_path, 
     tr, _, reference = data
     out = tmp_path / "r.h5"
     cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcmtl", "train", "dmtrl", "--train", str(tr),
-           "--out", str(out)] + SETTINGS
+           "--out", str(out), "--progress-seconds", "0"] + SETTINGS
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(2000):
         line = proc.stdout.readline()
@@ -180,6 +186,16 @@ def bad_files(tmp, tr):
     with h5py.File(ragged, "a") as f:
         del f["tasks/000001/X"]
         f["tasks/000001"].create_dataset("X", data=np.ones((3, 5)))
+    dupnames = tmp / "dupnames.h5"
+    store.write_tasks(dupnames, [np.ones((3, 2))] * 2, [np.ones(3)] * 2, names=["a", "b"])
+    with h5py.File(dupnames, "a") as f:
+        table = f["task_table"][()]
+        table["name"][1] = "a"
+        f["task_table"][...] = table
+    trcopy = tmp / "trcopy.h5"                 # a training file the case may try to overwrite
+    trcopy.write_bytes(open(tr, "rb").read())
+    outdir = tmp / "outdir"
+    outdir.mkdir()
     return locals()
 
 
@@ -201,6 +217,12 @@ CASES = [
     ("unknown option", ["--lamda", "1"], r"unrecognized arguments: --lamda 1. Did you mean '--lam'?"),
     ("unknown loss", ["--loss", "hing"], r"Got 'hing' instead. Did you mean 'hinge'?"),
     ("unwritable output", ["--out", "/proc/hpcmtl/r.h5"], r"cannot write output: directory /proc/hpcmtl does not exist"),
+    ("duplicate task names", ["--train", "{dupnames}"], r"dupnames.h5: 'task_table': task name 'a' is used by tasks #0 and #1"),
+    ("checkpoint is the training file", ["--train", "{trcopy}", "--checkpoint", "{trcopy}"],
+     r"trcopy.h5 is the same file as --train"),
+    ("out is the test file", ["--test", "{trcopy}", "--out", "{trcopy}"], r"trcopy.h5 is the same file as --test"),
+    ("out is a directory", ["--out", "{outdir}"], r"outdir: is a directory, expected the name of an output file"),
+    ("checkpoint is a directory", ["--checkpoint", "{outdir}"], r"outdir: is a directory, expected the name of an output file"),
 ]
 
 
@@ -224,6 +246,8 @@ def test_bad_input_matrix(data, tmp_path, name, change, message):
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not out.exists() and not any(p.startswith(".result.h5") for p in os.listdir(tmp_path))
+    assert open(files["trcopy"], "rb").read() == open(tr, "rb").read()      # an input is never written
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
 
 
 def test_existing_result_is_refused_unless_force(data, tmp_path):
