@@ -1,5 +1,6 @@
 """hpcmtl data synth / split / info and the synthetic generators' ground truth."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -107,3 +108,52 @@ def test_data_errors_exit_2_with_one_line(tmp_path):
     r = run_hpcmtl(["data", "synth", "dmtrl3", tmp_path / "x.h5"])
     assert r.returncode == 2
     assert "invalid choice: 'dmtrl3'" in r.stderr and "Did you mean 'dmtrl" in r.stderr
+
+
+# -- task files with a damaged header: one line, exit 2 (the HDF5 layout itself is store.py's) ------
+def damaged_task_file(path, change):
+    import h5py
+    store.write_tasks(path, [np.ones((3, 2)), np.zeros((2, 2))], [np.ones(3), -np.ones(2)], names=["p", "q"])
+    with h5py.File(path, "a") as f:
+        change(f)
+
+
+def drop_table_column(column):
+    def change(f):
+        table = f["task_table"][()]
+        keep = [name for name in table.dtype.names if name != column]
+        new = np.zeros(len(table), dtype=[(name, table.dtype[name]) for name in keep])
+        for name in keep:
+            new[name] = table[name]
+        del f["task_table"]
+        f["task_table"] = new
+    return change
+
+
+def set_attr(key, value):
+    def change(f):
+        f.attrs[key] = value
+    return change
+
+
+TASK_FILE_FAULTS = [
+    ("format_version one", set_attr("format_version", "one"), "attribute 'format_version' is 'one', this hpcmtl reads version 1"),
+    ("format_version 1.5", set_attr("format_version", 1.5), "attribute 'format_version' is 1.5, this hpcmtl reads version 1"),
+    ("format_version array", set_attr("format_version", np.array([1, 1])), "attribute 'format_version' is"),
+    ("format_version missing", lambda f: f.attrs.__delitem__("format_version"), "attribute 'format_version' is missing"),
+    ("task table without name", drop_table_column("name"), "'task_table'"),
+]
+
+
+@pytest.mark.parametrize("name,change,message", TASK_FILE_FAULTS, ids=[c[0] for c in TASK_FILE_FAULTS])
+@pytest.mark.parametrize("command", ["info", "split"])
+def test_damaged_task_file_header_is_one_line_exit_2(tmp_path, capsys, command, name, change, message):
+    from hpcmtl.cli import main
+    bad = tmp_path / "bad.h5"
+    damaged_task_file(bad, change)
+    args = {"info": ["data", "info", str(bad)],
+            "split": ["data", "split", str(bad), str(tmp_path / "tr.h5"), str(tmp_path / "te.h5")]}[command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"bad.h5: {message}" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["bad.h5"]
