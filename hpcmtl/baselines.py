@@ -20,8 +20,9 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from . import _kernels
-from .dmtrl import (DMTRLConfig, GapHistory, TrainResult, alternate, block_seed, check_sigma, omega_step,
-                    primal_dual)
+from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, alternate, block_seed, check_sigma,
+                    omega_step, primal_dual)
+from .engine import check_finite_rows, check_scale
 from .features import rff_map
 from .losses import check_labels, get_loss
 
@@ -37,7 +38,9 @@ class _Centralized:
         for i in range(source.n_tasks):
             blk = source.read_task(i)
             check_labels(self.loss, blk.y, f"{source.path}: task '{blk.name}' (#{i})")
-            blocks.append(blk.transformed(phi) if phi is not None else blk)
+            blk = blk.transformed(phi) if phi is not None else blk
+            check_scale(blk, f"{source.path}: task '{blk.name}' (#{i})", self.loss)
+            blocks.append(blk)
         self.blocks = blocks
         self.names = list(source.names)
         self.m = len(blocks)
@@ -50,6 +53,7 @@ class _Centralized:
         self.offsets = np.concatenate([[0], np.cumsum(self.n.astype(np.int64))])
         self.alpha = np.zeros(int(self.offsets[-1]))
         self.history = GapHistory()
+        self.outer_state = OuterState()
         self.t0 = time.perf_counter()
         self.round = 0
 
@@ -61,21 +65,25 @@ class _Centralized:
         terms = np.array([_kernels.objective_terms(*b.rows, b.y, self.alpha_of(i), self.WT[i],
                                                    self.loss.kernel_id, cfg.gamma)
                           for i, b in enumerate(self.blocks)])
+        check_finite_rows(terms, self.round, self.names, "loss or conjugate sum", outer)
+        check_finite_rows(self.WT, self.round, self.names, "W column", outer)
         primal, dual = primal_dual(terms[:, 0], terms[:, 1], self.n, self.BT, self.WT, cfg.lam)
         return self.history.record(self.round, outer, primal, dual, time.perf_counter() - self.t0, 0)
 
     def omega(self):
         self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
+        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer_state.p)
         self.WT = self.Sigma @ self.BT / self.config.lam
 
     def result(self, converged, method):
         config = dict(self.config.to_dict(), method=method)
         return TrainResult(W=self.WT.T.copy(), Sigma=self.Sigma.copy(), history=self.history.arrays(),
                            config=config, task_names=self.names, converged=converged, n_rounds=self.round,
-                           seconds=time.perf_counter() - self.t0, bytes_moved=0, rho=1.0)
+                           seconds=time.perf_counter() - self.t0, bytes_moved=0, rho=1.0,
+                           wsteps=self.outer_state.wstep_arrays())
 
 
-def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None) -> TrainResult:
+def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=None) -> TrainResult:
     """Single-machine SDCA over all coordinates, exact W after every step."""
     config.validate()
     state = _Centralized(source, config, sigma_fixed)
@@ -104,16 +112,16 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None) -> Train
                     return row, True
         return row, False
 
-    converged = alternate(config, w_step, state.omega)
+    converged = alternate(config, w_step, state.omega, state.outer_state, warn)
     return state.result(converged, "ssdca")
 
 
-def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None) -> TrainResult:
+def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=None) -> TrainResult:
     """Centralized MTRL: exact for the squared loss, SSDCA to 1e-10 otherwise."""
     config.validate()
     if config.loss != "squared":
         tight = dataclasses.replace(config, tol=min(config.tol, 1e-10), max_rounds=max(config.max_rounds, 5000))
-        result = ssdca(source, tight, sigma_fixed, progress)
+        result = ssdca(source, tight, sigma_fixed, progress, warn)
         result.config["method"] = "mtrl-central"
         return result
     state = _Centralized(source, config, sigma_fixed)
@@ -141,5 +149,5 @@ def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None) -
             progress(row)
         return row, True
 
-    converged = alternate(config, w_step, state.omega)
+    converged = alternate(config, w_step, state.omega, state.outer_state, warn)
     return state.result(converged, "mtrl-central")

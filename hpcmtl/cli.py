@@ -14,6 +14,7 @@ import sys
 
 from . import __version__
 from .errors import InputError
+from .progress import DEFAULT_SECONDS
 
 TRAIN_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central", "l1inf", "online")
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
@@ -93,12 +94,26 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     # -- data ---------------------------------------------------------------
     data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
-    conv = dsub.add_parser("convert", help="convert a public format into a task dataset")
-    conv.add_argument("--format", required=True, choices=("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters"))
+    conv = dsub.add_parser("convert", help="convert a public format into a task dataset or a stream")
+    conv.add_argument("--format", required=True,
+                      choices=("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters", "tasks"),
+                      help="tasks: an hpcmtl task dataset (to relabel it, or with --stream)")
     conv.add_argument("inputs", nargs="+", metavar="IN")
     conv.add_argument("output", metavar="OUT.h5")
     conv.add_argument("--test-out", metavar="TEST.h5", help="mnist/reuters: also write the test split")
-    conv.add_argument("--stream", action="store_true", help="reuters: write online streams instead of task datasets")
+    conv.add_argument("--stream", action="store_true",
+                      help="write an online stream (train online --stream): a task dataset gives one label column "
+                           "a task; a file without task ids gives one column a class or a label")
+    conv.add_argument("--shuffle", action="store_true", help="--stream: rows in a random order drawn from --seed")
+    conv.add_argument("--positive-label", metavar="L", default=None,
+                      help="labels equal to L become +1, all others -1 (a number or text)")
+    conv.add_argument("--labels", metavar="MAP", default=None,
+                      help="a full label mapping LABEL:VALUE,... such as 0:-1,1:1 or spam:1,ham:-1 (write "
+                           "--labels=-1:1,... when it starts with a minus); an unmapped label is an error")
+    conv.add_argument("--features", metavar="COLS", default=None,
+                      help="csv: the feature columns: names or 0-based indices, ranges 3-7 or x1:x9, comma-separated")
+    conv.add_argument("--drop", metavar="COLS", default=None,
+                      help="csv: columns that are not features (as --features)")
     conv.add_argument("--online", action="store_true", help="reuters --stream: one stream of every ModApte document "
                       "in original order, hashed log-count features (paper 004)")
     conv.add_argument("--single-label", type=_count("--single-label"), default=None, metavar="N",
@@ -106,9 +121,11 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     conv.add_argument("--min-docs", type=_count("--min-docs"), default=100, help="reuters: minimum training documents of a topic")
     conv.add_argument("--n-features", type=_count("--n-features"), default=None,
                       help="svmlight: number of features; mds: hashing dimension (10000); reuters: vocabulary size (20000)")
-    conv.add_argument("--task-column", default="task")
-    conv.add_argument("--label-column", default="y")
-    conv.add_argument("--seed", type=_count("--seed", 0), default=0)
+    conv.add_argument("--task-column", default=None,
+                      help="csv: the task column (default 'task'; with --stream a file without it is single-label)")
+    conv.add_argument("--label-column", default="y", help="csv: the label column")
+    conv.add_argument("--seed", type=_count("--seed", 0), default=0,
+                      help="mnist: the negatives drawn; --shuffle: the order of the rounds")
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
     split = dsub.add_parser("split", help="split every task into train and test (stratified for +-1 labels)")
@@ -128,6 +145,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     info = dsub.add_parser("info", help="tasks, sizes, nnz, label balance")
     info.add_argument("input", metavar="FILE.h5")
     info.add_argument("--json", action="store_true")
+
+    insp = dsub.add_parser("inspect", help="what a .mat/.csv/.npz/.svm/.h5 file holds and how to convert it")
+    insp.add_argument("input", metavar="FILE")
+    insp.add_argument("--json", action="store_true", help="the same as one JSON object")
 
     synth = dsub.add_parser("synth", help="generate the papers' synthetic data (with ground truth)")
     synth.add_argument("name", choices=SYNTH_NAMES)
@@ -156,7 +177,15 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--outer-tol", type=float, default=1e-5)
     tr.add_argument("--local-iters", type=_positive_float("--local-iters"), default=1.0,
                     help="local SDCA steps per round, as a multiple of the block's rows")
-    tr.add_argument("--eta", type=_positive_float("--eta"), default=1.0)
+    tr.add_argument("--eta", type=_positive_float("--eta"), default=1.0,
+                    help="safe aggregation: the step applied to every local update (paper 001's eta); other "
+                         "aggregations: the largest step")
+    tr.add_argument("--aggregation", choices=("qp", "adaptive", "line", "safe"), default="qp",
+                    help="how the workers' local steps are combined (dmtrl, stl, fixed, graph): 'safe' is paper "
+                         "001's Lemma 6.7 rho (its experiments as published); the others take optimistic local "
+                         "steps and the exact dual-maximizing step per task with momentum (qp, the default; "
+                         "adaptive: also adapts each task's rho) or one common step (line). All keep the "
+                         "duality-gap certificate and dual ascent")
     tr.add_argument("--gap-every", type=_count("--gap-every"), default=1)
     tr.add_argument("--seed", type=_count("--seed", 0), default=0)
     tr.add_argument("--rff-dim", type=_count("--rff-dim", 0), default=0)
@@ -201,8 +230,9 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     tr.add_argument("--quiet", action="store_true", help="same as --log-level error")
     tr.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                     help="info: progress and summary; warning: summary only; error: errors only")
-    tr.add_argument("--progress-seconds", type=float, default=0.0, metavar="S",
-                    help="in a log (not a terminal) print at most one progress line every S seconds")
+    tr.add_argument("--progress-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
+                    help="in a log (not a terminal) print at most one progress line every S seconds, plus "
+                         "the last line of every outer step; 0 prints every round (default %(default)g)")
 
     ev = sub.add_parser("evaluate", help="test metrics of a result file")
     ev.add_argument("result", metavar="RESULT.h5")
@@ -233,6 +263,7 @@ def build_parser():  # noqa: C901 - one flat description of the command line
 # ---------------------------------------------------------------------------
 def cmd_data(args):
     from . import store
+    store.check_outputs(*data_paths(args))          # before any work: no output may be an input
     if args.data_command == "info":
         stream = store.file_format(args.input) == store.STREAM_FORMAT
         with (store.StreamFile if stream else store.TaskFile)(args.input) as f:
@@ -259,6 +290,8 @@ def cmd_data(args):
         return data_standardize(args)
     if args.data_command == "synth":
         return data_synth(args)
+    if args.data_command == "inspect":
+        return data_inspect(args)
     return data_convert(args)
 
 
@@ -347,71 +380,144 @@ def data_synth(args):
     return 0
 
 
+def _convert_rule(args, binary=False):
+    """The --positive-label / --labels rule of ``data convert`` (None when labels stay as read)."""
+    from . import converters
+    return converters.label_rule(args.positive_label, args.labels, binary)
+
+
+def _convert_attrs(args, **extra):
+    attrs = {"source_format": args.format}
+    if args.positive_label is not None:
+        attrs["label_map"] = f"--positive-label {args.positive_label}"
+    elif args.labels is not None:
+        attrs["label_map"] = f"--labels {args.labels}"
+    attrs.update(extra)
+    return attrs
+
+
+def check_convert_options(args):
+    """Options of ``data convert`` that do not fit the format (one line, before reading anything)."""
+    fmt, inputs = args.format, args.inputs
+    if fmt in ("csv", "reuters", "tasks") and len(inputs) != 1:
+        raise InputError(f"{fmt} takes one input, got {len(inputs)}: {', '.join(inputs)}")
+    if args.test_out and fmt not in ("mnist", "reuters"):
+        raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
+    if args.test_out and args.stream and fmt != "reuters":
+        raise InputError("--test-out with --stream is only for reuters; split a stream's source first")
+    if args.shuffle and not args.stream:
+        raise InputError("--shuffle orders the rounds of a stream: add --stream (task datasets keep the file's order)")
+    for option, value in (("--features", args.features), ("--drop", args.drop)):
+        if value is not None and fmt != "csv":
+            raise InputError(f"{option} selects CSV columns; --format {fmt} has none")
+
+
 def data_convert(args):
     from . import converters, store
     outputs = [args.output] + ([args.test_out] if args.test_out else [])
     for path in outputs:
         store.check_writable(path, args.force)
+    check_convert_options(args)
     fmt, inputs = args.format, args.inputs
+    if args.stream:
+        return reuters_stream(args) if fmt == "reuters" else data_stream(args)
+    labels = _convert_rule(args)
     test = None
-    attrs = {"source_format": fmt}
+    attrs = _convert_attrs(args)
     if fmt == "malsar":
-        if len(inputs) != 1:
-            raise InputError("malsar takes one .mat file")
-        train = converters.from_malsar(inputs[0])
+        train = converters.from_malsar(inputs, labels)
     elif fmt == "svmlight":
-        train = converters.from_svmlight(inputs, args.n_features)
+        train = converters.from_svmlight(inputs, args.n_features, labels)
     elif fmt == "csv":
-        train = converters.from_csv(inputs[0], args.task_column, args.label_column)
+        train = converters.from_csv(inputs[0], args.task_column or "task", args.label_column, args.features,
+                                    args.drop, labels, report=print)
     elif fmt == "npz":
-        train = converters.from_npz(inputs[0])
+        train = converters.from_npz(inputs, labels)
+    elif fmt == "tasks":
+        train = converters.from_task_file(inputs[0], labels)
     elif fmt == "mnist":
         if len(inputs) == 1 and os.path.isdir(inputs[0]):
             d = inputs[0]
             train = converters.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
-                                                os.path.join(d, "train-labels-idx1-ubyte.gz"), args.seed)
+                                                os.path.join(d, "train-labels-idx1-ubyte.gz"), args.seed, labels)
             if args.test_out:
                 test = converters.mnist_one_vs_all(os.path.join(d, "t10k-images-idx3-ubyte.gz"),
-                                                   os.path.join(d, "t10k-labels-idx1-ubyte.gz"), args.seed)
+                                                   os.path.join(d, "t10k-labels-idx1-ubyte.gz"), args.seed, labels)
         else:
-            train = converters.from_mnist(inputs, args.seed)
+            train = converters.from_mnist(inputs, args.seed, labels)
     elif fmt == "mds":
-        train = converters.from_mds(inputs, args.n_features or 10000)
+        train = converters.from_mds(inputs, args.n_features or 10000, labels)
     else:  # reuters
-        if args.stream:
-            return reuters_stream(args)
-        train, test = converters.from_reuters(inputs[0], args.min_docs, args.n_features or 20000)
+        train, test = converters.from_reuters(inputs[0], args.min_docs, args.n_features or 20000, labels)
+    if args.test_out and test is None:
+        raise InputError(f"{inputs[0]}: no ModApte TEST documents for --test-out" if fmt == "reuters"
+                         else "mnist --test-out needs the MNIST directory (the t10k files are read from it)")
+    if labels is not None:
+        labels.check_used(", ".join(inputs))
     store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force)
     written = [args.output]
     if args.test_out:
-        if test is None:
-            raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
         store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force)
         written.append(args.test_out)
     print("wrote " + " and ".join(written))
     return 0
 
 
+def data_stream(args):
+    """``data convert --stream`` of every format but reuters: any task dataset or labeled file -> a stream."""
+    from . import converters, store
+    labels = converters.LabelRule(args.positive_label, args.labels, binary=True)
+    X, Y, names, what = converters.stream_from(
+        args.format, args.inputs, labels, n_features=args.n_features, task_column=args.task_column,
+        label_column=args.label_column, features=args.features, drop=args.drop, seed=args.seed, report=print)
+    extra = {"order": "file"}
+    if args.shuffle:
+        X, Y = converters.shuffle_rows(X, Y, args.seed)
+        extra = {"order": "shuffled", "shuffle_seed": args.seed}
+    store.write_stream(args.output, X, Y, label_names=names, force=args.force, attrs=_convert_attrs(args, **extra))
+    print(f"wrote {args.output}: {X.shape[0]} rounds, {X.shape[1]} features, {len(names)} label column"
+          f"{'s' if len(names) > 1 else ''} ({what}{'; shuffled' if args.shuffle else ''}): "
+          f"{converters.short_list(names)}")
+    return 0
+
+
 def reuters_stream(args):
     from . import converters, store
+    labels = _convert_rule(args)
+    extra = {"order": "shuffled", "shuffle_seed": args.seed} if args.shuffle else {}
+
+    def write(path, X, Y, topics, split, **attrs):
+        Y = converters.map_stream_labels(Y, topics, f"{args.inputs[0]} ({split})", labels)
+        if args.shuffle:
+            X, Y = converters.shuffle_rows(X, Y, args.seed)
+        store.write_stream(path, X, Y, label_names=topics, force=args.force,
+                           attrs=_convert_attrs(args, **{**attrs, **extra}))
+
     if args.online:
         X, Y, topics = converters.reuters_online(args.inputs[0], args.n_features or 2 ** 16,
                                                  args.min_docs, args.single_label)
-        store.write_stream(args.output, X, Y, label_names=topics, force=args.force,
-                           attrs={"source_format": "reuters", "order": "NEWID"})
+        write(args.output, X, Y, topics, "stream", order="NEWID")
         print(f"wrote {args.output}: {X.shape[0]} rounds, {len(topics)} labels")
         return 0
     train, test = converters.read_reuters(args.inputs[0])
     topics = converters.reuters_topics(train, args.min_docs)
     Xtr, Xte = converters.reuters_features(train, test, args.n_features or 20000)
-    store.write_stream(args.output, Xtr, converters.reuters_labels(train, topics), label_names=topics,
-                       attrs={"source_format": "reuters"}, force=args.force)
+    write(args.output, Xtr, converters.reuters_labels(train, topics), topics, "ModApte TRAIN")
     written = [args.output]
     if args.test_out:
-        store.write_stream(args.test_out, Xte, converters.reuters_labels(test, topics), label_names=topics,
-                           attrs={"source_format": "reuters"}, force=args.force)
+        write(args.test_out, Xte, converters.reuters_labels(test, topics), topics, "ModApte TEST")
         written.append(args.test_out)
     print("wrote " + " and ".join(written))
+    return 0
+
+
+def data_inspect(args):
+    from . import converters
+    info = converters.inspect_file(args.input)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print("\n".join(converters.inspection_lines(info)))
     return 0
 
 
@@ -437,6 +543,7 @@ def config_from_args(args):
     return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
+                       aggregation=args.aggregation,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
                        method=args.method).validate()
 
@@ -478,6 +585,63 @@ def check_inputs(args):
             raise InputError("method 'online' reads --stream, not --train")
     elif args.train is None:
         raise InputError(f"method '{args.method}' needs --train TRAIN.h5")
+
+
+def _existing_file(path):
+    return path if path is not None and os.path.isfile(path) else None
+
+
+def train_paths(args, checkpoint):
+    """(outputs, inputs) of ``hpcmtl train`` for :func:`hpcmtl.store.check_outputs`."""
+    inputs = [("--train", args.train), ("--stream", args.stream), ("--test", args.test),
+              ("--sigma", _existing_file(args.sigma)), ("--graph", _existing_file(args.graph)),
+              ("--code", _existing_file(args.code))]
+    outputs = [("--out", args.out, args.force), ("--checkpoint" if args.checkpoint else "checkpoint", checkpoint, True)]
+    return outputs, inputs
+
+
+def data_paths(args):
+    """(outputs, inputs) of an ``hpcmtl data`` command (files inside an input directory count as inputs)."""
+    force = getattr(args, "force", False)
+    if args.data_command == "convert":
+        inputs = []
+        for path in args.inputs:
+            inputs.append(("input", path))
+            if os.path.isdir(path):
+                with os.scandir(path) as entries:
+                    inputs += [("input", e.path) for e in entries if e.is_file()]
+        return [("output", args.output, force), ("--test-out", args.test_out, force)], inputs
+    if args.data_command == "split":
+        return [("train output", args.train, force), ("test output", args.test, force)], [("input", args.input)]
+    if args.data_command == "standardize":
+        test_in, test_out = args.test or (None, None)
+        return ([("output", args.output, force), ("--test output", test_out, force)],
+                [("input", args.train), ("--test input", test_in)])
+    if args.data_command == "synth":
+        return [("output", args.output, force), ("--test", args.test, force)], []
+    return [], []
+
+
+def check_report_paths(args):
+    """``hpcmtl report``: --out is a directory (made if missing) whose files must not be any input."""
+    from . import store
+    from .results import REPORT_FILES
+    inputs = [("input", p) for p in args.results]
+    out = args.out
+    if os.path.lexists(out) and not os.path.isdir(out):
+        store.check_outputs([("--out", out, True)], inputs)          # names the input if it is one
+        raise InputError(f"{out}: report --out must be a directory, this is a file")
+    names = list(REPORT_FILES)
+    if args.csv:
+        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results]
+    if os.path.isdir(out):
+        store.check_outputs([("report file", os.path.join(out, n), True) for n in names], inputs)
+        return
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise InputError(f"{out}: cannot make the report directory: {parent} is not a writable directory")
 
 
 def cmd_train_online(args, cluster, signals, checkpoint):
@@ -531,11 +695,15 @@ def cmd_train(args, cluster):
     if args.quiet:
         args.log_level = "error"
     config = config_from_args(args) if args.method != "online" else None   # identical on every rank
-    store.check_writable(args.out, args.force)
     checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
-    store.check_writable(checkpoint, True)
-    if args.resume and not os.path.exists(checkpoint):
-        raise InputError(f"{checkpoint}: no checkpoint to resume from")
+    error = None
+    try:                                            # before any work; every rank fails together
+        store.check_outputs(*train_paths(args, checkpoint))
+        if args.resume and not os.path.exists(checkpoint):
+            raise InputError(f"{checkpoint}: no checkpoint to resume from")
+    except InputError as exc:
+        error = str(exc)
+    cluster.agree(error)
     if args.method == "online":
         return cmd_train_online(args, cluster, signals, checkpoint)
     source = store.TaskFile(args.train)
@@ -561,9 +729,11 @@ def cmd_train(args, cluster):
             raise InputError(f"checkpoints are for the distributed methods, not '{args.method}'")
         if not cluster.is_server:
             return None                             # centralized baselines run on rank 0 only
-        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, sigma, progress=progress)
+        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, sigma, progress=progress,
+                                                                     warn=warn_line(args))
         if test_source is not None:
-            result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source)
+            result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source,
+                                          result.task_names)
     else:
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
@@ -576,15 +746,37 @@ def cmd_train(args, cluster):
             progress and progress.close()
             return write_l1inf_result(args, cluster, source, result)
         result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress,
-                       checkpointer=checkpointer, resume=resume)
+                       checkpointer=checkpointer, resume=resume, warn=warn_line(args, progress))
     progress and progress.close()
     if result is None:
         return None
-    h = result.history
-    summary = (f"{'converged' if result.converged else 'NOT converged (max rounds reached)'}, "
-               f"relative gap {h['rel_gap'][-1]:.3e}")
-    return save_result(args, cluster, source, result, result.Sigma,
-                       {"model": {"rho": result.rho, "converged": int(result.converged)}}, summary)
+    h, steps = result.history, result.wsteps
+    n_bad = int(len(steps["converged"]) - steps["converged"].sum()) if len(steps.get("converged", [])) else 0
+    if result.converged:
+        summary = f"converged: every W-step certified, relative gap {h['rel_gap'][-1]:.3e}"
+    else:
+        summary = (f"NOT converged: {n_bad} of {len(steps['converged'])} W-steps reached max rounds "
+                   f"(worst relative gap {float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}); "
+                   f"last relative gap {h['rel_gap'][-1]:.3e}")
+    result = save_result(args, cluster, source, result, result.Sigma,
+                         {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps},
+                         summary)
+    if not result.converged and args.log_level != "error":
+        print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
+              f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
+              f"raise --max-rounds", file=sys.stderr, flush=True)
+    return result
+
+
+def warn_line(args, progress=None):
+    """Rank 0's one stderr line per W-step that ended unconverged (kept at every --log-level but error)."""
+    def warn(message):
+        if args.log_level == "error":
+            return
+        if progress is not None and getattr(progress, "tty", False) and progress.show:
+            print(file=progress.stream, flush=True)          # end the live progress line first
+        print(f"hpcmtl: warning: {message}", file=sys.stderr, flush=True)
+    return warn
 
 
 def save_result(args, cluster, source, result, sigma, groups, summary):
@@ -633,8 +825,32 @@ def write_l1inf_result(args, cluster, source, result):
     return save_result(args, cluster, source, result, None, {"path": path}, summary)
 
 
-def evaluate_arrays(W, config, test_source):
-    """Per-task and summary metrics of a model on a test task source."""
+def match_tasks(model_names, test_source, model_path=None):
+    """Pairs (model column, test task index) matched by task name; refuses a different task set."""
+    names = list(test_source.names)
+    model_names = list(model_names)
+    if set(names) != set(model_names) or len(names) != len(model_names):
+        def listed(items):
+            shown = ", ".join(f"'{n}'" for n in items[:3])
+            return shown + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+        test_set, model_set = set(names), set(model_names)
+        missing = [n for n in model_names if n not in test_set]
+        extra = [n for n in names if n not in model_set]
+        parts = ([f"missing the model's task(s) {listed(missing)}"] if missing else []) + \
+                ([f"task(s) {listed(extra)} not in the model"] if extra else [])
+        raise InputError(f"{test_source.path}: its tasks differ from the model's"
+                         + (f" ({model_path})" if model_path else "") + ": " + "; ".join(parts))
+    where = {n: i for i, n in enumerate(names)}
+    return [(j, where[n]) for j, n in enumerate(model_names)]
+
+
+def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
+    """Per-task and summary metrics of a model on a test task source.
+
+    With the model's ``task_names`` test tasks are matched to model columns by
+    name (a test file in another task order gives the same metrics; another
+    task set is refused); without, by position.
+    """
     import numpy as np
 
     from .features import feature_map_from_config
@@ -645,13 +861,17 @@ def evaluate_arrays(W, config, test_source):
     if test_source.n_features != n_features:
         raise InputError(f"{test_source.path}: has {test_source.n_features} features, the model was trained on {n_features}")
     phi = feature_map_from_config(config, n_features)
-    if test_source.n_tasks != W.shape[1]:
+    if task_names is not None and len(task_names) == W.shape[1]:
+        pairs = match_tasks(task_names, test_source, model_path)
+    elif test_source.n_tasks != W.shape[1]:
         raise InputError(f"{test_source.path}: has {test_source.n_tasks} tasks, the model has {W.shape[1]}")
+    else:
+        pairs = [(i, i) for i in range(W.shape[1])]
     tasks = []
-    for i in range(test_source.n_tasks):
+    for column, i in pairs:
         blk = test_source.read_task(i)
         X = phi(blk.X) if phi is not None else blk.X
-        scores = np.asarray(X @ W[:, i]).ravel()
+        scores = np.asarray(X @ W[:, column]).ravel()
         tasks.append(dict(name=blk.name, **task_metrics(blk.y, scores, not loss.binary_labels)))
     return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}
 
@@ -660,7 +880,8 @@ def cmd_evaluate(args):
     from . import store
     result = store.read_result(args.result)
     with store.TaskFile(args.test) as test_source:
-        metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source)
+        metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
+                                  result["model"].get("task_names"), args.result)
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -712,6 +933,7 @@ def _main(argv=None):
             return 0
         if args.command == "report":
             from .results import history_csv, report
+            check_report_paths(args)
             written = report(args.results, args.out)
             if args.csv:
                 for path in args.results:

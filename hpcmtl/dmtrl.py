@@ -20,11 +20,45 @@ column back (Scatterv).  Omega-step (learned relationships): on the server,
 ``rho = eta max_i sum_i' |sigma_ii'| / sigma_ii`` (Lemma 6.7, generalized to
 tasks split into several blocks).  alpha carries over.
 
+Aggregation (how the workers' local steps are combined; every choice keeps the
+certificate: P and D are computed exactly from alpha and B, and D never decreases):
+
+* ``safe``: the paper's rule.  Local subproblems use Lemma 6.7's rho and every
+  step is applied with the fixed ``eta``.
+* ``qp`` (the default) / ``adaptive`` / ``line``: workers solve their local
+  subproblems with an optimistic per-task ``rho_i`` (start 1) and keep the step
+  ``delta_alpha`` pending; they send ``delta b`` plus two per-task scalars of the
+  conjugate along the step.  Along per-task steps ``eta in [0, 1]^m``
+  (the box stays feasible by convexity) the dual is exactly the concave quadratic::
+
+      D(alpha + eta o delta) - D(alpha) = g . eta - eta^T A eta / 2,
+      g_i = -w_i . db_i - c1_i / n_i,   A = (Sigma o dB^T dB) / lam + diag(c2_i / n_i)
+
+  with ``sum_j l*(-(a_j + e delta_j)) = sum_j l*(-a_j) + e c1 + e^2 c2 / 2`` (hinge:
+  ``c1 = -sum y delta``; smoothed hinge: ``c1 = sum (gamma a - y) delta``,
+  ``c2 = gamma sum delta^2``; squared: ``c1 = sum (a - y) delta``, ``c2 = sum
+  delta^2``; logistic: the chord ``c1 = sum l*(-(a + delta)) - l*(-a)``, ``c2 = 0``,
+  an upper bound of the convex conjugate, so the model is a lower bound of D).
+  The server maximizes it over the box (``qp``, ``adaptive``) or over one common
+  eta (``line``), applies ``B += dB diag(eta)`` and sends each block its eta with
+  w_i; workers apply ``alpha += eta_i delta_alpha``.  ``adaptive`` also moves
+  each ``rho_i`` between 1 and the task's own Lemma 6.7 bound: up when its step
+  had to be shortened, down when it was taken whole.  ``qp`` and ``adaptive``
+  add momentum: each task's previous step p_i is a second direction (squared
+  loss: unbounded, an exact block-Jacobi preconditioned subspace step; box
+  losses: p_i kept where a whole further step stays feasible, steps bounded so
+  that the combination stays in the box; see :func:`uses_momentum`), and
+  squared-loss subproblems are solved exactly (:meth:`LocalBlocks.exact_step`).
+  Server work per round: ``[dB, dP]^T [dB, dP]`` (O(d m^2), the order of
+  ``W = B Sigma / lam``) and a QP over m or 2m numbers; traffic: one or two
+  d-vectors and a few scalars a block up, one d-vector and 3 scalars down.
+
 Relationship modes: ``learned`` (DMTRL), ``identity`` (STL: Sigma fixed at I/m)
 and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,11 +66,14 @@ import numpy as np
 from . import _kernels
 from . import engine
 from .checkpoint import read_compatible
-from .engine import LocalBase, ServerBase, load_blocks, peak_rss_mb
+from .engine import LocalBase, ServerBase, check_finite_rows, load_blocks, nan_fault, peak_rss_mb
 from .errors import ConvergenceError, InputError
-from .losses import LOSSES, check_choice, get_loss
+from .losses import LOSSES, check_choice, conjugate_reference, get_loss
 
 RELATIONSHIPS = ("learned", "identity", "fixed")
+AGGREGATIONS = ("qp", "adaptive", "line", "safe")
+LOCAL_SOLVERS = ("auto", "sdca", "exact")
+EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 
 # server-driven commands (ids shared by every rank)
 CMD_SDCA = 1          # a = global round: local SDCA on every block -> Gatherv delta b
@@ -44,6 +81,14 @@ CMD_SET_W = 2         # a = 1 to also return objective terms: Scatterv w columns
 CMD_SET_SIGMA = 3     # Bcast sigma_ii per task and rho
 CMD_GET_STATE = 4     # Gatherv alpha, coordinate order and shrinking state of every block (checkpoint)
 CMD_SET_STATE = 5     # Scatterv the same (resume)
+CMD_TRIAL = 6         # a = global round: local SDCA kept pending -> Gatherv [delta b, c1, c2] per block
+CMD_APPLY = 7         # a = 1 to also return objective terms: Scatterv [w, eta, beta, rho] per block
+CMD_GET_PREVIOUS = 8  # Gatherv every block's previous step (momentum state, checkpoint)
+CMD_SET_PREVIOUS = 9  # Scatterv the same (resume)
+
+
+class DMTRLConvergenceWarning(UserWarning):
+    """A W-step ended at max_rounds above its tolerance: that W is not certified at tol."""
 
 
 @dataclass
@@ -58,7 +103,7 @@ class DMTRLConfig:
     outer_tol: float = 1e-5         # relative change of the objective between W-steps
     local_iters: float = 1.0        # H as a multiple of each block's rows
     seed: int = 0
-    eta: float = 1.0                # aggregation parameter
+    eta: float = 1.0                # safe aggregation: the step; other aggregations: the largest step
     gap_every: int = 1              # compute the gap every k rounds
     relationship: str = "learned"
     eig_floor: float = 1e-8         # eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest
@@ -66,6 +111,8 @@ class DMTRLConfig:
     rff_gamma: float = 1.0
     split_tasks: bool = False       # split tasks larger than a worker's share over several workers
     shrinking: bool = True          # liblinear-style shrinking in local SDCA (hinge, smoothed hinge)
+    aggregation: str = "qp"         # qp | adaptive | line | safe (Lemma 6.7, the paper's rule)
+    local_solver: str = "auto"      # sdca | exact (squared loss: the local subproblem solved exactly) | auto
     method: str = "dmtrl"
 
     def validate(self, owner="DMTRL"):
@@ -73,6 +120,13 @@ class DMTRLConfig:
             raise InputError(f"The '{name}' parameter of {owner} must be {rule}. Got {value!r} instead.")
         check_choice("loss", self.loss, LOSSES, owner)
         check_choice("relationship", self.relationship, RELATIONSHIPS, owner)
+        check_choice("aggregation", self.aggregation, AGGREGATIONS, owner)
+        check_choice("local_solver", self.local_solver, LOCAL_SOLVERS, owner)
+        if self.local_solver == "exact" and self.aggregation == "safe":
+            bad("local_solver", "'sdca' or 'auto' with the safe aggregation (the paper's local SDCA)", self.local_solver)
+        if self.local_solver == "exact" and self.loss != "squared":
+            bad("local_solver", "'sdca' or 'auto' for the " + self.loss + " loss ('exact' solves squared-loss "
+                "subproblems)", self.local_solver)
         for name in ("lam", "tol", "local_iters", "eta", "gamma", "eig_floor"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
@@ -111,6 +165,7 @@ class TrainResult:
     rho: float
     test: dict | None = None        # {"tasks": [...], "summary": {...}}
     extra: dict = field(default_factory=dict)
+    wsteps: dict = field(default_factory=dict)   # per W-step: outer, round (last), rel_gap, converged
 
 
 # ---------------------------------------------------------------------------
@@ -146,15 +201,134 @@ def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float
     return float(eta * np.max((A @ s) / np.diag(Sigma)))
 
 
-class OuterState:
-    """Where the outer loop is: the current outer step and the previous W-step's objective."""
+def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
+    """Per-task Lemma 6.7 bounds ``(sum_i' s_i' |sigma_ii'|) / sigma_ii`` (their maximum is :func:`safe_rho`).
 
-    def __init__(self, p=0, previous=None):
+    ``tr(dB Sigma dB^T) <= sum_i bound_i sigma_ii ||db_i||^2`` (Gershgorin on
+    ``Sigma o dB^T dB``), so a task whose local subproblem uses its own bound
+    never needs a step below 1; the adaptive aggregation keeps rho_i in [1, bound_i].
+    """
+    A = np.abs(Sigma)
+    s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
+    return (A @ s) / np.diag(Sigma)
+
+
+QP_ITERATIONS = 60
+
+
+def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_ITERATIONS,
+           rtol: float = 1e-12) -> np.ndarray:
+    """``argmax_x g.x - x.A.x / 2`` over ``0 <= x <= upper`` (A symmetric positive semidefinite; upper >= 0,
+    a number or one per coordinate).
+
+    An active-set Newton method: coordinates at a bound whose gradient points
+    out of the box are held; the Newton step on the others (Cholesky; a
+    pseudo-inverse, or the ray along which the objective is linear, when the
+    free block is singular) is tried projected onto the box, which may change
+    many bounds at once, and when that does not gain, taken up to the first
+    bound it meets, which always gains.  Starts from the best of 0, every
+    coordinate alone (scaled back as a whole) and ``start`` (the previous
+    round's answer: few iterations when the active set barely moves).
+    Deterministic (fixed operations in a fixed order); never worse than 0.
+    """
+    from scipy.linalg import LinAlgError, cho_factor, cho_solve
+    m = g.size
+    if m == 0:
+        return np.zeros(0)
+    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (m,)).copy()
+    top = float(np.max(upper))
+    diag = np.diag(A).copy()
+    scale = max(float(np.max(np.abs(diag))), float(np.max(np.abs(g))) / max(top, 1e-300), 1e-300)
+    dscale = np.where(diag > 1e-12 * scale, diag, 1e-12 * scale)
+    snap = 1e-12 * upper
+
+    def snapped(v):          # a coordinate a rounding error away from a bound is at the bound
+        return np.where(v <= snap, 0.0, np.where(v >= upper - snap, upper, v))
+
+    def gain(v):
+        return float(g @ v - 0.5 * v @ (A @ v))
+
+    x, best = np.zeros(m), 0.0
+    alone = np.clip(g / dscale, 0.0, upper)
+    slope, curv = float(g @ alone), float(alone @ (A @ alone))
+    candidates = [alone * (slope / curv) if curv > slope > 0 else alone]
+    if start is not None and np.shape(start) == (m,) and np.all(np.isfinite(start)):
+        candidates.append(np.clip(np.asarray(start, dtype=np.float64), 0.0, upper))
+    for c in candidates:
+        c = snapped(c)
+        value = gain(c)
+        if value > best:
+            x, best = c, value
+    for _ in range(max_iter):
+        grad = g - A @ x
+        free = ~(((x <= 0.0) & (grad <= 0.0)) | ((x >= upper) & (grad >= 0.0)))
+        if not free.any() or float(np.max(np.abs(grad[free]))) <= rtol * scale * max(top, 1.0):
+            break
+        step = np.zeros(m)
+        ray = False
+        while free.any():
+            F = np.flatnonzero(free)
+            AF = A[np.ix_(F, F)]
+            step[:] = 0.0
+            try:
+                factor = cho_factor(AF, check_finite=False)
+                if float(np.min(np.abs(np.diag(factor[0])))) ** 2 < 1e-12 * float(np.max(np.diag(AF))):
+                    raise LinAlgError("nearly singular")
+                step[F] = cho_solve(factor, grad[F], check_finite=False)
+                ray = False
+            except LinAlgError:
+                w, V = np.linalg.eigh(AF)
+                keep = w > 1e-9 * max(float(w[-1]), 1e-300)
+                coef = V.T @ grad[F]
+                null = V[:, ~keep] @ coef[~keep]      # where the objective is linear: climb to a bound
+                ray = float(np.max(np.abs(null), initial=0.0)) > 1e-9 * float(np.max(np.abs(grad[F])))
+                step[F] = null if ray else V[:, keep] @ (coef[keep] / w[keep])
+            blocked = free & (((x <= 0.0) & (step < 0.0)) | ((x >= upper) & (step > 0.0)))
+            if not blocked.any():
+                break
+            free &= ~blocked
+        if not free.any():
+            break
+        if not ray:
+            trial = snapped(np.clip(x + step, 0.0, upper))      # many bounds at once
+            value = gain(trial)
+            if value > best:
+                x, best = trial, value
+                continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(step > 0, (upper - x) / step, np.where(step < 0, -x / step, np.inf))
+        t = float(np.min(room)) if ray else min(1.0, float(np.min(room)))
+        if not np.isfinite(t):
+            break
+        trial = snapped(np.clip(x + t * step, 0.0, upper))      # up to the first bound: gains for t > 0
+        value = gain(trial)
+        if not value > best:
+            break
+        x, best = trial, value
+    return x
+
+
+class OuterState:
+    """Where the outer loop is: the current outer step, the previous W-step's objective, each W-step's status."""
+
+    def __init__(self, p=0, previous=None, wsteps=None):
         self.p = p
         self.previous = previous
+        self.wsteps = list(wsteps or [])     # dicts: outer, round (last), rel_gap, converged
+
+    def wstep_arrays(self):
+        keys = ("outer", "round", "rel_gap", "converged")
+        return {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
+                for k in keys}
 
 
-def alternate(config, w_step, omega_update, state: OuterState | None = None):
+def unconverged_message(step, config):
+    return (f"W-step {step['outer'] + 1} ended unconverged at round {step['round']}: relative gap "
+            f"{step['rel_gap']:.3e} > tol {config.tol:g} (raise --max-rounds; the model of this step is not "
+            f"certified)")
+
+
+def alternate(config, w_step, omega_update, state: OuterState | None = None, warn=None):
     """The outer loop of Algorithm 1, shared by DMTRL and the centralized baselines.
 
     ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()``
@@ -162,20 +336,29 @@ def alternate(config, w_step, omega_update, state: OuterState | None = None):
     after ``config.outer`` W-steps, or when the objective changed by at most
     ``outer_tol`` relative to the previous W-step.  Always ends on a W-step, so
     the returned W is certified for the returned Sigma.  ``state`` lets a
-    resumed run continue where a checkpoint left the loop.
+    resumed run continue where a checkpoint left the loop.  Every W-step's
+    status is kept in ``state.wsteps``; ``warn(message)`` hears of each one that
+    ended unconverged.  Returns True when every W-step converged.
     """
     state = state or OuterState()
-    converged = False
+    warn = warn if warn is not None else (lambda msg: warnings.warn(msg, DMTRLConvergenceWarning, stacklevel=3))
     while state.p < config.outer:
         row, converged = w_step(state.p)
         objective = row["primal"]
+        step = {"outer": int(state.p), "round": int(row["round"]), "rel_gap": float(row["rel_gap"]),
+                "converged": int(bool(converged))}
+        state.wsteps.append(step)
+        if not converged:
+            warn(unconverged_message(step, config))
+        if not np.isfinite(objective):
+            raise ConvergenceError(f"non-finite objective {objective} after W-step {state.p + 1}")
         if (config.relationship != "learned" or state.p + 1 == config.outer or
                 (state.previous is not None and abs(objective - state.previous) <= config.outer_tol * abs(objective))):
             break
         state.previous = objective
         state.p += 1
         omega_update()
-    return converged
+    return all(w["converged"] for w in state.wsteps)
 
 
 def block_seed(seed: int, task: int, part: int, round_: int) -> int:
@@ -195,20 +378,28 @@ def primal_dual(loss_sums, conj_sums, n, BT, WT, lam):
 
 
 class GapHistory:
-    """Per-evaluation rows (round, outer, primal, dual, gap, rel_gap, seconds, bytes)."""
+    """Per-evaluation rows (round, outer, primal, dual, gap, rel_gap, seconds, bytes, step, rho).
 
-    COLUMNS = ("round", "outer", "primal", "dual", "gap", "rel_gap", "seconds", "bytes")
+    ``step``: the mean step over tasks applied in that round and ``rho``: the
+    largest rho of the local subproblems (NaN where not applicable).
+    """
+
+    COLUMNS = ("round", "outer", "primal", "dual", "gap", "rel_gap", "seconds", "bytes", "step", "rho")
 
     def __init__(self):
         self.rows = {k: [] for k in self.COLUMNS}
 
-    def record(self, round_, outer, primal, dual, seconds, bytes_moved):
+    def record(self, round_, outer, primal, dual, seconds, bytes_moved, step=np.nan, rho=np.nan):
+        for name, value in (("primal", primal), ("dual", dual)):
+            if not np.isfinite(value):
+                raise ConvergenceError(f"non-finite {name} objective {value} in round {round_} (outer step {outer})")
         gap = primal - dual
         if gap < -1e-9 * max(abs(primal), abs(dual), 1.0):
             raise ConvergenceError(f"negative duality gap {gap:.3e} (primal {primal:.12g}, dual {dual:.12g}) "
                                    f"at round {round_}: the dual iterate is inconsistent")
         row = {"round": round_, "outer": outer, "primal": primal, "dual": dual, "gap": gap,
-               "rel_gap": gap / max(abs(primal), 1e-300), "seconds": seconds, "bytes": bytes_moved}
+               "rel_gap": gap / max(abs(primal), 1e-300), "seconds": seconds, "bytes": bytes_moved,
+               "step": float(step), "rho": float(rho)}
         for k, v in row.items():
             self.rows[k].append(v)
         return row
@@ -221,8 +412,9 @@ class GapHistory:
                 for k, v in self.rows.items()}
 
     def restore(self, arrays):
+        n = len(arrays["history_round"])
         for k in self.COLUMNS:
-            self.rows[k] = list(arrays[f"history_{k}"])
+            self.rows[k] = list(arrays.get(f"history_{k}", np.full(n, np.nan)))
 
 
 # ---------------------------------------------------------------------------
@@ -236,6 +428,13 @@ class LocalBlocks(LocalBase):
         self.alpha = [np.zeros(b.n_rows) for b in blocks]
         self.sigma_ii = np.ones(len(blocks))
         self.rho = 1.0
+        self.rho_block = np.ones(len(blocks))      # per-block rho (aggregations other than safe)
+        self.pending = [None] * len(blocks)        # local steps waiting for their eta
+        self.exact = uses_exact_solver(config, self.d)
+        self.momentum = uses_momentum(config)
+        self.previous = [np.zeros(b.n_rows) for b in blocks]    # momentum: the step applied last round
+        self.pending_q = [None] * len(blocks)                   # box momentum: this round's p'
+        self.gram = [None] * len(blocks)           # exact solver: eigendecomposition of X^T X per block
         self.order = [np.arange(b.n_rows, dtype=np.int32) for b in blocks]
         self.reset_shrinking()
 
@@ -250,7 +449,9 @@ class LocalBlocks(LocalBase):
     def handlers(self):
         return {**super().handlers(),
                 CMD_SDCA: self.on_sdca, CMD_SET_W: self.on_set_w, CMD_SET_SIGMA: self.on_set_sigma,
-                CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state}
+                CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state,
+                CMD_TRIAL: self.on_trial, CMD_APPLY: self.on_apply,
+                CMD_GET_PREVIOUS: self.on_get_previous, CMD_SET_PREVIOUS: self.on_set_previous}
 
     def on_sdca(self, ctrl, payload, width):
         round_ = int(ctrl[1])
@@ -266,17 +467,111 @@ class LocalBlocks(LocalBase):
                 if old is not None:   # alpha <- alpha + eta delta_alpha
                     self.alpha[k] = old + cfg.eta * (self.alpha[k] - old)
                     out[k] *= cfg.eta
+                if nan_fault(round_, blk.task):
+                    out[k, 0] = np.nan
         return self.cluster.gather_block_rows(out, width)
 
-    def on_set_w(self, ctrl, payload, width):
-        self.w = self.cluster.scatter_block_rows(payload, width)
+    def on_trial(self, ctrl, payload, width):
+        """Local SDCA with each block's rho on a copy of alpha; the step stays pending.
+
+        Returns per block ``[delta b (d), c1, c2]``: the conjugate along the step,
+        ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` (exact for
+        hinge, smoothed hinge and squared; the chord, an upper bound, for logistic).
+        With momentum (squared loss) also ``[(a - y).p, p.p, delta.p]`` for the
+        previous step p.
+        """
+        round_ = int(ctrl[1])
+        cfg = self.config
+        d = {None: width - 2, "free": width - 5, "box": (width - 6) // 2}[self.momentum]
+        out = np.zeros((len(self.blocks), width))
+        for k, blk in enumerate(self.blocks):
+            with self.working_on(blk, round_):
+                a = self.alpha[k]
+                c = self.rho_block[k] * self.sigma_ii[k] / cfg.lam
+                if self.exact:
+                    delta = self.exact_step(k, c)
+                    out[k, :d] = np.asarray(blk.X.T @ delta).ravel() / blk.n_task
+                else:
+                    trial = a.copy()
+                    _kernels.sdca_local(*blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
+                                        self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma, c,
+                                        float(blk.n_task), cfg.local_iters,
+                                        block_seed(cfg.seed, blk.task, blk.part, round_))
+                    delta = trial - a
+                self.pending[k] = delta
+                c12 = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
+                if self.momentum != "box":
+                    out[k, d:d + 2] = c12
+                if self.momentum == "free":
+                    p = self.previous[k]
+                    out[k, d + 2:] = (float((a - blk.y) @ p), float(p @ p), float(delta @ p))
+                elif self.momentum == "box":
+                    q, beta_max = box_direction(a, self.previous[k], blk.y)
+                    self.pending_q[k] = q
+                    out[k, d:2 * d] = np.asarray(blk.X.T @ q).ravel() / blk.n_task     # [dB, dQ, c1, c2, ...]
+                    out[k, 2 * d:] = (*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma),
+                                      beta_max)
+                if nan_fault(round_, blk.task):
+                    out[k, 0] = np.nan
+        return self.cluster.gather_block_rows(out, width)
+
+    def exact_step(self, k, c):
+        """The squared-loss local subproblem solved exactly (what SDCA approaches as H grows).
+
+        Maximizes ``-sum l*(-(a + delta)) - delta^T X w - (c / (2 n)) ||X^T delta||^2``:
+        ``(I + (c/n) X X^T) delta = y - a - X w``, by Woodbury through the
+        block's ``X^T X = Q diag(s) Q^T`` (computed once):
+        ``delta = r - X Q diag(1 / (n/c + s)) Q^T X^T r``.
+        """
+        blk = self.blocks[k]
+        if self.gram[k] is None:
+            G = blk.X.T @ blk.X
+            G = G.toarray() if hasattr(G, "toarray") else np.asarray(G)
+            self.gram[k] = np.linalg.eigh(0.5 * (G + G.T))
+        s, Q = self.gram[k]
+        n = float(blk.n_task)
+        r = blk.y - self.alpha[k] - blk.decision(self.w[k])
+        z = Q @ ((Q.T @ np.asarray(blk.X.T @ r).ravel()) / (n / c + np.maximum(s, 0.0)))
+        return r - blk.decision(z)
+
+    def on_apply(self, ctrl, payload, width):
+        """Receive ``[w (d), eta, beta, rho]`` per block: ``alpha += eta delta + beta p``, next rho; objective terms.
+
+        ``delta`` is the pending local step and ``p`` the step applied in the
+        previous round (momentum, squared loss; beta = 0 otherwise).
+        """
+        d = width - 3
+        rows = self.cluster.scatter_block_rows(payload, width)
+        self.w = np.ascontiguousarray(rows[:, :d])
+        for k in range(len(self.blocks)):
+            eta, beta = float(rows[k, d]), float(rows[k, d + 1])
+            if self.pending[k] is not None:
+                step = eta * self.pending[k]
+                if self.momentum:
+                    q = self.previous[k] if self.momentum == "free" else self.pending_q[k]
+                    step = step + beta * q
+                    self.previous[k] = step
+                    self.pending_q[k] = None
+                if eta != 0.0 or beta != 0.0:
+                    self.alpha[k] = self.alpha[k] + step
+            self.pending[k] = None
+            self.rho_block[k] = float(rows[k, d + 2])
         if not ctrl[1]:
             return None
+        return self.objective_terms()
+
+    def objective_terms(self):
         terms = np.zeros((len(self.blocks), 2))
         for k, blk in enumerate(self.blocks):
             terms[k] = _kernels.objective_terms(*blk.rows, blk.y, self.alpha[k], self.w[k],
                                                 self.loss.kernel_id, self.config.gamma)
         return self.cluster.gather_block_rows(terms, 2)
+
+    def on_set_w(self, ctrl, payload, width):
+        self.w = self.cluster.scatter_block_rows(payload, width)
+        if not ctrl[1]:
+            return None
+        return self.objective_terms()
 
     def on_set_sigma(self, ctrl, payload, width):
         m = int(ctrl[1])
@@ -284,6 +579,17 @@ class LocalBlocks(LocalBase):
         self.sigma_ii = np.array([shared[b.task] for b in self.blocks])
         self.rho = float(shared[m])
         self.reset_shrinking()
+
+    def on_get_previous(self, ctrl, payload, width):
+        parts = [p for p in self.previous]
+        return self.cluster.gather_variable(np.concatenate(parts) if parts else np.zeros(0))
+
+    def on_set_previous(self, ctrl, payload, width):
+        mine = self.cluster.scatter_variable(payload)
+        pos = 0
+        for k, blk in enumerate(self.blocks):
+            self.previous[k] = mine[pos:pos + blk.n_rows].copy()
+            pos += blk.n_rows
 
     def on_get_state(self, ctrl, payload, width):
         """Per block, concatenated: alpha (n), coordinate order (n), shrinking state (5)."""
@@ -300,7 +606,80 @@ class LocalBlocks(LocalBase):
             self.alpha[k] = mine[pos:pos + n].copy()
             self.order[k] = mine[pos + n:pos + 2 * n].astype(np.int32)
             self.shrink[k] = mine[pos + 2 * n:pos + 2 * n + 5].copy()
+            self.pending[k] = None
             pos += 2 * n + 5
+
+
+def uses_exact_solver(config, d) -> bool:
+    """Squared-loss subproblems are solved exactly ('exact', or 'auto' with at most EXACT_MAX_FEATURES
+    features and an aggregation other than the paper's 'safe' rule); otherwise local SDCA."""
+    if config.local_solver == "exact":
+        return True
+    return (config.local_solver == "auto" and config.loss == "squared" and config.aggregation != "safe"
+            and d <= EXACT_MAX_FEATURES)
+
+
+def uses_momentum(config) -> str | None:
+    """Per-task steps also along each task's previous step p_i (momentum); None for 'safe' and 'line'.
+
+    ``'free'`` (squared loss, no box): the dual along ``alpha + eta_i delta_i +
+    beta_i p_i`` is an exact concave quadratic in ``(eta, beta)``, maximized
+    without bounds: at least as good a step as block-Jacobi preconditioned
+    conjugate gradients.  ``'box'`` (hinge, smoothed hinge, logistic): p_i
+    keeps only the coordinates that can move a whole further step inside the
+    box, ``beta_max`` is how far it can go, and the steps stay in
+    ``eta <= 1/2, beta <= beta_max / 2``, feasible by convexity."""
+    if config.aggregation not in ("qp", "adaptive"):
+        return None
+    return "free" if config.loss == "squared" else "box"
+
+
+BETA_CAP = 100.0          # box momentum: the furthest extension of the previous step
+
+
+def box_direction(a, p, y):
+    """The previous step p kept where a whole further step stays in the box ``0 <= y alpha <= 1``; ``beta_max``."""
+    b, yp = y * a, y * p
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.where(yp > 0, (1.0 - b) / yp, np.where(yp < 0, -b / yp, np.inf))
+    keep = (yp != 0) & (room >= 1.0)
+    if not keep.any():
+        return np.zeros_like(p), 0.0
+    return np.where(keep, p, 0.0), float(min(BETA_CAP, np.min(room[keep])))
+
+
+def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
+    """``(c1p, c2p, cross)`` of the conjugate along ``eta delta + beta q`` beyond :func:`conjugate_along`.
+
+    Quadratic conjugates: ``sum l*(-(a + eta delta + beta q)) - l*(-a) = eta c1 +
+    beta c1p + (eta^2 c2 + 2 eta beta cross + beta^2 c2p) / 2``.  Logistic: the
+    plane through the values at 0, delta and ``beta_max q`` bounds the convex
+    conjugate from above on that triangle (``c2p = cross = 0``).
+    """
+    if loss == "hinge":
+        return float(-(y @ q)), 0.0, 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ q), float(gamma * (q @ q)), float(gamma * (delta @ q))
+    if beta_max <= 0:
+        return 0.0, 0.0, 0.0
+    far = np.sum(conjugate_reference(loss, a + beta_max * q, y) - conjugate_reference(loss, a, y))
+    return float(far / beta_max), 0.0, 0.0
+
+
+def conjugate_along(loss, a, delta, y, gamma):
+    """``(c1, c2)`` with ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` for e in [0, 1].
+
+    Exact for the quadratic conjugates (hinge on its box, smoothed hinge,
+    squared); for the logistic loss the chord ``e (sum l*(-(a + delta)) - l*(-a))``,
+    which bounds the convex conjugate from above on [0, 1].
+    """
+    if loss == "hinge":
+        return float(-(y @ delta)), 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ delta), float(gamma * (delta @ delta))
+    if loss == "squared":
+        return float((a - y) @ delta), float(delta @ delta)
+    return float(np.sum(conjugate_reference(loss, a + delta, y) - conjugate_reference(loss, a, y))), 0.0
 
 # ---------------------------------------------------------------------------
 # The server's driver
@@ -309,9 +688,10 @@ class Server(ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
-                 checkpointer=None, test=False):
+                 checkpointer=None, test=False, warn=None):
         super().__init__(cluster, source, progress, checkpointer)
         self.config = config
+        self.safe = config.aggregation == "safe"
         self.d = config.rff_dim or source.n_features
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
         self.BT = np.zeros((self.m, self.d))
@@ -321,11 +701,17 @@ class Server(ServerBase):
             self.Sigma = np.eye(self.m) / self.m
         self.WT = np.zeros((self.m, self.d))
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
+        self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
+        self.step = np.zeros(self.m)             # the last round's per-task steps
+        self.momentum = uses_momentum(config)
+        self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
+        self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
         self.history = GapHistory()
         self.t = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
         self.want_test = test
         self.test = None
+        self.warn = warn
 
     @property
     def outer(self):
@@ -336,26 +722,156 @@ class Server(ServerBase):
         shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
         self.command(CMD_SET_SIGMA, self.m, payload=shared)
 
-    def push_w(self, with_objective: bool):
-        terms = self.command(CMD_SET_W, int(with_objective), payload=self.WT[self.block_task], width=self.d)
-        return terms
+    def push_w(self, with_objective: bool, eta=None, beta=None):
+        """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
+        if self.safe:
+            return self.command(CMD_SET_W, int(with_objective), payload=self.WT[self.block_task], width=self.d)
+        eta = np.zeros(self.m) if eta is None else eta
+        beta = np.zeros(self.m) if beta is None else beta
+        payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
+        return self.command(CMD_APPLY, int(with_objective), payload=payload, width=self.d + 3)
 
     # -- arithmetic ----------------------------------------------------------
     def recompute_w(self):
         self.WT = (self.Sigma @ self.BT) / self.config.lam      # W = B Sigma / lam
+        check_finite_rows(self.WT, self.round, self.names, "W column", self.outer)
 
     def objective(self, terms):
         """Primal and dual of the current alpha from per-block terms."""
         sums = self.per_task(terms)
+        check_finite_rows(sums, self.round, self.names, "loss or conjugate sum", self.outer)
         return primal_dual(sums[:, 0], sums[:, 1], self.n, self.BT, self.WT, self.config.lam)
 
     def record(self, primal, dual):
-        row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved)
+        step, rho = (self.config.eta, self.rho) if self.safe else (float(np.mean(self.step)), float(np.max(self.rho_task)))
+        row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved,
+                                  step, rho)
         if self.progress is not None:
             self.progress(row)
         return row
 
+    def steps(self, dBT, c1, c2):
+        """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
+
+        ``D(eta) - D = g . eta - eta^T A eta / 2`` exactly (a lower bound for the
+        logistic loss), with ``g_i = -w_i . db_i - c1_i / n_i`` and
+        ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
+        """
+        cfg = self.config
+        g = -np.einsum("ij,ij->i", self.WT, dBT) - c1 / self.n
+        A = self.Sigma * (dBT @ dBT.T) / cfg.lam + np.diag(c2 / self.n)
+        A = 0.5 * (A + A.T)
+        if cfg.aggregation == "line":
+            slope, curv = float(np.sum(g)), float(np.sum(A))
+            if slope <= 0:
+                return np.zeros(self.m)
+            e = cfg.eta if curv <= slope / cfg.eta else slope / curv
+            return np.full(self.m, e)
+        return box_qp(A, g, cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+
+    def steps_momentum(self, dBT, scalars):
+        """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
+
+        The same exact quadratic as :meth:`steps` over 2m directions (each
+        task's new local step and its previous step): ``D2 = [dB; dP]``,
+        ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
+        solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
+        dropped): the gain ``g^T A^+ g / 2`` is never negative.
+        """
+        m, lam = self.m, self.config.lam
+        c1, c2, c1p, pp, dp = scalars.T
+        D2 = np.vstack([dBT, self.dPT])
+        idx = np.concatenate([np.arange(m), np.arange(m)])
+        A = self.Sigma[np.ix_(idx, idx)] * (D2 @ D2.T) / lam
+        tasks = np.arange(m)
+        A[tasks, tasks] += c2 / self.n
+        A[tasks + m, tasks + m] += pp / self.n
+        A[tasks, tasks + m] += dp / self.n
+        A[tasks + m, tasks] += dp / self.n
+        A = 0.5 * (A + A.T)
+        g = -np.einsum("ij,ij->i", np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1p / self.n])
+        w, V = np.linalg.eigh(A)
+        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
+        v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
+        if not float(g @ v) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def steps_box_momentum(self, dBT, dQT, scalars):
+        """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
+        (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP."""
+        m, lam, cfg = self.m, self.config.lam, self.config
+        c1, c2, c1q, c2q, cross, beta_max = scalars.T
+        D2 = np.vstack([dBT, dQT])
+        idx = np.concatenate([np.arange(m), np.arange(m)])
+        A = self.Sigma[np.ix_(idx, idx)] * (D2 @ D2.T) / lam
+        tasks = np.arange(m)
+        A[tasks, tasks] += c2 / self.n
+        A[tasks + m, tasks + m] += c2q / self.n
+        A[tasks, tasks + m] += cross / self.n
+        A[tasks + m, tasks] += cross / self.n
+        A = 0.5 * (A + A.T)
+        g = -np.einsum("ij,ij->i", np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1q / self.n])
+        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+        gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
+        if not np.any(beta_max > 0):
+            return alone, np.zeros(m)
+        upper = np.concatenate([np.full(m, 0.5 * cfg.eta), 0.5 * np.minimum(beta_max, BETA_CAP)])
+        both = box_qp(A, g, upper, start=np.concatenate([self.step, self.beta]), max_iter=QP_ITERATIONS)
+        gain_both = float(g @ both - 0.5 * both @ (A @ both))
+        if gain_both > gain_alone:
+            return both[:m], both[m:]
+        return alone, np.zeros(m)
+
+    def adapt_rho(self, eta):
+        """adaptive: rho_i up (towards the task's Lemma 6.7 bound) when its step was cut, down when taken whole."""
+        if self.config.aggregation != "adaptive":
+            return
+        bound = np.maximum(task_rho_bounds(self.Sigma, self.blocks_per_task), 1.0)
+        full = eta >= 0.999 * self.config.eta
+        grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
+        rho = np.where(full, 0.5 * self.rho_task, self.rho_task * np.sqrt(grow))
+        self.rho_task = np.clip(rho, 1.0, bound)
+
     # -- the algorithm ---------------------------------------------------------
+    def round_safe(self, want_gap):
+        """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
+        rows = self.per_task(self.command(CMD_SDCA, self.round, width=self.d))
+        check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
+        self.BT += rows
+        self.recompute_w()
+        return self.push_w(want_gap)
+
+    def round_steps(self, want_gap):
+        """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
+        d = self.d
+        width = {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
+        rows = self.command(CMD_TRIAL, self.round, width=width)
+        if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
+            beta_max = np.full(self.m, np.inf)
+            np.minimum.at(beta_max, self.block_task, rows[:, -1])
+            rows = self.per_task(rows)
+            rows[:, -1] = beta_max
+        else:
+            rows = self.per_task(rows)
+        check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
+        dBT = rows[:, :d]
+        if self.momentum == "free":
+            eta, beta = self.steps_momentum(dBT, rows[:, d:])
+            self.dPT = eta[:, None] * dBT + beta[:, None] * self.dPT
+            self.BT += self.dPT
+        elif self.momentum == "box":
+            dQT = rows[:, d:2 * d]
+            eta, beta = self.steps_box_momentum(dBT, dQT, rows[:, 2 * d:])
+            self.BT += eta[:, None] * dBT + beta[:, None] * dQT
+        else:
+            eta, beta = self.steps(dBT, rows[:, d], rows[:, d + 1]), np.zeros(self.m)
+            self.BT += eta[:, None] * dBT
+        self.step, self.beta = eta, beta
+        self.recompute_w()
+        self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
+        return self.push_w(want_gap, eta, beta)
+
     def w_step(self):
         cfg = self.config
         rows = self.history.rows
@@ -363,10 +879,8 @@ class Server(ServerBase):
         while self.t < cfg.max_rounds:
             self.t += 1
             self.round += 1
-            self.BT += self.per_task(self.command(CMD_SDCA, self.round, width=self.d))
-            self.recompute_w()
             want_gap = self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds
-            terms = self.push_w(want_gap)
+            terms = self.round_safe(want_gap) if self.safe else self.round_steps(want_gap)
             if want_gap:
                 row = self.record(*self.objective(terms))
                 if row["rel_gap"] <= cfg.tol:
@@ -376,19 +890,47 @@ class Server(ServerBase):
 
     def omega(self):
         self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
+        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         self.recompute_w()
         self.push_sigma()
         self.push_w(False)
+        if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
+            self.dPT = np.zeros_like(self.dPT)
+            self.command(CMD_SET_PREVIOUS, payload=self.previous_payloads(None))
         self.t = 0
         self.safe_point()
+
+    def gather_previous(self):
+        """Every task's previous step (momentum state) as one vector of all rows, tasks in file order."""
+        pieces = self.command(CMD_GET_PREVIOUS)
+        full = [np.zeros(int(n)) for n in self.n]
+        by_rank = {}
+        for b in self.blocks:
+            by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
+        for rank, blocks in sorted(by_rank.items()):
+            pos = 0
+            for b in blocks:
+                full[b.task][b.start:b.stop] = pieces[rank][pos:pos + b.n_rows]
+                pos += b.n_rows
+        return np.concatenate(full) if full else np.zeros(0)
+
+    def previous_payloads(self, full):
+        """Per rank, its blocks' slices of ``full`` (zeros when None), under the current plan."""
+        offsets = np.concatenate([[0], np.cumsum(self.n.astype(np.int64))])
+        pieces = [[] for _ in range(self.cluster.size)]
+        for b in self.blocks:
+            rows = (np.zeros(b.n_rows) if full is None
+                    else full[offsets[b.task] + b.start:offsets[b.task] + b.stop])
+            pieces[self.cluster.worker_rank(b.worker)].append(rows)
+        return [np.concatenate(p) if p else np.zeros(0) for p in pieces]
 
     def run(self, resume=None):
         if resume is not None:
             self.restore(resume())        # read (and checked) on the server, workers already serving
         else:
             self.push_sigma()
-        converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state)
+        converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
         if self.want_test:
             self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
         return converged
@@ -400,10 +942,14 @@ class Server(ServerBase):
                    "alpha": alpha, "order": order, "shrink": shrink}
                   for b, alpha, order, shrink in self.gather_state()]
         arrays = {"BT": self.BT, "Sigma": self.Sigma, "rho": np.array(self.rho)}
+        if not self.safe:
+            arrays.update(rho_task=self.rho_task, step=self.step)
+        if self.momentum:
+            arrays.update(beta=self.beta, dPT=self.dPT, previous=self.gather_previous())
         arrays.update(self.history.checkpoint_arrays())
         counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
-                    "bytes": self.cluster.bytes_moved}
+                    "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps}
         return arrays, blocks, counters
 
     def gather_state(self):
@@ -425,31 +971,45 @@ class Server(ServerBase):
     def restore(self, ck):
         """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
         from .checkpoint import block_payloads
+        for key, default in (("aggregation", "safe"), ("local_solver", "auto")):
+            saved, now = ck["config"].get(key, default), getattr(self.config, key)
+            if saved != now:
+                raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
         self.BT = ck["arrays"]["BT"].copy()
         self.Sigma = ck["arrays"]["Sigma"].copy()
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        if not self.safe:
+            self.rho_task = np.asarray(ck["arrays"]["rho_task"], dtype=np.float64).copy()
+            self.step = np.asarray(ck["arrays"]["step"], dtype=np.float64).copy()
+        if self.momentum:
+            self.beta = np.asarray(ck["arrays"]["beta"], dtype=np.float64).copy()
+            self.dPT = np.asarray(ck["arrays"]["dPT"], dtype=np.float64).copy()
         c = ck["counters"]
         self.round, self.t = int(c["round"]), int(c["t"])
-        self.outer_state = OuterState(int(c["outer"]), c["previous"])
+        self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])
         self.recompute_w()
         self.push_sigma()                                  # also resets shrinking: restored next
         self.command(CMD_SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
+        if self.momentum:
+            self.command(CMD_SET_PREVIOUS, payload=self.previous_payloads(np.asarray(ck["arrays"]["previous"])))
         self.push_w(False)
 
 
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,
-          checkpointer=None, resume=None):
+          checkpointer=None, resume=None, warn=None):
     """Run DMTRL (or STL / a fixed Sigma) on every rank; the server returns a TrainResult.
 
     ``source`` / ``test_source`` are task sources (:class:`hpcmtl.store.TaskFile`
     or :class:`hpcmtl.estimators.MemoryTasks`): each rank reads its own blocks.
     ``checkpointer`` (server) writes checkpoints and reacts to termination
-    signals; ``resume`` (server) is a checkpoint path to continue from.
-    Workers return None.
+    signals; ``resume`` (server) is a checkpoint path to continue from;
+    ``warn(message)`` (server) hears of every W-step that ended unconverged
+    (default: a :class:`DMTRLConvergenceWarning`).  ``converged`` of the result
+    is True only when every W-step reached ``tol``.  Workers return None.
     """
     config.validate()
     if config.relationship == "fixed":
@@ -459,7 +1019,8 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     local = LocalBlocks(cluster, blocks, config, tests)
 
     def make_server():
-        return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None)
+        return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,
+                      warn=warn)
 
     state = None
     if resume is not None and cluster.is_server:
@@ -472,9 +1033,10 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
                        history=server.history.arrays(),
                        config=config.to_dict(), task_names=server.names, converged=converged,
                        n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,
-                       rho=server.rho, test=server.test,
+                       rho=server.rho if server.safe else float(np.max(server.rho_task)), test=server.test,
                        extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
-                              "peak_rss_mb": ranks[:, 2]})
+                              "peak_rss_mb": ranks[:, 2]},
+                       wsteps=server.outer_state.wstep_arrays())
 
 
 def check_sigma(Sigma, m):

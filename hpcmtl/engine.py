@@ -11,13 +11,14 @@ gather test metrics and per-rank memory figures.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .cluster import STOP, STOP_DONE, AgreedError, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
-from .errors import InputError, Preempted
+from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import check_labels, get_loss
 from .metrics import summarize, task_metrics
@@ -54,15 +55,74 @@ def load_blocks(cluster, source, config, test_source=None):
             check_labels(loss, blk.y, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
+            check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
             mine.append(blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 check_labels(loss, test.y, f"{test_source.path}: task '{test.name}' (#{b.task})")
                 tests[b.task] = test.transformed(phi) if phi is not None else test
+                check_scale(tests[b.task], f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
     except InputError as exc:
         error = str(exc)
     cluster.agree(error)
+    from .checkpoint import share_fingerprints
+    share_fingerprints(cluster, source)     # the server learns what was read (checkpoints, resume check)
     return mine, tests
+
+
+def check_scale(blk, where, loss=None):
+    """Refuse data whose magnitudes overflow double precision in the solvers.
+
+    Finite values can still overflow where the solvers square them: ``||x_j||^2``
+    (every coordinate step and the duality gap use it), and ``y^2`` in the
+    squared loss.  ``where`` names the file and task; the row is given in the
+    task's numbering.  Raises :class:`InputError` (exit 2, every rank together).
+    """
+    sq = blk.sq_norms
+    bad = np.flatnonzero(~np.isfinite(sq))
+    if bad.size:
+        j = int(bad[0])
+        raise InputError(f"{where}: field 'X': row {blk.row_start + j}: the squared norm ||x||^2 overflows "
+                         f"(largest |x| {float(np.max(np.abs(blk.X[j].data if blk.sparse else blk.X[j]))):.3g}); "
+                         f"rescale the features")
+    if loss is not None and loss.name == "squared":
+        with np.errstate(over="ignore"):
+            bad = np.flatnonzero(~np.isfinite(blk.y * blk.y))
+        if bad.size:
+            j = int(bad[0])
+            raise InputError(f"{where}: field 'y': row {blk.row_start + j}: y^2 overflows (y = {blk.y[j]:.3g}); "
+                             f"rescale the labels")
+
+
+def nan_fault(round_, task) -> bool:
+    """Test hook: ``HPCMTL_FAULT_NAN=ROUND:TASK`` makes that task's worker report NaN in that round.
+
+    The same round and task at any rank count, so tests can check that a
+    non-finite number ends the job wherever it appears.
+    """
+    spec = os.environ.get("HPCMTL_FAULT_NAN")
+    if not spec:
+        return False
+    r, t = spec.split(":")[:2]
+    return int(r) == int(round_) and int(t) == int(task)
+
+
+def check_finite_rows(values, round_, names, what, outer=None):
+    """Raise :class:`ConvergenceError` naming the round and the first task whose row of ``values`` is not finite.
+
+    ``values``: one row (or one number) per task.  Every certificate and
+    every tolerance comparison is preceded by such a check, because every
+    comparison with NaN is false.
+    """
+    values = np.asarray(values)
+    finite = np.isfinite(values) if values.ndim == 1 else np.all(np.isfinite(values.reshape(values.shape[0], -1)), axis=1)
+    if finite.all():
+        return
+    i = int(np.flatnonzero(~finite)[0])
+    where = f"round {round_}" + (f" (outer step {outer})" if outer is not None else "")
+    shown = values[i] if values.ndim == 1 else values[i].reshape(-1)[~np.isfinite(values[i].reshape(-1))][0]
+    raise ConvergenceError(f"non-finite {what} in {where}: task '{names[i]}' (#{i}) has {shown}; "
+                           f"the last checkpoint (if any) is intact")
 
 
 # ---------------------------------------------------------------------------
@@ -238,6 +298,7 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
         raise
     except BaseException as exc:
         server.stop(STOP_FAILED, getattr(exc, "exit_code", 1))
+        exc.hpcmtl_workers_stopped = True      # every worker has left with the exit code: no MPI_Abort needed
         raise
     server.stop(STOP_DONE)
     return server, outcome, np.array(cluster.gather_objects(stats()))

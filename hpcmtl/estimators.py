@@ -120,14 +120,16 @@ class DMTRL(_MultiTaskLinear):
     over W and (for ``relationship='learned'``) ``Sigma = Omega^-1`` with
     ``tr(Sigma) = 1``, by the primal-dual W-step / Omega-step alternation.
 
-    Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig`.  Fitted attributes:
-    ``W_`` (d x m), ``Sigma_`` (m x m), ``history_`` (dict of arrays),
-    ``tasks_`` (task ids in column order), ``converged_``.
+    Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig` (``aggregation='safe'``:
+    paper 001's Lemma 6.7 rho).  Fitted attributes: ``W_`` (d x m), ``Sigma_``
+    (m x m), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
+    order), ``converged_`` (every W-step reached ``tol``), ``wsteps_`` (per
+    W-step: outer, round, rel_gap, converged).
     """
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
-                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True):
+                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp"):
         self.loss = loss
         self.lam = lam
         self.gamma = gamma
@@ -144,6 +146,7 @@ class DMTRL(_MultiTaskLinear):
         self.rff_dim = rff_dim
         self.rff_gamma = rff_gamma
         self.shrinking = shrinking
+        self.aggregation = aggregation
 
     def _config(self):
         from .dmtrl import DMTRLConfig
@@ -164,6 +167,7 @@ class DMTRL(_MultiTaskLinear):
         self.Sigma_ = result.Sigma
         self.history_ = result.history
         self.converged_ = result.converged
+        self.wsteps_ = result.wsteps
         return self
 
 

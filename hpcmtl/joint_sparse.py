@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import engine
-from .engine import LocalBase, RunResult, ServerBase, load_blocks, peak_rss_mb
+from .engine import LocalBase, RunResult, ServerBase, check_finite_rows, load_blocks, nan_fault, peak_rss_mb
 from .errors import InputError
 from .losses import LOSSES, check_choice, loss_and_derivative
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
@@ -75,6 +75,8 @@ class LocalGradients(LocalBase):
                                                  self.config.gamma)
                 out[k, 0] = values.sum()
                 out[k, 1:] = np.asarray(blk.X.T @ dz).ravel()      # sum_j l'(z_j) x_j
+                if nan_fault(int(ctrl[1]), blk.task):
+                    out[k, 0] = np.nan
         return self.cluster.gather_block_rows(out, width)
 
 
@@ -121,6 +123,9 @@ class Server(ServerBase):
         """Objective and subgradient at the current W (one round trip)."""
         rows = self.per_task(self.command(CMD_SUBGRADIENT, self.round, payload=self.W.T[self.block_task],
                                           width=self.d + 1))
+        # before any comparison with the best objective (every comparison with NaN is false)
+        check_finite_rows(rows[:, :1], self.round, self.names, "loss sum", None)
+        check_finite_rows(rows[:, 1:], self.round, self.names, "subgradient", None)
         objective = float(np.sum(rows[:, 0] / self.n))
         G = (rows[:, 1:] / self.n[:, None]).T                       # d x m, column i from task i
         return objective, G
@@ -129,7 +134,8 @@ class Server(ServerBase):
         if objective < self.best:
             self.best = objective
             self.W_best = self.W.copy()
-        row = self.history.record(round=self.round, objective=objective, best_objective=self.best,
+        row = self.history.record(round=self.round, radius=self.radii[self.k], objective=objective,
+                                  best_objective=self.best,
                                   selected=int(np.count_nonzero(np.abs(self.W).max(axis=1))),
                                   seconds=self.elapsed(), bytes=self.cluster.bytes_moved)
         if self.progress is not None:
@@ -146,6 +152,7 @@ class Server(ServerBase):
             self.note(objective)
             eta = cfg.eta0 / np.sqrt(self.t)
             self.W = self.project(self.W - eta * G, radius)
+            check_finite_rows(self.W.T, self.round, self.names, "W column", None)
             self.safe_point()
         objective, _ = self.evaluate()                                # the last iterate counts too
         self.note(objective)

@@ -2,8 +2,10 @@
 
 On a terminal: one live line redrawn in place, with a bar that fills as the
 relative duality gap falls (log scale) towards the tolerance, or as the rounds
-of a subgradient run pass.  Elsewhere (a SLURM log): one plain line per round,
-or at most one per ``every_seconds``, so logs stay readable.  ``level``:
+of a subgradient run pass.  Elsewhere (a SLURM log): at most one plain line per
+``every_seconds`` (10 s by default; 0 prints every round), plus the last row of
+every outer step (W-step, radius of a path) and the final row, so logs stay
+readable and still show where each step ended.  ``level``:
 ``debug`` and ``info`` print progress, ``warning`` only the final summary,
 ``error`` nothing but errors.
 """
@@ -14,6 +16,15 @@ import sys
 import time
 
 LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_SECONDS = 10.0          # a log line at most this often (not on a terminal)
+
+
+def step_of(row):
+    """The outer step a row belongs to (W-step of DMTRL, radius of a path), or None."""
+    for key in ("outer", "radius"):
+        if key in row:
+            return row[key]
+    return None
 
 
 def describe(row) -> str:
@@ -34,7 +45,8 @@ def describe(row) -> str:
 class Progress:
     """Callable given each history row by the server."""
 
-    def __init__(self, level="info", every_seconds=0.0, tol=None, max_rounds=None, stream=None, tty=None):
+    def __init__(self, level="info", every_seconds=DEFAULT_SECONDS, tol=None, max_rounds=None, stream=None,
+                 tty=None):
         self.stream = stream or sys.stdout
         self.show = level in ("debug", "info")
         self.tty = self.stream.isatty() if tty is None else tty
@@ -64,12 +76,17 @@ class Progress:
             self.stream.write("\r[" + "#" * filled + "." * (20 - filled) + "] " + describe(row) + "\033[K")
             self.stream.flush()
             return
+        if self.pending is not None and step_of(self.pending) != step_of(row):
+            self.print(self.pending)                         # where the previous outer step ended
         if now - self.last >= self.every:
-            print(describe(row), file=self.stream, flush=True)
+            self.print(row)
             self.last = now
-            self.pending = None
         else:
             self.pending = row
+
+    def print(self, row):
+        print(describe(row), file=self.stream, flush=True)
+        self.pending = None
 
     def close(self):
         """End the live line; in a log, print the last row if throttling held it back."""
@@ -79,5 +96,4 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
         elif self.pending is not None:
-            print(describe(self.pending), file=self.stream, flush=True)
-            self.pending = None
+            self.print(self.pending)

@@ -149,8 +149,13 @@ def task_kernel(adjacency, alpha, normalize=True, names=None) -> np.ndarray:
             raise InputError(f"the graph component {{{shown}}} has no task with alpha > 0: L + diag(alpha) is "
                              "singular (give alpha > 0)")
     L = np.diag(A.sum(axis=1)) - A
+    if not np.all(np.isfinite(L)):
+        raise InputError("the graph's weighted degrees overflow: rescale the edge weights")
     K = np.linalg.inv(L + np.diag(alpha))
     K = 0.5 * (K + K.T)
+    if not np.all(np.isfinite(K)) or not np.all(np.diag(K) > 0):
+        raise InputError("the task kernel (L + diag(alpha))^-1 is not finite and positive: L + diag(alpha) is "
+                         "numerically singular (raise alpha or rescale the edge weights)")
     if normalize:
         s = 1.0 / np.sqrt(np.diag(K))
         K = K * np.outer(s, s)

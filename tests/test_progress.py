@@ -38,6 +38,40 @@ def test_log_gets_plain_lines_throttled_and_the_last_one():
     assert quiet.getvalue() == ""
 
 
+def test_log_keeps_the_last_line_of_every_outer_step():
+    out = io.StringIO()
+    p = Progress("info", every_seconds=3600, stream=out, tty=False)
+    for outer in range(3):
+        for row in rows(4):
+            p(dict(row, outer=outer, round=10 * outer + row["round"]))
+    p.close()
+    rounds = [int(line.split()[1]) for line in out.getvalue().splitlines()]
+    assert rounds == [1, 4, 14, 24]      # first line, then where each W-step ended (the last one at close)
+    every = io.StringIO()
+    p = Progress("info", every_seconds=0, stream=every, tty=False)
+    for row in rows(7):
+        p(row)
+    p.close()
+    assert len(every.getvalue().splitlines()) == 7
+
+
+def test_cli_log_is_throttled_by_default_and_every_round_on_request(tmp_path):
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
+    base = ["train", "dmtrl", "--train", tr, "--lam", "1e-3", "--loss", "hinge", "--outer", "3", "--force",
+            "--tol", "1e-8"]
+    default = run_hpcmtl(base + ["--out", tmp_path / "a.h5"])
+    every = run_hpcmtl(base + ["--out", tmp_path / "b.h5", "--progress-seconds", "0"])
+    assert default.returncode == 0 and every.returncode == 0, default.stderr + every.stderr
+    per_round = [line.split() for line in every.stdout.splitlines() if line.startswith("round ")]
+    logged = [line.split() for line in default.stdout.splitlines() if line.startswith("round ")]
+    outers = {words[3] for words in per_round}
+    assert len(per_round) > 20 and len(outers) == 3
+    # one line at the start, one where each W-step ended (a run this short takes under 10 s)
+    assert len(logged) <= 1 + len(outers) and {words[3] for words in logged} == outers
+    assert logged[-1][:10] == per_round[-1][:10]           # the same final round, primal, dual and gap
+
+
 def test_cli_levels_and_summary_table(tmp_path):
     tr = tmp_path / "tr.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0

@@ -1,0 +1,227 @@
+"""Aggregation of the workers' local steps (issue 13): certified, monotone, bitwise at any rank count, resumable."""
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from numpy.testing import assert_allclose
+
+from hpcmtl import store
+from hpcmtl.baselines import mtrl_central
+from hpcmtl.cluster import Cluster
+from hpcmtl.dmtrl import AGGREGATIONS, DMTRLConfig, box_qp, conjugate_along, task_rho_bounds, train
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.losses import conjugate_reference
+
+from conftest import run_hpcmtl, random_tasks
+
+LOSSES = ["hinge", "smoothed-hinge", "squared", "logistic"]
+
+
+def run(Xs, ys, sigma=None, **kw):
+    return train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys), DMTRLConfig(**kw), sigma_fixed=sigma)
+
+
+# --- the server's arithmetic -------------------------------------------------------------------------
+@pytest.mark.parametrize("loss", LOSSES)
+def test_conjugate_along_the_step_is_exact_or_an_upper_bound(loss):
+    rng = np.random.default_rng(0)
+    y = np.where(rng.uniform(size=40) < 0.5, -1.0, 1.0) if loss != "squared" else rng.normal(size=40)
+    box = loss != "squared"
+    a = y * rng.uniform(0, 1, size=40) if box else rng.normal(size=40)
+    target = y * rng.uniform(0, 1, size=40) if box else rng.normal(size=40)
+    delta = target - a
+    c1, c2 = conjugate_along(loss, a, delta, y, 0.7)
+    for e in np.linspace(0, 1, 11):
+        exact = np.sum(conjugate_reference(loss, a + e * delta, y, 0.7) - conjugate_reference(loss, a, y, 0.7))
+        model = e * c1 + 0.5 * e * e * c2
+        if loss == "logistic":
+            assert exact <= model + 1e-12          # the chord bounds a convex function from above
+        else:
+            assert exact == pytest.approx(model, abs=1e-10)
+
+
+def test_box_qp_is_optimal_and_never_worse_than_zero():
+    rng = np.random.default_rng(1)
+    for trial in range(30):
+        m = int(rng.integers(1, 12))
+        R = rng.normal(size=(m, max(1, m // 2)))
+        A = R @ R.T + (np.diag(rng.uniform(0, 1, m)) if trial % 2 else 0)
+        g = rng.normal(size=m)
+        x = box_qp(A, g, 1.0)
+        assert np.all(x >= 0) and np.all(x <= 1)
+        value = g @ x - 0.5 * x @ A @ x
+        assert value >= 0
+        # KKT: no feasible direction gains to first order
+        grad = g - A @ x
+        assert np.all(grad[x <= 0] <= 1e-7) and np.all(grad[x >= 1] >= -1e-7)
+        assert np.all(np.abs(grad[(x > 0) & (x < 1)]) <= 1e-7)
+        # against random feasible points
+        for _ in range(50):
+            z = rng.uniform(0, 1, m)
+            assert g @ z - 0.5 * z @ A @ z <= value + 1e-10
+
+
+def test_task_rho_bounds_bound_the_coupling():
+    rng = np.random.default_rng(2)
+    R = rng.normal(size=(5, 5))
+    Sigma = R @ R.T
+    bounds = task_rho_bounds(Sigma, [1, 2, 1, 1, 3])
+    dB = rng.normal(size=(7, 5))
+    lhs = np.trace(dB @ Sigma @ dB.T)
+    assert lhs <= np.sum(task_rho_bounds(Sigma) * np.diag(Sigma) * np.sum(dB ** 2, axis=0)) + 1e-12
+    assert np.max(bounds) >= 1.0
+
+
+# --- certificates and dual ascent ----------------------------------------------------------------------
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_dual_never_decreases_and_the_gap_is_a_certificate(loss, aggregation):
+    Xs, ys = random_tasks(seed=11, loss=loss, m=6, sparse=loss == "logistic")
+    r = run(Xs, ys, loss=loss, lam=0.01, gamma=0.5, tol=1e-7, max_rounds=400, outer=3, outer_tol=0,
+            aggregation=aggregation)
+    h = r.history
+    for p in np.unique(h["outer"]):
+        dual = h["dual"][h["outer"] == p]
+        scale = np.abs(dual[1:]) + np.abs(h["primal"][h["outer"] == p][1:])
+        assert np.all(np.diff(dual) >= -1e-13 * scale), (loss, aggregation, np.min(np.diff(dual)))
+    assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))
+    assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
+    if aggregation != "safe":
+        assert np.all(h["rho"] >= 1)
+        if loss != "squared" or aggregation == "line":   # the squared loss's dual has no box: any step is feasible
+            assert np.all((h["step"] >= 0) & (h["step"] <= 1))
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_fixed_sigma_optimum_lies_inside_the_certificate(aggregation):
+    Xs, ys = random_tasks(seed=12, loss="squared", m=5)
+    rng = np.random.default_rng(0)
+    R = rng.normal(size=(5, 5))
+    Sigma = R @ R.T + 0.5 * np.eye(5)
+    Sigma /= np.trace(Sigma)
+    cfg = dict(loss="squared", lam=1e-3, tol=1e-9, max_rounds=20000, relationship="fixed")
+    a = run(Xs, ys, sigma=Sigma, aggregation=aggregation, **cfg)
+    b = mtrl_central(MemoryTasks(Xs, ys), DMTRLConfig(**cfg), sigma_fixed=Sigma)     # exact: a linear system
+    assert a.converged
+    optimum = b.history["primal"][-1]
+    primal, dual = a.history["primal"][-1], a.history["dual"][-1]
+    slack = 1e-12 * abs(optimum)
+    assert dual - slack <= optimum <= primal + slack
+
+
+def test_learned_sigma_matches_centralized_mtrl_within_the_certificate():
+    Xs, ys = random_tasks(seed=13, loss="squared", m=6)
+    cfg = dict(loss="squared", lam=1e-2, tol=1e-10, max_rounds=5000, outer=6, outer_tol=0)
+    a = run(Xs, ys, **cfg)
+    b = mtrl_central(MemoryTasks(Xs, ys), DMTRLConfig(**cfg))
+    assert a.converged and a.wsteps["converged"].all() and len(a.wsteps["outer"]) == 6
+    p_a, p_b = a.history["primal"][-1], b.history["primal"][-1]
+    assert abs(p_a - p_b) <= 1e-7 * abs(p_b)
+    assert_allclose(a.Sigma, b.Sigma, atol=1e-6)
+
+
+def test_faster_than_the_safe_rule_on_coupled_tasks():
+    Xs, ys = random_tasks(seed=14, loss="squared", m=8)
+    cfg = dict(loss="squared", lam=1e-3, tol=1e-8, max_rounds=20000, outer=4, outer_tol=0)
+    safe = run(Xs, ys, aggregation="safe", **cfg)
+    fast = run(Xs, ys, **cfg)
+    assert safe.converged and fast.converged
+    assert fast.n_rounds * 2 <= safe.n_rounds
+    assert fast.history["primal"][-1] == pytest.approx(safe.history["primal"][-1], rel=1e-6)   # outer paths differ slightly
+
+
+def test_unconverged_w_steps_are_reported_each_and_in_the_result():
+    Xs, ys = random_tasks(seed=15, loss="hinge", m=4)
+    heard = []
+    r = train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys),
+              DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0), warn=heard.append)
+    assert not r.converged
+    assert len(heard) == 3 and all("ended unconverged" in h for h in heard)
+    assert r.wsteps["outer"].tolist() == [0, 1, 2] and r.wsteps["round"].tolist() == [5, 10, 15]
+    assert not r.wsteps["converged"].any() and np.all(r.wsteps["rel_gap"] > 1e-12)
+    with pytest.warns(UserWarning, match="W-step 1 ended unconverged at round 5"):
+        run(Xs, ys, loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=1)
+
+
+# --- real mpiexec runs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    d = tmp_path_factory.mktemp("agg")
+    tr = d / "tr.h5"
+    r = run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.04", "--seed", "5"])
+    assert r.returncode == 0, r.stderr
+    return tr
+
+
+def train_args(tr, out, *extra):
+    return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam", "1e-3",
+            "--tol", "1e-6", "--outer", "3", "--outer-tol", "0", "--quiet", "--force", *extra]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("loss", ["hinge", "squared"])
+def test_bitwise_identical_at_1_2_3_5_ranks(synth, tmp_path, loss):
+    runs = {}
+    for p in (1, 2, 3, 5):
+        out = tmp_path / f"p{p}.h5"
+        r = run_hpcmtl(train_args(synth, out, "--loss", loss), n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[p] = store.read_result(out)
+    ref = runs[1]
+    assert ref["model"]["converged"] == 1 and ref["wsteps"]["converged"].all()
+    for p in (2, 3, 5):
+        assert runs[p]["model"]["W"].tobytes() == ref["model"]["W"].tobytes(), f"W differs at P={p}"
+        assert runs[p]["model"]["Sigma"].tobytes() == ref["model"]["Sigma"].tobytes(), f"Sigma differs at P={p}"
+        for key in ("round", "primal", "dual", "step", "rho"):
+            assert runs[p]["history"][key].tobytes() == ref["history"][key].tobytes(), f"{key} differs at P={p}"
+    # traffic, O(d) a task and round: delta b (hinge: and the momentum direction's b) with 5 (6) scalars up,
+    # w with 3 scalars down
+    h = runs[5]["history"]
+    per_round = np.median(np.diff(h["bytes"]) / np.diff(h["round"]))
+    d, m = 100, 16
+    vectors, scalars = (3, 9) if loss == "hinge" else (2, 8)
+    assert vectors * 8 * d * m <= per_round <= 1.05 * 8 * (vectors * d + scalars) * m
+
+
+@pytest.mark.mpi
+def test_checkpoint_resume_is_bitwise_with_the_aggregation_state(synth, tmp_path):
+    ref_out, out = tmp_path / "ref.h5", tmp_path / "r.h5"
+    r = run_hpcmtl(train_args(synth, ref_out), n_ranks=3, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(ref_out)
+    assert ref["history"]["round"][-1] > 40
+    args = train_args(synth, out, "--checkpoint-every", "7")
+    r = run_hpcmtl(args, n_ranks=3, env={"HPCMTL_FAULT": "1:40:kill"}, timeout=120)
+    assert r.returncode != 0 and not out.exists()
+    ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
+    assert ck["counters"]["round"] == 35 and "rho_task" in ck["arrays"] and "step" in ck["arrays"]
+    r = run_hpcmtl(args + ["--resume"], n_ranks=2, timeout=300)              # another rank count
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(out)
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    assert res["model"]["Sigma"].tobytes() == ref["model"]["Sigma"].tobytes()
+    for key in ("round", "primal", "dual", "step", "rho"):
+        assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
+    for key in ("outer", "round", "rel_gap", "converged"):
+        assert res["wsteps"][key].tobytes() == ref["wsteps"][key].tobytes(), key
+    # another aggregation cannot continue this checkpoint
+    r = run_hpcmtl(train_args(synth, out, "--aggregation", "safe", "--resume"), n_ranks=2)
+    assert r.returncode == 2 and "'aggregation' is" in r.stderr
+
+
+@pytest.mark.mpi
+def test_unconverged_run_warns_and_stores_status(synth, tmp_path):
+    out = tmp_path / "r.h5"
+    r = run_hpcmtl(["train", "dmtrl", "--train", synth, "--out", out, "--lam", "1e-3", "--tol", "1e-12",
+                    "--max-rounds", "4", "--outer", "3", "--outer-tol", "0", "--log-level", "warning"], n_ranks=2)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("hpcmtl: warning:")]
+    assert len(warnings) == 4, r.stderr                       # one per W-step, one at the end
+    assert "3 of 3 W-steps ended unconverged" in warnings[-1]
+    assert "NOT converged" in r.stdout
+    res = store.read_result(out)
+    assert res["model"]["converged"] == 0 and res["wsteps"]["converged"].tolist() == [0, 0, 0]
+    assert res["wsteps"]["round"].tolist() == [4, 8, 12]
