@@ -158,7 +158,14 @@ def test_sdca_local_matches_the_liblinear_loop_and_ascends(kernels, loss, shrink
                                        c, n_task, local_iters, seed)
             assert_guards(abuf, obuf, sbuf, dbuf)
             assert steps == steps_ref >= 1
-            assert_allclose(alpha, alpha_ref, rtol=1e-9, atol=1e-12)
+            # logistic: the kernel (Newton in logit space, u updated in place) and the reference (bisection,
+            # u recomputed) round the margin z_j = x_j . u differently, by ulps of |x_j| . |u|; the root moves
+            # by at most that times t (1 - t) <= 1/4 (1e8-sized rows make |u| 1e9: differences of 1e-9)
+            spread = 0.0
+            if loss == "logistic":
+                u_size = np.abs(w) + c * (np.abs(X).T @ (np.abs(alpha_ref) + np.abs(start))) / n_task
+                spread = 1e-15 * (steps + 1) * (np.abs(X) @ u_size)
+            assert np.all(np.abs(alpha - alpha_ref) <= 1e-9 * np.abs(alpha_ref) + 1e-12 + spread), (alpha, alpha_ref)
             if loss != "logistic":                       # same operations in the same order: same path
                 assert list(order) == list(ref.order)
             if shrinking and loss in ("hinge", "smoothed-hinge"):
@@ -174,7 +181,8 @@ def test_sdca_local_matches_the_liblinear_loop_and_ascends(kernels, loss, shrink
             moved = np.abs(X).T @ (np.abs(alpha - start) + np.abs(alpha)) / n_task
             tol = 1e-12 * (steps + 1) * (moved + np.abs(w).max() / c)
             assert np.all(np.abs(db - X.T @ (alpha - start) / n_task) <= tol + 1e-300)
-            assert np.all(np.abs(db - db_ref) <= tol + 1e-9 * moved + 1e-300)
+            apart = np.abs(X).T @ np.abs(alpha - alpha_ref) / n_task     # what the alpha difference above moves
+            assert np.all(np.abs(db - db_ref) <= tol + 1e-9 * moved + apart + 1e-300)
             # dual ascent: each step maximizes the local subproblem along one coordinate
             before = local_dual_objective(loss, X, y, start, start, w, c, n_task, gamma)
             after = local_dual_objective(loss, X, y, start, alpha, w, c, n_task, gamma)
