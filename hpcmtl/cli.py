@@ -227,7 +227,8 @@ def build_parser():  # noqa: C901 - one flat description of the command line
                     help="also write a checkpoint every S seconds")
     tr.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
-    tr.add_argument("--quiet", action="store_true", help="same as --log-level error")
+    tr.add_argument("--quiet", action="store_true",
+                    help="same as --log-level error (a run that did not converge still says so on stderr)")
     tr.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                     help="info: progress and summary; warning: summary only; error: errors only")
     tr.add_argument("--progress-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
@@ -761,7 +762,7 @@ def cmd_train(args, cluster):
     result = save_result(args, cluster, source, result, result.Sigma,
                          {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps},
                          summary)
-    if not result.converged and args.log_level != "error":
+    if not result.converged:             # at every --log-level, --quiet included: the model is not certified
         print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
               f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
               f"raise --max-rounds", file=sys.stderr, flush=True)

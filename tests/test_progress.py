@@ -82,3 +82,13 @@ def test_cli_levels_and_summary_table(tmp_path):
     assert "rel_gap " not in warn and "result file" in warn
     quiet = run_hpcmtl(base + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_quiet_still_says_when_the_model_is_not_certified(tmp_path):
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
+    r = run_hpcmtl(["train", "dmtrl", "--train", tr, "--out", tmp_path / "o.h5", "--loss", "hinge", "--lam", "1e-4",
+                    "--outer", "2", "--outer-tol", "0", "--max-rounds", "5", "--tol", "1e-9", "--quiet"])
+    assert r.returncode == 0 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "2 of 2 W-steps ended unconverged" in lines[0] and "not certified" in lines[0], r.stderr
