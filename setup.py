@@ -60,6 +60,7 @@ setup(
         "h5py>=3.7",
         "mpi4py>=3.1",
         "scikit-learn>=1.2",
+        "threadpoolctl>=3.1",
     ],
     extras_require={
         "mpi": ["mpich"],

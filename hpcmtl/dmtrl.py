@@ -58,6 +58,7 @@ and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import asdict, dataclass, field
 
@@ -306,6 +307,19 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
             break
         x, best = trial, value
     return x
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS / LAPACK run on one thread: the server's per-round algebra is on m x m
+    (2m x 2m) matrices, where a multi-threaded eigh or Cholesky is slower than a single one (7x for
+    m = 60 on a loaded 2-core node, where the ranks already use every core)."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 class OuterState:
@@ -856,6 +870,16 @@ class Server(ServerBase):
             rows = self.per_task(rows)
         check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
         dBT = rows[:, :d]
+        with one_blas_thread():
+            eta, beta = self.solve_steps(dBT, rows)
+        self.step, self.beta = eta, beta
+        self.recompute_w()
+        self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
+        return self.push_w(want_gap, eta, beta)
+
+    def solve_steps(self, dBT, rows):
+        """This round's (eta, beta) per task, B updated with them."""
+        d = self.d
         if self.momentum == "free":
             eta, beta = self.steps_momentum(dBT, rows[:, d:])
             self.dPT = eta[:, None] * dBT + beta[:, None] * self.dPT
@@ -867,10 +891,7 @@ class Server(ServerBase):
         else:
             eta, beta = self.steps(dBT, rows[:, d], rows[:, d + 1]), np.zeros(self.m)
             self.BT += eta[:, None] * dBT
-        self.step, self.beta = eta, beta
-        self.recompute_w()
-        self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
-        return self.push_w(want_gap, eta, beta)
+        return eta, beta
 
     def w_step(self):
         cfg = self.config
