@@ -625,7 +625,7 @@ def data_paths(args):
 def check_report_paths(args):
     """``hpcmtl report``: --out is a directory (made if missing) whose files must not be any input."""
     from . import store
-    from .results import REPORT_FILES
+    from .results import REPORT_FILES, TEST_CSV
     inputs = [("input", p) for p in args.results]
     out = args.out
     if os.path.lexists(out) and not os.path.isdir(out):
@@ -633,7 +633,7 @@ def check_report_paths(args):
         raise InputError(f"{out}: report --out must be a directory, this is a file")
     names = list(REPORT_FILES)
     if args.csv:
-        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results]
+        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results] + [TEST_CSV]
     if os.path.isdir(out):
         store.check_outputs([("report file", os.path.join(out, n), True) for n in names], inputs)
         return
@@ -876,21 +876,33 @@ def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
     return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}
 
 
+def metrics_text(metrics):
+    """The text table of ``hpcmtl evaluate``: one row a task, then one row a summary metric, by its JSON name."""
+    from .metrics import TASK_COLUMNS, ordered_summary_keys
+    s = metrics["summary"]
+
+    def shown(v):
+        return f"{v:d}" if isinstance(v, int) else f"{v:.6f}"
+
+    kind = "regression" if "pooled_rmse" in s else "classification"
+    columns = ("n",) + TASK_COLUMNS[kind]
+    keys = ordered_summary_keys(s)
+    width = max([len("task")] + [len(str(t["name"])) for t in metrics["tasks"]] + [len(k) for k in keys])
+    lines = [f"{'task':<{width}s}  " + "  ".join(f"{c:>18s}" for c in columns)]
+    for t in metrics["tasks"]:
+        lines.append(f"{t['name']:<{width}s}  " + "  ".join(f"{shown(t[c]):>18s}" for c in columns))
+    lines.append("")
+    lines += [f"{k:<{width}s}  {shown(s[k]):>18s}" for k in keys]
+    return "\n".join(lines)
+
+
 def cmd_evaluate(args):
     from . import store
     result = store.read_result(args.result)
     with store.TaskFile(args.test) as test_source:
         metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
                                   result["model"].get("task_names"), args.result)
-    if args.json:
-        print(json.dumps(metrics))
-    else:
-        s = metrics["summary"]
-        keys = ("rmse", "explained_variance") if "rmse" in s else ("error_rate", "auc")
-        print(f"{'task':>20s}  " + "  ".join(f"{k:>18s}" for k in keys))
-        for t in metrics["tasks"]:
-            print(f"{t['name']:>20s}  " + "  ".join(f"{t[k]:18.6f}" for k in keys))
-        print(f"{'all (pooled)':>20s}  " + "  ".join(f"{s[k]:18.6f}" for k in keys))
+    print(json.dumps(metrics) if args.json else metrics_text(metrics))
     return 0
 
 
@@ -932,13 +944,16 @@ def _main(argv=None):
                 print(text, end="")
             return 0
         if args.command == "report":
-            from .results import history_csv, report
+            from .results import TEST_CSV, history_csv, report, test_metrics_csv
             check_report_paths(args)
             written = report(args.results, args.out)
             if args.csv:
                 for path in args.results:
                     name = os.path.splitext(os.path.basename(path))[0] + "-history.csv"
                     written[name] = history_csv(path, os.path.join(args.out, name))
+                tests = test_metrics_csv(args.results, os.path.join(args.out, TEST_CSV))
+                if tests:
+                    written[TEST_CSV] = tests
             for name, path in written.items():
                 print(f"{name}: {path}")
             return 0

@@ -793,7 +793,8 @@ def read_result(path) -> dict:
             if name not in ("model", "history", "test"):
                 out[name] = {k: v[()] for k, v in f[name].items()}
         if "test" in f:
-            out["test"] = {"summary": json.loads(f["test"].attrs["summary"]),
+            from .metrics import canonical_summary        # old files' metric names -> today's
+            out["test"] = {"summary": canonical_summary(json.loads(f["test"].attrs["summary"])),
                            "tasks": {k: v[()] for k, v in f["test"].items()}}
     return out
 

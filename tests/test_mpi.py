@@ -71,8 +71,8 @@ def test_test_metrics_during_training_match_evaluate(synth, tmp_path):
     during = store.read_result(out)["test"]["summary"]
     ev = run_hpcmtl(["evaluate", out, te, "--json"])
     after = json.loads(ev.stdout)["summary"]
-    assert during["error_rate"] == pytest.approx(after["error_rate"], abs=1e-12)
-    assert 0.0 < after["error_rate"] < 0.4
+    assert during["task_mean_error_rate"] == pytest.approx(after["task_mean_error_rate"], abs=1e-12)
+    assert 0.0 < after["task_mean_error_rate"] < 0.4
 
 
 def corrupt(path, task, field, value):
@@ -132,7 +132,7 @@ def test_school_end_to_end_on_3_ranks(shared_data, tmp_path):
     assert res["history"]["rel_gap"][-1] <= 1e-6 and res["n_ranks"] == 3
     assert res["model"]["W"].shape == (28, 139)
     ev = json.loads(run_hpcmtl(["evaluate", out, te, "--json"]).stdout)["summary"]
-    assert 9.0 < ev["rmse"] < 12.5 and 0.1 < ev["explained_variance"] < 0.45
+    assert 9.0 < ev["pooled_rmse"] < 12.5 and 0.1 < ev["pooled_explained_variance"] < 0.45
 
 
 def test_fixed_sigma_from_a_result_reproduces_the_last_w_step(synth, tmp_path):
