@@ -48,7 +48,7 @@ def main():
             objective, eta0, res = best
             selected = np.abs(res["model"]["W"]).max(axis=1) > 0
             hits = int(np.sum(selected & truth["relevant"]))
-            row = {"eta0": eta0, "objective": objective, "test_error": res["test"]["summary"]["error_rate"],
+            row = {"eta0": eta0, "objective": objective, "test_error": res["test"]["summary"]["task_mean_error_rate"],
                    "precision": hits / max(1, int(selected.sum())), "recall": hits / int(truth["relevant"].sum()),
                    "selected": int(selected.sum())}
             table[f"{proj}/{n}"] = row

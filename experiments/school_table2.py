@@ -68,12 +68,12 @@ def main():
                 "--quiet", "--force"], ranks=args.ranks)
         rows["DMTRL"].append(store.read_result(P(f"dmtrl-{s}.h5"))["test"]["summary"])
         print(f"split {s}: lam STL {best['stl']:g}, MTRL/DMTRL {best['mtrl']:g}; RMSE "
-              + ", ".join(f"{k} {v[-1]['rmse']:.3f}" for k, v in rows.items()), flush=True)
+              + ", ".join(f"{k} {v[-1]['pooled_rmse']:.3f}" for k, v in rows.items()), flush=True)
     table = {}
     print(f"\n{'method':<18s} {'RMSE':>16s} {'explained variance %':>22s}")
     for label, vals in rows.items():
-        r = np.array([v["rmse"] for v in vals])
-        e = 100 * np.array([v["explained_variance"] for v in vals])
+        r = np.array([v["pooled_rmse"] for v in vals])
+        e = 100 * np.array([v["pooled_explained_variance"] for v in vals])
         table[label] = {"rmse_mean": r.mean(), "rmse_std": r.std(), "ev_mean": e.mean(), "ev_std": e.std()}
         print(f"{label:<18s} {r.mean():9.3f} +- {r.std():.3f} {e.mean():14.2f} +- {e.std():.2f}")
     with open(P("table2.json"), "w") as f:

@@ -235,10 +235,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
                     help="in a log (not a terminal) print at most one progress line every S seconds, plus "
                          "the last line of every outer step; 0 prints every round (default %(default)g)")
 
-    ev = sub.add_parser("evaluate", help="test metrics of a result file")
+    ev = sub.add_parser("evaluate", help="test metrics of a result file: per task, pooled_* and task_mean_*")
     ev.add_argument("result", metavar="RESULT.h5")
-    ev.add_argument("test", metavar="TEST.h5")
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("test", metavar="TEST.h5", help="a task dataset, or a test stream for an online result")
+    ev.add_argument("--json", action="store_true", help="one JSON object {tasks, summary} with the same names")
 
     rep = sub.add_parser("report", help="figures and a Markdown summary from result files")
     rep.add_argument("results", nargs="+", metavar="RESULT.h5")
@@ -626,7 +626,7 @@ def data_paths(args):
 def check_report_paths(args):
     """``hpcmtl report``: --out is a directory (made if missing) whose files must not be any input."""
     from . import store
-    from .results import REPORT_FILES
+    from .results import REPORT_FILES, TEST_CSV
     inputs = [("input", p) for p in args.results]
     out = args.out
     if os.path.lexists(out) and not os.path.isdir(out):
@@ -634,7 +634,7 @@ def check_report_paths(args):
         raise InputError(f"{out}: report --out must be a directory, this is a file")
     names = list(REPORT_FILES)
     if args.csv:
-        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results]
+        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results] + [TEST_CSV]
     if os.path.isdir(out):
         store.check_outputs([("report file", os.path.join(out, n), True) for n in names], inputs)
         return
@@ -646,13 +646,17 @@ def check_report_paths(args):
 
 
 def cmd_train_online(args, cluster, signals, checkpoint):
+    import numpy as np
+
     from .checkpoint import Checkpointer
     from .online import StreamTasks, evaluate_stream, train
     config = online_config(args)
     source = StreamTasks(args.stream, config.code)
-    test_source = StreamTasks(args.test, config.code) if args.test else None
-    if test_source is not None and (test_source.n_features != source.n_features or test_source.names != source.names):
-        raise InputError(f"{args.test}: its features or labels differ from the stream {args.stream}")
+    if args.test:                                    # checked on every rank before any work, evaluated at the end
+        probe = open_test_stream(args.test, {"W": np.zeros((source.n_features, source.n_tasks)),
+                                                "task_names": source.names, "code": source.code,
+                                                "class_names": source.class_names}, args.stream)
+        probe.close()
     config.validate(source.n_tasks, source.n_rounds, source.stream.max_row_norm())   # R, C settle here
     progress = None
     if cluster.is_server:
@@ -665,8 +669,13 @@ def cmd_train_online(args, cluster, signals, checkpoint):
     progress and progress.close()
     if result is None:
         return None
-    if test_source is not None:
-        result.test = evaluate_stream(result.W, test_source)
+    if args.test:
+        test_source = open_test_stream(args.test, {"W": result.W, "task_names": result.task_names,
+                                                   "code": result.code, "class_names": source.class_names}, args.stream)
+        try:
+            result.test = evaluate_stream(result.W, test_source, chunk=config.chunk_rounds)
+        finally:
+            test_source.close()
     s = result.summary
     headline = (f"{s['rounds']} rounds: cumulative loss {s['cumulative_loss']:.6g}, inf-error rate "
                 f"{s['inf_error_rate']:.4f}, 1-error rate {s['one_error_rate']:.4f}"
@@ -674,6 +683,7 @@ def cmd_train_online(args, cluster, signals, checkpoint):
     model = {"C": result.config["C"]}
     if result.code is not None:
         model["code"] = result.code
+        model["class_names"] = list(source.class_names)      # the code's rows: evaluate matches test classes by name
     config_out = dict(result.config, n_features=source.n_features, stream=os.path.abspath(args.stream),
                       test=os.path.abspath(args.test) if args.test else None, summary=s)
     from . import store
@@ -826,8 +836,11 @@ def write_l1inf_result(args, cluster, source, result):
     return save_result(args, cluster, source, result, None, {"path": path}, summary)
 
 
-def match_tasks(model_names, test_source, model_path=None):
-    """Pairs (model column, test task index) matched by task name; refuses a different task set."""
+def match_tasks(model_names, test_source, model_path=None, what="task"):
+    """Pairs (model column, test task index) matched by task name; refuses a different task set.
+
+    ``what`` names the test file's columns in the message (``label`` for a stream).
+    """
     names = list(test_source.names)
     model_names = list(model_names)
     if set(names) != set(model_names) or len(names) != len(model_names):
@@ -837,10 +850,12 @@ def match_tasks(model_names, test_source, model_path=None):
         test_set, model_set = set(names), set(model_names)
         missing = [n for n in model_names if n not in test_set]
         extra = [n for n in names if n not in model_set]
-        parts = ([f"missing the model's task(s) {listed(missing)}"] if missing else []) + \
-                ([f"task(s) {listed(extra)} not in the model"] if extra else [])
-        raise InputError(f"{test_source.path}: its tasks differ from the model's"
-                         + (f" ({model_path})" if model_path else "") + ": " + "; ".join(parts))
+        many, some = (what + "es", what + "(es)") if what.endswith("s") else (what + "s", what + "(s)")
+        parts = ([f"missing the model's {some} {listed(missing)}"] if missing else []) + \
+                ([f"{some} {listed(extra)} not in the model"] if extra else [])
+        counts = f" ({len(names)} {many}, the model has {len(model_names)})" if len(names) != len(model_names) else ""
+        raise InputError(f"{test_source.path}: its {many} differ from the model's"
+                         + (f" ({model_path})" if model_path else "") + ": " + "; ".join(parts) + counts)
     where = {n: i for i, n in enumerate(names)}
     return [(j, where[n]) for j, n in enumerate(model_names)]
 
@@ -877,21 +892,87 @@ def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
     return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}
 
 
+def open_test_stream(path, model, model_path):
+    """A test stream for an online model, checked against it, its labels in the model's order.
+
+    ``model`` is a result's ``/model`` dict (W, task_names, code, class_names).  The
+    stream must have the model's feature count and, without a code, the model's label
+    names (in any order); with a code, one label a class of the code's rows (matched
+    by name when the result names its classes, so Hamming ties break as in training).
+    One-line errors, before any rounds are read.
+    """
+    import numpy as np
+
+    from .online import StreamTasks
+    W = np.asarray(model["W"])
+    code = model.get("code")
+    order = None
+    source = StreamTasks(path)                       # label columns; a code is applied after the checks
+    try:
+        if source.n_features != W.shape[0]:
+            raise InputError(f"{path}: has {source.n_features} features, the model ({model_path}) was trained on "
+                             f"{W.shape[0]}")
+        if code is not None and source.n_tasks != code.shape[0]:
+            raise InputError(f"{path}: has {source.n_tasks} labels, the model's output code ({model_path}) is over "
+                             f"{code.shape[0]} classes")
+        names = model.get("task_names") if code is None else model.get("class_names")
+        if names is not None:                        # code results before class_names: classes by position
+            pairs = match_tasks(names, source, model_path, what="label" if code is None else "class")
+            order = [i for _, i in sorted(pairs)]
+    finally:
+        source.close()
+    return StreamTasks(path, code, label_order=order)
+
+
+def evaluate_online(result, path, model_path):
+    """Test metrics of an online result on a test stream (read in chunks of the run's --chunk-rounds)."""
+    from .online import evaluate_stream
+    source = open_test_stream(path, result["model"], model_path)
+    try:
+        return evaluate_stream(result["model"]["W"], source, chunk=int(result["config"].get("chunk_rounds") or 4096))
+    finally:
+        source.close()
+
+
+def metrics_text(metrics):
+    """The text table of ``hpcmtl evaluate``: one row a task, then one row a summary metric, by its JSON name."""
+    from .metrics import TASK_COLUMNS, ordered_summary_keys
+    s = metrics["summary"]
+
+    def shown(v):
+        return f"{v:d}" if isinstance(v, int) else f"{v:.6f}"
+
+    kind = "regression" if "pooled_rmse" in s else "classification"
+    columns = ("n",) + TASK_COLUMNS[kind]
+    keys = ordered_summary_keys(s)
+    width = max([len("task")] + [len(str(t["name"])) for t in metrics["tasks"]] + [len(k) for k in keys])
+    lines = [f"{'task':<{width}s}  " + "  ".join(f"{c:>18s}" for c in columns)]
+    for t in metrics["tasks"]:
+        lines.append(f"{t['name']:<{width}s}  " + "  ".join(f"{shown(t[c]):>18s}" for c in columns))
+    lines.append("")
+    lines += [f"{k:<{width}s}  {shown(s[k]):>18s}" for k in keys]
+    return "\n".join(lines)
+
+
 def cmd_evaluate(args):
     from . import store
     result = store.read_result(args.result)
-    with store.TaskFile(args.test) as test_source:
-        metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
-                                  result["model"].get("task_names"), args.result)
-    if args.json:
-        print(json.dumps(metrics))
+    fmt = store.file_format(args.test)
+    method = result["config"].get("method", "?")
+    if method == "online":
+        if fmt != store.STREAM_FORMAT:
+            what = "a task dataset" if fmt == store.TASKS_FORMAT else f"not a stream (format {fmt!r})"
+            raise InputError(f"{args.test}: is {what}, but {args.result} is an online result: evaluate it on a "
+                             f"test stream ('{store.STREAM_FORMAT}')")
+        metrics = evaluate_online(result, args.test, args.result)
     else:
-        s = metrics["summary"]
-        keys = ("rmse", "explained_variance") if "rmse" in s else ("error_rate", "auc")
-        print(f"{'task':>20s}  " + "  ".join(f"{k:>18s}" for k in keys))
-        for t in metrics["tasks"]:
-            print(f"{t['name']:>20s}  " + "  ".join(f"{t[k]:18.6f}" for k in keys))
-        print(f"{'all (pooled)':>20s}  " + "  ".join(f"{s[k]:18.6f}" for k in keys))
+        if fmt == store.STREAM_FORMAT:
+            raise InputError(f"{args.test}: is an online stream, but {args.result} is a '{method}' result: evaluate "
+                             f"it on a task dataset ('{store.TASKS_FORMAT}')")
+        with store.TaskFile(args.test) as test_source:
+            metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
+                                      result["model"].get("task_names"), args.result)
+    print(json.dumps(metrics) if args.json else metrics_text(metrics))
     return 0
 
 
@@ -933,13 +1014,16 @@ def _main(argv=None):
                 print(text, end="")
             return 0
         if args.command == "report":
-            from .results import history_csv, report
+            from .results import TEST_CSV, history_csv, report, test_metrics_csv
             check_report_paths(args)
             written = report(args.results, args.out)
             if args.csv:
                 for path in args.results:
                     name = os.path.splitext(os.path.basename(path))[0] + "-history.csv"
                     written[name] = history_csv(path, os.path.join(args.out, name))
+                tests = test_metrics_csv(args.results, os.path.join(args.out, TEST_CSV))
+                if tests:
+                    written[TEST_CSV] = tests
             for name, path in written.items():
                 print(f"{name}: {path}")
             return 0

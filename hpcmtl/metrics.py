@@ -1,12 +1,66 @@
-"""Test metrics per task and over tasks (scikit-learn does the arithmetic)."""
+"""Test metrics per task and over tasks, and the one naming scheme every output uses.
+
+Names
+-----
+Per task (``tasks`` in JSON, ``/test/<name>`` in result files, the columns of the
+per-task table): ``n``, and ``errors``, ``error_rate``, ``auc`` (classification) or
+``mse``, ``rmse``, ``explained_variance`` (regression).
+
+Over tasks (``summary`` in JSON and result files, the summary rows of every table,
+CSV headers): ``pooled_<metric>`` is computed over all test samples together (a task
+counts with its size), ``task_mean_<metric>`` is the plain mean of the per-task values
+(every task counts once); ``n_tasks`` and ``n_samples`` count what was evaluated.
+An online test stream adds ``n_rounds``, ``inf_error_rate`` (rounds with any task
+wrong), ``one_error_rate`` (wrong task predictions over rounds x tasks) and, with an
+output code, ``multiclass_error_rate`` (paper 004, Sec. 8.1).
+
+Result files written before this scheme used ``error_rate`` and ``auc`` for task
+means and ``rmse``, ``mse``, ``explained_variance`` for pooled values;
+:func:`canonical_summary` maps them when a file is read.
+"""
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import mean_squared_error, roc_auc_score
+
+# per-task columns shown in tables, by kind
+TASK_COLUMNS = {"classification": ("error_rate", "auc"), "regression": ("rmse", "explained_variance")}
+
+# every summary name, in the order tables and CSV files show them
+SUMMARY_KEYS = ("n_tasks", "n_samples",
+                "pooled_error_rate", "task_mean_error_rate", "task_mean_auc",
+                "pooled_rmse", "task_mean_rmse", "pooled_mse", "task_mean_mse",
+                "pooled_explained_variance", "task_mean_explained_variance",
+                "n_rounds", "inf_error_rate", "one_error_rate", "multiclass_error_rate")
+
+# summary names of result files written before the scheme above -> their names now
+OLD_SUMMARY_NAMES = {"error_rate": "task_mean_error_rate", "auc": "task_mean_auc", "rmse": "pooled_rmse",
+                     "mse": "pooled_mse", "explained_variance": "pooled_explained_variance"}
 
 
-def task_metrics(y: np.ndarray, scores: np.ndarray, regression: bool) -> dict:
-    """Metrics of one task's predictions; sums are kept so tasks can be pooled."""
+def canonical_summary(summary: dict) -> dict:
+    """A test summary with today's names (old result files' names mapped; today's pass unchanged)."""
+    out = {}
+    for key, value in summary.items():
+        new = OLD_SUMMARY_NAMES.get(key, key)
+        if new != key and new in summary:
+            continue                                  # both present: the explicit new name wins
+        out[new] = value
+    return out
+
+
+def ordered_summary_keys(keys) -> list:
+    """Summary names in table order (known names first, unknown ones after, sorted)."""
+    keys = set(keys)
+    return [k for k in SUMMARY_KEYS if k in keys] + sorted(keys - set(SUMMARY_KEYS))
+
+
+def task_metrics(y: np.ndarray, scores: np.ndarray, regression: bool, errors: int | None = None) -> dict:
+    """Metrics of one task's predictions; sums are kept so tasks can be pooled.
+
+    ``errors`` replaces the count of ``sign(score) != y`` (a score of 0 predicts +1)
+    when the caller counts mistakes by another rule (online: ``y score <= 0``).
+    """
+    from sklearn.metrics import mean_squared_error, roc_auc_score
     y = np.asarray(y, float)
     scores = np.asarray(scores, float)
     out = {"n": int(y.size)}
@@ -16,14 +70,15 @@ def task_metrics(y: np.ndarray, scores: np.ndarray, regression: bool) -> dict:
                    sum_y=float(y.sum()), sum_y2=float(np.dot(y, y)),
                    explained_variance=float(1.0 - mse / y.var()) if y.var() > 0 else float("nan"))
     else:
-        errors = int(np.count_nonzero(np.where(scores >= 0, 1.0, -1.0) != y))
-        out.update(errors=errors, error_rate=errors / max(1, y.size))
+        if errors is None:
+            errors = int(np.count_nonzero(np.where(scores >= 0, 1.0, -1.0) != y))
+        out.update(errors=int(errors), error_rate=int(errors) / max(1, y.size))
         out["auc"] = float(roc_auc_score(y, scores)) if len(np.unique(y)) == 2 else float("nan")
     return out
 
 
 def summarize(per_task: list, regression: bool) -> dict:
-    """Pool per-task metrics: sample-weighted (pooled) and plain task averages."""
+    """Over tasks: ``pooled_*`` (all samples together) and ``task_mean_*`` (each task counts once)."""
     n = sum(t["n"] for t in per_task)
     out = {"n_tasks": len(per_task), "n_samples": n}
     if regression:
@@ -31,14 +86,15 @@ def summarize(per_task: list, regression: bool) -> dict:
         sum_y = sum(t["sum_y"] for t in per_task)
         sum_y2 = sum(t["sum_y2"] for t in per_task)
         var = sum_y2 / n - (sum_y / n) ** 2
-        out.update(rmse=float(np.sqrt(sse / n)), mse=sse / n,
-                   explained_variance=float(1.0 - (sse / n) / var) if var > 0 else float("nan"),
+        out.update(pooled_rmse=float(np.sqrt(sse / n)), pooled_mse=sse / n,
+                   pooled_explained_variance=float(1.0 - (sse / n) / var) if var > 0 else float("nan"),
                    task_mean_rmse=float(np.mean([t["rmse"] for t in per_task])),
+                   task_mean_mse=float(np.mean([t["mse"] for t in per_task])),
                    task_mean_explained_variance=float(np.nanmean([t["explained_variance"] for t in per_task])))
     else:
         errors = sum(t["errors"] for t in per_task)
         aucs = [t["auc"] for t in per_task if not np.isnan(t["auc"])]
-        out.update(error_rate=float(np.mean([t["error_rate"] for t in per_task])),
-                   pooled_error_rate=errors / max(1, n),
-                   auc=float(np.mean(aucs)) if aucs else float("nan"))
+        out.update(pooled_error_rate=errors / max(1, n),
+                   task_mean_error_rate=float(np.mean([t["error_rate"] for t in per_task])) if per_task else float("nan"),
+                   task_mean_auc=float(np.mean(aucs)) if aucs else float("nan"))
     return out

@@ -260,12 +260,12 @@ class RunningMetrics:
         self.parts = {k: [] for k in self.COLUMNS}
 
     def add(self, Y, margins, global_loss, code=None, classes=None):
-        wrong = (Y * margins <= 0) & (Y != 0)
+        wrong = mistakes(Y, margins)
         self.parts["global_loss"].append(np.asarray(global_loss, dtype=np.float64).copy())
         self.parts["n_errors"].append(wrong.sum(axis=1).astype(np.int32))
         self.parts["n_active"].append((Y != 0).sum(axis=1).astype(np.int32))
         if code is not None:
-            self.parts["multiclass_error"].append((hamming_decode(margins, code) != classes).astype(np.int8))
+            self.parts["multiclass_error"].append(multiclass_mistakes(margins, code, classes).astype(np.int8))
 
     def extend(self, arrays):
         for k, v in arrays.items():
@@ -290,13 +290,30 @@ class RunningMetrics:
 
     def summary(self, k):
         a = self.arrays()
-        n = max(1, len(a["round"]))
-        s = {"rounds": int(len(a["round"])), "cumulative_loss": float(a["cumulative_loss"][-1]) if len(a["round"]) else 0.0,
-             "inf_error_rate": float(a["inf_error"].sum() / n),
-             "one_error_rate": float(a["n_errors"].sum() / (n * k))}
-        if "multiclass_error" in a:
-            s["multiclass_error_rate"] = float(a["multiclass_error"].sum() / n)
+        n = len(a["round"])
+        s = {"rounds": n, "cumulative_loss": float(a["cumulative_loss"][-1]) if n else 0.0}
+        s.update(error_rates(n, k, int(a["inf_error"].sum()), int(a["n_errors"].sum()),
+                             int(a["multiclass_error"].sum()) if "multiclass_error" in a else None))
         return s
+
+
+def mistakes(Y, margins):
+    """The paper's e_tj: task j is wrong on round t when ``y_tj w_j . x_t <= 0``; dormant tasks (y = 0) never."""
+    return (Y * margins <= 0) & (Y != 0)
+
+
+def multiclass_mistakes(margins, code, classes):
+    """Rounds whose Hamming-decoded class is not the true one (output codes)."""
+    return hamming_decode(margins, code) != classes
+
+
+def error_rates(n_rounds, k, inf_errors, task_errors, multiclass_errors=None):
+    """inf-error, 1-error (and multiclass) rates from counts over ``n_rounds`` rounds of k tasks."""
+    n = max(1, n_rounds)
+    out = {"inf_error_rate": float(inf_errors / n), "one_error_rate": float(task_errors / (n * k))}
+    if multiclass_errors is not None:
+        out["multiclass_error_rate"] = float(multiclass_errors / n)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -541,7 +558,7 @@ class StreamTasks:
     the instance rows and their tasks' labels, the server the labels.
     """
 
-    def __init__(self, path, code=None):
+    def __init__(self, path, code=None, label_order=None):
         from .store import StreamFile
         self.stream = StreamFile(path)
         self.path = self.stream.path
@@ -551,14 +568,18 @@ class StreamTasks:
             self.code = None if code is None else get_code(code, s.n_labels)
         except InputError as exc:
             raise InputError(f"{self.path}: {s.n_labels} labels: {exc}") from None
-        self.class_names = s.label_names
-        self.names = s.label_names if self.code is None else [f"code{j}" for j in range(self.code.shape[1])]
+        # label_order[j] = the file's column seen as label (or class) j: a test stream in a model's order
+        self.label_order = None if label_order is None else np.asarray(label_order, dtype=np.int64)
+        self.class_names = s.label_names if label_order is None else [s.label_names[i] for i in self.label_order]
+        self.names = self.class_names if self.code is None else [f"code{j}" for j in range(self.code.shape[1])]
         self.n_tasks = len(self.names)
         self.n_samples = np.full(self.n_tasks, self.n_rounds, dtype=np.int64)
         self.nnz = np.full(self.n_tasks, s.nnz, dtype=np.int64)
 
     def labels(self, Y, start):
         """(task labels, classes or None) of a chunk of the stream's Y."""
+        if self.label_order is not None:
+            Y = Y[:, self.label_order]
         if self.code is None:
             return np.ascontiguousarray(Y, dtype=np.float64), None
         classes = classes_from_onehot(Y, self.path, start)
@@ -779,28 +800,42 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
 
 
 def evaluate_stream(W, test_source, chunk=4096):
-    """Per-task test metrics of final hypotheses on a test stream (dormant rounds skipped), read in chunks.
+    """Test metrics of final hypotheses (d x k, columns in ``test_source.names`` order) on a stream.
 
-    With an output code, the summary also has the multiclass error rate after Hamming decoding.
+    The stream is read ``chunk`` rounds at a time; the per-round mistakes are
+    counted by the rule the training run uses (:func:`mistakes`, so a margin of
+    0 is wrong), giving the inf-error, 1-error and, with an output code, the
+    multiclass error rates, and per task (active rounds only) the error rate
+    and AUC, pooled and averaged by :func:`hpcmtl.metrics.summarize`.  Memory:
+    one chunk of instances plus each task's active margins (for its AUC).
     """
     from .metrics import summarize, task_metrics
-    scores, labels, mc_errors, n = [], [], 0, 0
+    k = test_source.n_tasks
+    if W.shape != (test_source.n_features, k):
+        raise InputError(f"{test_source.path}: {test_source.n_features} features and {k} tasks, the model's W "
+                         f"is {W.shape[0]} x {W.shape[1]}")
+    scores, labels = [[] for _ in range(k)], [[] for _ in range(k)]
+    task_errors = np.zeros(k, dtype=np.int64)
+    inf_errors, multiclass = 0, (0 if test_source.code is not None else None)
     for start in range(0, test_source.n_rounds, chunk):
         X, Y = test_source.stream.read_rounds(start, min(test_source.n_rounds, start + chunk))
         Yt, classes = test_source.labels(Y, start)
         margins = np.asarray(X @ W)
-        scores.append(margins)
-        labels.append(Yt)
+        wrong = mistakes(Yt, margins)
+        task_errors += wrong.sum(axis=0)
+        inf_errors += int(wrong.any(axis=1).sum())
         if classes is not None:
-            mc_errors += int(np.sum(hamming_decode(margins, test_source.code) != classes))
-            n += len(classes)
-    S, Y = np.concatenate(scores), np.concatenate(labels)
+            multiclass += int(multiclass_mistakes(margins, test_source.code, classes).sum())
+        for j in range(k):
+            active = Yt[:, j] != 0
+            scores[j].append(margins[active, j])
+            labels[j].append(Yt[active, j])
     tasks = []
     for j, name in enumerate(test_source.names):
-        active = Y[:, j] != 0
-        if active.any():
-            tasks.append(dict(name=name, **task_metrics(Y[active, j], S[active, j], False)))
+        y = np.concatenate(labels[j]) if labels[j] else np.zeros(0)
+        if y.size:
+            tasks.append(dict(name=name, **task_metrics(y, np.concatenate(scores[j]), False, int(task_errors[j]))))
     summary = summarize(tasks, False)
-    if test_source.code is not None:
-        summary["multiclass_error_rate"] = mc_errors / max(1, n)
+    summary["n_rounds"] = int(test_source.n_rounds)
+    summary.update(error_rates(test_source.n_rounds, k, inf_errors, int(task_errors.sum()), multiclass))
     return {"tasks": tasks, "summary": summary}

@@ -17,9 +17,16 @@ import numpy as np
 
 from . import store
 from .errors import InputError
+from .metrics import ordered_summary_keys
 
 # every file `report` may write into its directory (checked against the inputs before any work)
 REPORT_FILES = ("gap.png", "objective.png", "sparsity.png", "online-errors.png", "task-correlation.png", "report.md")
+TEST_CSV = "test-metrics.csv"       # with --csv: one row a run, one column a summary metric
+
+# test metrics in report.md's table (named as everywhere: pooled_* / task_mean_*, metrics.py)
+REPORTED_METRICS = ("pooled_error_rate", "task_mean_error_rate", "task_mean_auc", "pooled_rmse", "task_mean_rmse",
+                    "pooled_explained_variance", "task_mean_explained_variance", "inf_error_rate", "one_error_rate",
+                    "multiclass_error_rate")
 
 
 def load(path) -> dict:
@@ -40,6 +47,28 @@ def history_csv(path, out=None) -> str:
         writer.writerow(columns)
         for row in zip(*(history[c] for c in columns)):
             writer.writerow([repr(float(v)) if isinstance(v, (float, np.floating)) else int(v) for v in row])
+    return out
+
+
+def test_metrics_csv(paths, out) -> str | None:
+    """One row a result file with test metrics: ``run`` (the path as given) then every summary metric by its name.
+
+    Returns the CSV path, or None (nothing written) when no result has test metrics.
+    """
+    rows = []
+    for path in paths:
+        test = load(path).get("test", {}).get("summary")
+        if test:
+            rows.append((os.fspath(path), test))                # as given: runs in two folders stay apart
+    if not rows:
+        return None
+    columns = ordered_summary_keys(set().union(*(t for _, t in rows)))
+    with store.atomic_output(out, "test metrics CSV") as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run"] + columns)
+        for name, test in rows:
+            writer.writerow([name] + ["" if test.get(c) is None else repr(test[c]) if isinstance(test[c], float)
+                                      else test[c] for c in columns])
     return out
 
 
@@ -166,8 +195,7 @@ def report(paths, out_dir) -> dict:
                      + (f", multiclass {h['multiclass_error'].mean():.4f}" if "multiclass_error" in h else ""))
             h = dict(h, seconds=r.get("trace", {}).get("seconds", [0.0]))
         test = r.get("test", {}).get("summary", {})
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in test.items()
-                            if k in ("error_rate", "auc", "rmse", "explained_variance"))
+        metrics = ", ".join(f"{k} {test[k]:.4f}" for k in ordered_summary_keys(test) if k in REPORTED_METRICS)
         rounds = int(h["round"][-1]) if "round" in h and len(h["round"]) else 0
         seconds = float(h["seconds"][-1]) if "seconds" in h and len(h["seconds"]) else 0.0
         lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} |")

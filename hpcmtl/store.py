@@ -758,7 +758,8 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         if task_names is not None:
             model.create_dataset("task_names", data=np.array(task_names, dtype=h5py.string_dtype()))
         for key, value in (extra or {}).items():
-            model.create_dataset(key, data=np.asarray(value))
+            value = np.asarray(value)
+            model.create_dataset(key, data=value.astype(h5py.string_dtype()) if value.dtype.kind == "U" else value)
         hist = f.create_group("history")
         for key, values in history.items():
             hist.create_dataset(key, data=np.asarray(values))
@@ -786,14 +787,15 @@ def read_result(path) -> dict:
         }
         for k, v in f["model"].items():
             value = v[()]
-            if k == "task_names":
+            if k == "task_names" or h5py.check_string_dtype(v.dtype) is not None:      # names: a list of str
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
             out["model"][k] = value
         for name in f:
             if name not in ("model", "history", "test"):
                 out[name] = {k: v[()] for k, v in f[name].items()}
         if "test" in f:
-            out["test"] = {"summary": json.loads(f["test"].attrs["summary"]),
+            from .metrics import canonical_summary        # old files' metric names -> today's
+            out["test"] = {"summary": canonical_summary(json.loads(f["test"].attrs["summary"])),
                            "tasks": {k: v[()] for k, v in f["test"].items()}}
     return out
 

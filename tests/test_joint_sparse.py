@@ -96,7 +96,7 @@ def test_distributed_equals_serial_and_resume_is_bitwise(tmp_path):
     a, b = store.read_result(outs[1]), store.read_result(outs[3])
     assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
     assert "Sigma" not in a["model"] and a["path"]["selected"][0] <= 200
-    assert 0 < b["test"]["summary"]["error_rate"] < 0.5
+    assert 0 < b["test"]["summary"]["task_mean_error_rate"] < 0.5
     killed = tmp_path / "k.h5"
     r = run_hpcmtl(args + ["--out", killed, "--checkpoint-every", "4"], n_ranks=3, env={"HPCMTL_FAULT": "1:11:kill"})
     assert r.returncode != 0 and not killed.exists()

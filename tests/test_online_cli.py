@@ -68,7 +68,7 @@ def test_result_file_has_running_metrics_and_test_metrics(streams, tmp_path):
     out = tmp_path / "r.h5"
     r = run_hpcmtl(["train", "online", "--stream", s, "--out", out, "--test", t] + RULE, n_ranks=2)
     assert r.returncode == 0, r.stderr
-    assert "inf-error rate" in r.stdout and "test auc" in r.stdout
+    assert "inf-error rate" in r.stdout and "test task_mean_auc" in r.stdout
     res = store.read_result(out)
     h = res["history"]
     T = 4000
@@ -76,7 +76,7 @@ def test_result_file_has_running_metrics_and_test_metrics(streams, tmp_path):
     np.testing.assert_allclose(h["cumulative_loss"], np.cumsum(h["global_loss"]))
     np.testing.assert_array_equal(h["inf_error"], h["n_errors"] > 0)
     assert res["config"]["summary"]["inf_error_rate"] == pytest.approx(h["inf_error"].mean())
-    assert res["test"]["summary"]["n_tasks"] == 20 and 0.5 < res["test"]["summary"]["auc"] <= 1
+    assert res["test"]["summary"]["n_tasks"] == 20 and 0.5 < res["test"]["summary"]["task_mean_auc"] <= 1
     # the test metrics are those of the final hypotheses
     with store.StreamFile(t) as tf:
         Xt, Yt = tf.read_rounds(0, tf.n_rounds)

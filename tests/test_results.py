@@ -33,7 +33,7 @@ def test_report_and_csv_for_dmtrl_and_l1inf_runs(tmp_path):
                  "dmtrl-history.csv"):
         assert os.path.getsize(out_dir / name) > 0, name
     md = (out_dir / "report.md").read_text()
-    assert md.count("| ") >= 3 and "dmtrl.h5 (dmtrl, lam 0.01)" in md and "error_rate" in md
+    assert md.count("| ") >= 3 and "dmtrl.h5 (dmtrl, lam 0.01)" in md and "pooled_error_rate" in md and "task_mean_error_rate" in md
     rows = list(csv.DictReader(open(out_dir / "dmtrl-history.csv")))
     h = store.read_result(runs[1])["history"]
     assert len(rows) == len(h["round"]) and float(rows[-1]["rel_gap"]) == h["rel_gap"][-1]
