@@ -208,7 +208,8 @@ def build_parser():  # noqa: C901 - one flat description of the command line
                     help="online: the global loss (rmax with --r; p with --p)")
     tr.add_argument("--r", type=_count("--r"), default=1, help="online: r of the r-max norm (1 = L-inf, k = L1)")
     tr.add_argument("--p", type=float, default=2.0, help="online: p of the p-norm")
-    tr.add_argument("--C", default="1.0", help="online: aggressiveness, or 'auto' (Corollaries 5 and 7)")
+    tr.add_argument("--C", default="1.0", help="online: aggressiveness, or 'auto': the dual norm of a unit step "
+                    "1/mean||x||^2 on every active task (docs/math.md)")
     tr.add_argument("--R", type=_positive_float("--R"), default=None,
                     help="online: bound on ||x|| (default: the stream's largest instance norm)")
     tr.add_argument("--code", help="online: an output code over a single-label stream's classes: exhaustive, "
@@ -652,7 +653,7 @@ def cmd_train_online(args, cluster, signals, checkpoint):
     test_source = StreamTasks(args.test, config.code) if args.test else None
     if test_source is not None and (test_source.n_features != source.n_features or test_source.names != source.names):
         raise InputError(f"{args.test}: its features or labels differ from the stream {args.stream}")
-    config.validate(source.n_tasks, source.n_rounds, source.stream.max_row_norm())   # R, C settle here
+    config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)   # R, C settle here
     progress = None
     if cluster.is_server:
         from .progress import Progress
