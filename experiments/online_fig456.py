@@ -21,7 +21,7 @@ import numpy as np
 
 from common import SHARED_DATA, hpcmtl, need_shared, pyplot, setup
 
-from hpcmtl import store
+from hpcmtl import online, store
 
 
 def train(stream, out, ranks, *options):
@@ -56,13 +56,14 @@ def main():
     for name, stream in streams.items():
         with store.StreamFile(stream) as sf:
             T, k = sf.n_rounds, sf.n_labels
+            corollary5 = repr(online.horizon_C(T, sf.max_row_norm()))     # the paper's C = 1/(sqrt(T) R^2)
         runs = {
             "implicit L-inf": train(stream, P(f"{name}-implicit-linf.h5"), args.ranks, "--norm", "linf", "--C", C),
             "implicit L1": train(stream, P(f"{name}-implicit-l1.h5"), args.ranks, "--norm", "l1", "--C", C),
             "Perceptron L-inf": train(stream, P(f"{name}-perceptron-linf.h5"), args.ranks, "--update",
                                       "perceptron", "--norm", "linf", "--C", C),
             "Perceptron L-inf, C = 1/sqrt(T)": train(stream, P(f"{name}-perceptron-linf-auto.h5"), args.ranks,
-                                                     "--update", "perceptron", "--norm", "linf", "--C", "auto"),
+                                                     "--update", "perceptron", "--norm", "linf", "--C", corollary5),
         }
         print(f"\n{name}: {T} rounds, {k} tasks, C = {C}")
         print(f"{'run':34s} {'inf-error':>10s} {'1-error':>9s}   (cumulative rates after "

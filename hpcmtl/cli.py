@@ -28,6 +28,13 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
+        from .cluster import launcher_rank
+        if launcher_rank() == 0:              # one line per job, not one per rank
+            print(f"hpcmtl: error: {self.prog}: {message}.{self.hint(message)}".replace("..", "."), file=sys.stderr)
+        sys.exit(2)
+
+    def hint(self, message):
+        """' Did you mean ...?' for a misspelt option or choice (empty when nothing is close)."""
         hint = ""
         if "unrecognized arguments" in message:
             options = _all_options(self)
@@ -44,10 +51,7 @@ class Parser(argparse.ArgumentParser):
                 match = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
                 if match:
                     hint = f" Did you mean '{match[0]}'?"
-        from .cluster import launcher_rank
-        if launcher_rank() == 0:              # one line per job, not one per rank
-            print(f"hpcmtl: error: {self.prog}: {message}.{hint}".replace("..", "."), file=sys.stderr)
-        sys.exit(2)
+        return hint
 
 
 def _all_options(parser):
@@ -160,80 +164,10 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     synth.add_argument("--n-train", type=_count("--n-train"), default=100, help="joint-sparse: examples per task")
     synth.add_argument("--force", action="store_true")
 
-    # -- train ----------------------------------------------------------------
-    tr = sub.add_parser("train", help="train a model (distributed under mpiexec)")
-    tr.add_argument("method", choices=TRAIN_METHODS)
-    tr.add_argument("--train", metavar="TRAIN.h5", help="the task dataset (every method but online)")
-    tr.add_argument("--stream", metavar="STREAM.h5", help="online: the stream, read in chunks of rounds")
-    tr.add_argument("--out", required=True, metavar="RESULT.h5")
-    tr.add_argument("--test", metavar="TEST.h5", help="test tasks (online: a test stream) for the final model")
-    tr.add_argument("--loss", default="hinge", help="hinge, smoothed-hinge, squared or logistic")
-    tr.add_argument("--lam", type=_positive_float("--lam"), help="regularization (dmtrl, stl, fixed, ssdca, mtrl-central)")
-    tr.add_argument("--gamma", type=_positive_float("--gamma"), default=1.0, help="smoothed-hinge parameter")
-    tr.add_argument("--tol", type=_positive_float("--tol"), default=1e-6, help="relative duality gap of a W-step")
-    tr.add_argument("--max-rounds", type=_count("--max-rounds"), default=None,
-                    help="rounds per W-step (default 500); l1inf: subgradient steps per radius (default 200)")
-    tr.add_argument("--outer", type=_count("--outer"), default=10, help="maximum Omega-steps + 1")
-    tr.add_argument("--outer-tol", type=float, default=1e-5)
-    tr.add_argument("--local-iters", type=_positive_float("--local-iters"), default=1.0,
-                    help="local SDCA steps per round, as a multiple of the block's rows")
-    tr.add_argument("--eta", type=_positive_float("--eta"), default=1.0,
-                    help="safe aggregation: the step applied to every local update (paper 001's eta); other "
-                         "aggregations: the largest step")
-    tr.add_argument("--aggregation", choices=("qp", "adaptive", "line", "safe"), default="qp",
-                    help="how the workers' local steps are combined (dmtrl, stl, fixed, graph): 'safe' is paper "
-                         "001's Lemma 6.7 rho (its experiments as published); the others take optimistic local "
-                         "steps and the exact dual-maximizing step per task with momentum (qp, the default; "
-                         "adaptive: also adapts each task's rho) or one common step (line). All keep the "
-                         "duality-gap certificate and dual ascent")
-    tr.add_argument("--gap-every", type=_count("--gap-every"), default=1)
-    tr.add_argument("--seed", type=_count("--seed", 0), default=0)
-    tr.add_argument("--rff-dim", type=_count("--rff-dim", 0), default=0)
-    tr.add_argument("--rff-gamma", type=_positive_float("--rff-gamma"), default=1.0)
-    tr.add_argument("--split-tasks", action="store_true", help="split tasks larger than a worker's share")
-    tr.add_argument("--no-shrinking", action="store_true", help="visit every coordinate in every pass (hinge losses)")
-    tr.add_argument("--graph", help="graph: a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
-                    "edge-list CSV (task_a,task_b,weight)")
-    tr.add_argument("--alpha", type=float, default=2.0 ** -8, help="graph: diagonal alpha of L + alpha I")
-    tr.add_argument("--unnormalized", action="store_true", help="graph: keep (L + alpha I)^-1 without unit diagonal")
-    tr.add_argument("--radius", type=_positive_float("--radius"), help="l1inf: the ball radius C")
-    tr.add_argument("--path", metavar="C1,C2,...", help="l1inf: a regularization path, each radius warm-started "
-                    "from the previous solution")
-    tr.add_argument("--projection", choices=("l1inf", "l1", "l2"), default="l1inf",
-                    help="l1inf: the constraint (l1 / l2: every task column in its own ball)")
-    tr.add_argument("--eta0", type=_positive_float("--eta0"), default=1.0, help="l1inf: step size eta0 / sqrt(t)")
-    tr.add_argument("--update", choices=("implicit", "perceptron", "infinite"), default="implicit",
-                    help="online: implicit (Sec. 5), finite-horizon Perceptron (Sec. 3) or infinite horizon (Sec. 4)")
-    tr.add_argument("--norm", choices=("linf", "l1", "l2", "rmax", "p"), default="rmax",
-                    help="online: the global loss (rmax with --r; p with --p)")
-    tr.add_argument("--r", type=_count("--r"), default=1, help="online: r of the r-max norm (1 = L-inf, k = L1)")
-    tr.add_argument("--p", type=float, default=2.0, help="online: p of the p-norm")
-    tr.add_argument("--C", default="1.0", help="online: aggressiveness, or 'auto' (Corollaries 5 and 7)")
-    tr.add_argument("--R", type=_positive_float("--R"), default=None,
-                    help="online: bound on ||x|| (default: the stream's largest instance norm)")
-    tr.add_argument("--code", help="online: an output code over a single-label stream's classes: exhaustive, "
-                    "one-vs-rest, random:K[:SEED] or a .npy matrix")
-    tr.add_argument("--block-rounds", type=_count("--block-rounds"), default=64,
-                    help="online: rounds per exchange with the workers (same sequential algorithm at any value)")
-    tr.add_argument("--chunk-rounds", type=_count("--chunk-rounds"), default=4096,
-                    help="online: rounds read from the file at a time (bounds memory)")
-    tr.add_argument("--sigma", metavar="SIGMA", help="method 'fixed': the task covariance, from a result file "
-                    "(/model/Sigma) or a .npy file")
-    tr.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (default: OUT.checkpoint.h5; always "
-                    "written when SIGTERM, SIGUSR1 or SIGINT arrives)")
-    tr.add_argument("--checkpoint-every", type=_count("--checkpoint-every", 0), default=0, metavar="N",
-                    help="also write a checkpoint every N rounds")
-    tr.add_argument("--checkpoint-seconds", type=_positive_float("--checkpoint-seconds"), default=None, metavar="S",
-                    help="also write a checkpoint every S seconds")
-    tr.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    tr.add_argument("--force", action="store_true", help="overwrite an existing result file")
-    tr.add_argument("--quiet", action="store_true",
-                    help="same as --log-level error (a run that did not converge still says so on stderr)")
-    tr.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                    help="info: progress and summary; warning: summary only; error: errors only")
-    tr.add_argument("--progress-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
-                    help="in a log (not a terminal) print at most one progress line every S seconds, plus "
-                         "the last line of every outer step; 0 prints every round (default %(default)g)")
+    # -- train: one sub-parser a method, each with only the options that method reads --------------
+    tr = sub.add_parser("train", help="train a model (distributed under mpiexec)",
+                        description="hpcmtl train METHOD --help lists the options of one method")
+    add_train_methods(tr)
 
     ev = sub.add_parser("evaluate", help="test metrics of a result file: per task, pooled_* and task_mean_*")
     ev.add_argument("result", metavar="RESULT.h5")
@@ -257,6 +191,237 @@ def build_parser():  # noqa: C901 - one flat description of the command line
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--ranks", type=_count("--ranks"), default=5)
     return p
+
+
+# ---------------------------------------------------------------------------
+# train: every option defined once, in groups; each method's sub-parser takes the groups it reads
+# ---------------------------------------------------------------------------
+TASK_METHODS = tuple(m for m in TRAIN_METHODS if m != "online")
+SDCA_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central")
+DISTRIBUTED_SDCA = ("dmtrl", "stl", "fixed", "graph")
+CHECKPOINTED = ("dmtrl", "stl", "fixed", "graph", "l1inf", "online")
+METHOD_HELP = {
+    "dmtrl": "distributed multi-task relationship learning (paper 001)",
+    "stl": "single-task learning: every task alone (Sigma = identity), same engine",
+    "fixed": "a fixed task covariance (--sigma), same engine",
+    "graph": "a task-graph kernel as the fixed covariance (paper 003), same engine",
+    "ssdca": "centralized baseline: single-machine SDCA over all tasks (rank 0)",
+    "mtrl-central": "centralized baseline: exact MTRL for the squared loss, SSDCA otherwise (rank 0)",
+    "l1inf": "joint feature selection under an l1,inf ball (paper 002)",
+    "online": "online multitask learning from a stream (paper 004)",
+}
+METHOD_DEFAULTS = {m: {"max_rounds": 500} for m in SDCA_METHODS} | {"l1inf": {"max_rounds": 200}}
+
+
+def train_option_groups():
+    """(title, methods, [(flags, argparse keywords), ...]) of ``hpcmtl train``: each option once."""
+    return [
+        ("data and output", TRAIN_METHODS, [
+            (("--train",), dict(metavar="TRAIN.h5", methods=TASK_METHODS, help="the task dataset (required)")),
+            (("--stream",), dict(metavar="STREAM.h5", methods=("online",),
+                                 help="the stream, read in chunks of rounds (required)")),
+            (("--out",), dict(required=True, metavar="RESULT.h5", help="the result file")),
+            (("--test",), dict(metavar="TEST.h5", help="test tasks for the final model",
+                               help_for={"online": "a test stream for the final model"})),
+            (("--force",), dict(action="store_true", help="overwrite an existing result file")),
+        ]),
+        ("loss and features", TASK_METHODS, [
+            (("--loss",), dict(default="hinge", help="hinge, smoothed-hinge, squared or logistic")),
+            (("--gamma",), dict(type=_positive_float("--gamma"), default=1.0, help="smoothed-hinge parameter")),
+            (("--max-rounds",), dict(type=_count("--max-rounds"), default=None,
+                                     help="rounds per W-step",
+                                     help_for={"l1inf": "subgradient steps per radius"})),
+            (("--seed",), dict(type=_count("--seed", 0), default=0, help="random numbers (coordinate orders, "
+                                                                          "random features)")),
+            (("--rff-dim",), dict(type=_count("--rff-dim", 0), default=0,
+                                  help="random Fourier features (0: the features as they are)")),
+            (("--rff-gamma",), dict(type=_positive_float("--rff-gamma"), default=1.0,
+                                    help="RBF kernel width of the random features")),
+            (("--split-tasks",), dict(action="store_true", methods=DISTRIBUTED_SDCA + ("l1inf",),
+                                      help="split tasks larger than a worker's share")),
+        ]),
+        ("dual coordinate ascent", SDCA_METHODS, [
+            (("--lam",), dict(type=_positive_float("--lam"), help="regularization (required)")),
+            (("--tol",), dict(type=_positive_float("--tol"), default=1e-6, help="relative duality gap of a W-step")),
+            (("--local-iters",), dict(type=_positive_float("--local-iters"), default=1.0,
+                                      help="local SDCA steps per round, as a multiple of the block's rows")),
+            (("--gap-every",), dict(type=_count("--gap-every"), default=1, help="compute the duality gap every N rounds")),
+            (("--no-shrinking",), dict(action="store_true",
+                                       help="visit every coordinate in every pass (hinge losses)")),
+            (("--outer",), dict(type=_count("--outer"), default=10,
+                                help="maximum Omega-steps + 1 (one W-step when Sigma is fixed)")),
+            (("--outer-tol",), dict(type=float, default=1e-5,
+                                    help="stop when the objective changes by at most this, relatively, "
+                                         "between W-steps")),
+            (("--sigma",), dict(metavar="SIGMA", methods=("fixed", "ssdca", "mtrl-central"),
+                                help="the task covariance, from a result file (/model/Sigma) or a .npy file "
+                                     "(required for fixed)")),
+        ]),
+        ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
+            (("--aggregation",), dict(choices=("qp", "adaptive", "line", "safe"), default="qp",
+                                      help="'safe' is paper 001's Lemma 6.7 rho (its experiments as published); "
+                                           "the others take optimistic local steps and the exact dual-maximizing "
+                                           "step per task with momentum (qp; adaptive: also adapts each task's "
+                                           "rho) or one common step (line). All keep the duality-gap certificate "
+                                           "and dual ascent")),
+            (("--eta",), dict(type=_positive_float("--eta"), default=1.0,
+                              help="safe aggregation: the step applied to every local update (paper 001's eta); "
+                                   "other aggregations: the largest step")),
+        ]),
+        ("task graph", ("graph",), [
+            (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
+                                     "edge-list CSV (task_a,task_b,weight) (required)")),
+            (("--alpha",), dict(type=float, default=2.0 ** -8, help="diagonal alpha of L + alpha I")),
+            (("--unnormalized",), dict(action="store_true", help="keep (L + alpha I)^-1 without unit diagonal")),
+        ]),
+        ("l1,inf ball", ("l1inf",), [
+            (("--radius",), dict(type=_positive_float("--radius"), help="the ball radius C (or --path)")),
+            (("--path",), dict(metavar="C1,C2,...", help="a regularization path, each radius warm-started from "
+                                                         "the previous solution")),
+            (("--projection",), dict(choices=("l1inf", "l1", "l2"), default="l1inf",
+                                     help="the constraint (l1 / l2: every task column in its own ball)")),
+            (("--eta0",), dict(type=_positive_float("--eta0"), default=1.0, help="step size eta0 / sqrt(t)")),
+        ]),
+        ("online rule", ("online",), [
+            (("--update",), dict(choices=("implicit", "perceptron", "infinite"), default="implicit",
+                                 help="implicit (Sec. 5), finite-horizon Perceptron (Sec. 3) or infinite horizon "
+                                      "(Sec. 4)")),
+            (("--norm",), dict(choices=("linf", "l1", "l2", "rmax", "p"), default="rmax",
+                               help="the global loss (rmax with --r; p with --p)")),
+            (("--r",), dict(type=_count("--r"), default=1, help="r of the r-max norm (1 = L-inf, k = L1)")),
+            (("--p",), dict(type=float, default=2.0, help="p of the p-norm")),
+            (("--C",), dict(default="1.0", help="aggressiveness, or 'auto': the dual norm of a unit step "
+                                                "1/mean||x||^2 on every active task (docs/math.md)")),
+            (("--R",), dict(type=_positive_float("--R"), default=None,
+                            help="bound on ||x|| for the infinite-horizon update (none: the stream's largest "
+                                 "instance norm)")),
+            (("--code",), dict(help="an output code over a single-label stream's classes: exhaustive, "
+                                    "one-vs-rest, random:K[:SEED] or a .npy matrix")),
+            (("--block-rounds",), dict(type=_count("--block-rounds"), default=64,
+                                       help="rounds per exchange with the workers (same sequential algorithm "
+                                            "at any value)")),
+            (("--chunk-rounds",), dict(type=_count("--chunk-rounds"), default=4096,
+                                       help="rounds read from the file at a time (bounds memory)")),
+        ]),
+        ("checkpoints", CHECKPOINTED, [
+            (("--checkpoint",), dict(metavar="PATH", help="checkpoint file (none: OUT.checkpoint.h5; always "
+                                                          "written when SIGTERM, SIGUSR1 or SIGINT arrives)")),
+            (("--checkpoint-every",), dict(type=_count("--checkpoint-every", 0), default=0, metavar="N",
+                                           help="also write a checkpoint every N rounds (0: never)")),
+            (("--checkpoint-seconds",), dict(type=_positive_float("--checkpoint-seconds"), default=None,
+                                             metavar="S", help="also write a checkpoint every S seconds")),
+            (("--resume",), dict(action="store_true", help="continue from the checkpoint")),
+        ]),
+        ("logging", TRAIN_METHODS, [
+            (("--quiet",), dict(action="store_true",
+                                 help="same as --log-level error (a run that did not converge still says so)")),
+            (("--log-level",), dict(choices=("debug", "info", "warning", "error"), default="info",
+                                    help="info: progress and summary; warning: summary only; error: errors only")),
+            (("--progress-seconds",), dict(type=float, default=DEFAULT_SECONDS, metavar="S",
+                                           help="in a log (not a terminal) print at most one progress line every "
+                                                "S seconds, plus the last line of every outer step; 0 prints every "
+                                                "round")),
+        ]),
+    ]
+
+
+def train_options_of(method):
+    """{option string: (flags, argparse keywords)} of the options ``train METHOD`` takes."""
+    out = {}
+    for _, methods, options in train_option_groups():
+        for flags, kw in options:
+            if method in kw.get("methods", methods) and method in methods:
+                own = {k: v for k, v in kw.items() if k not in ("methods", "help_for")}
+                own["help"] = kw.get("help_for", {}).get(method, kw.get("help"))
+                out[flags[0]] = (flags, own)
+    return out
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends every option's line with its default (or 'required')."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or "%(default)" in text or action.default is argparse.SUPPRESS:
+            return text
+        if action.required:
+            return text if "(required)" in text else text + " (required)"
+        if isinstance(action, argparse._StoreTrueAction):
+            return text + " (default: off)"
+        if action.default is None:
+            return text if "(required)" in text or "(none:" in text else text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+
+class MethodParser(Parser):
+    """``hpcmtl train METHOD``: an option of another method is an error that names the methods taking it."""
+
+    method = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: " + " ".join(extras))
+        return namespace, extras
+
+    def hint(self, message):
+        if self.method is not None and "unrecognized arguments" in message:
+            own = _all_options(self)
+            for word in message.split(":", 1)[1].split():
+                name = word.split("=")[0]
+                takers = [m for m in TRAIN_METHODS if name in train_options_of(m)]
+                if name.startswith("--") and takers and name not in own:
+                    return (f" '{name}' is an option of train {', '.join(takers)}, not of train {self.method} "
+                            f"(hpcmtl train {self.method} --help lists its options).")
+        return super().hint(message)
+
+
+def add_train_methods(train_parser):
+    """One sub-parser a method with the option groups it reads; options of other methods default as before."""
+    methods = train_parser.add_subparsers(dest="method", required=True, parser_class=MethodParser,
+                                          metavar="METHOD")
+    everything = {}
+    for name in TRAIN_METHODS:
+        everything.update(train_options_of(name))
+    for name in TRAIN_METHODS:
+        mp = methods.add_parser(name, help=METHOD_HELP[name], description=f"hpcmtl train {name}: "
+                                f"{METHOD_HELP[name]}", formatter_class=DefaultsFormatter)
+        mp.method = name
+        own = train_options_of(name)
+        for title, group_methods, options in train_option_groups():
+            flags_here = [flags for flags, kw in options if flags[0] in own]
+            if not flags_here:
+                continue
+            group = mp.add_argument_group(title)
+            for flags in flags_here:
+                group.add_argument(*flags, **own[flags[0]][1])
+        mp.set_defaults(**METHOD_DEFAULTS.get(name, {}))
+        # the namespace keeps every attribute the commands read: another method's option is its default
+        foreign = {}
+        for option, (flags, kw) in everything.items():
+            if option not in own:
+                off = False if kw.get("action") == "store_true" else None
+                foreign[option.lstrip("-").replace("-", "_")] = kw.get("default", off)
+        mp.set_defaults(**foreign)
+
+
+def train_method_first(argv):
+    """``train [OPTIONS] METHOD ...`` as ``train METHOD [OPTIONS] ...``: the one parser before accepted both orders."""
+    if len(argv) < 3 or argv[0] != "train" or not argv[1].startswith("-") or argv[1] in ("-h", "--help"):
+        return argv
+    takes_value = {}
+    for name in TRAIN_METHODS:
+        for option, (flags, kw) in train_options_of(name).items():
+            takes_value[option] = kw.get("action") != "store_true"
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv
+        if not word.startswith("-"):
+            return ["train", word] + argv[1:i] + argv[i + 1:]
+        i += 2 if takes_value.get(word, False) and "=" not in word else 1
+    return argv
 
 
 # ---------------------------------------------------------------------------
@@ -657,7 +822,7 @@ def cmd_train_online(args, cluster, signals, checkpoint):
                                                 "task_names": source.names, "code": source.code,
                                                 "class_names": source.class_names}, args.stream)
         probe.close()
-    config.validate(source.n_tasks, source.n_rounds, source.stream.max_row_norm())   # R, C settle here
+    config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)   # R, C settle here
     progress = None
     if cluster.is_server:
         from .progress import Progress
@@ -988,7 +1153,8 @@ def main(argv=None):
 
 
 def _main(argv=None):
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = build_parser().parse_args(train_method_first(argv))
     if args.command == "train":
         from .cluster import run_main
         return run_main(lambda cluster: cmd_train(args, cluster))

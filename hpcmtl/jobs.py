@@ -65,9 +65,20 @@ def templates() -> dict:
     return out
 
 
-def _methods():
-    from .cli import TRAIN_METHODS
-    return TRAIN_METHODS
+_TRAIN_LINE = re.compile(r"hpcmtl train \{\{method[^}]*\}\}(.*)")
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)")
+
+
+def _methods(template: str = ""):
+    """The methods a template may run: those whose ``train METHOD`` takes every option its command line passes."""
+    from .cli import TRAIN_METHODS, train_options_of
+    available = templates()
+    if template not in available:
+        return TRAIN_METHODS
+    with open(available[template][0], encoding="utf-8") as f:
+        text = re.sub(r"\\\n\s*", " ", f.read())            # one line per command
+    used = {o for line in _TRAIN_LINE.findall(text) for o in _OPTION.findall(line)}
+    return tuple(m for m in TRAIN_METHODS if used <= set(train_options_of(m)))
 
 
 def check_value(key: str, value: str, template: str = "") -> list:
@@ -102,9 +113,10 @@ def check_value(key: str, value: str, template: str = "") -> list:
         if not _TIME.match(value):
             raise wrong("a SLURM time: MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]]")
     elif kind == "method":
-        if value not in _methods():
-            raise InputError(f"The '{key}' parameter{owner} must be one of {', '.join(_methods())}. "
-                             f"Got {value!r} instead.{closest(value, _methods())}")
+        methods = _methods(template)
+        if value not in methods:
+            raise InputError(f"The '{key}' parameter{owner} must be one of {', '.join(methods)} (the methods "
+                             f"that take its options). Got {value!r} instead.{closest(value, methods)}")
     elif kind == "loss":
         if value not in LOSSES:
             raise InputError(f"The '{key}' parameter{owner} must be one of {', '.join(LOSSES)}. "

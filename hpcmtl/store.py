@@ -906,6 +906,8 @@ def write_stream(path, X, Y, label_names=None, truth=None, attrs=None, force=Tru
         f.attrs["n_features"] = X.shape[1]
         f.attrs["n_labels"] = Y.shape[1]
         f.attrs["max_row_norm"] = float(np.sqrt(np.max(np.asarray(X.multiply(X).sum(axis=1))))) if X.shape[0] else 0.0
+        f.attrs["mean_sq_row_norm"] = float(np.dot(X.data, X.data) / X.shape[0]) if X.shape[0] else 0.0
+        f.attrs["mean_active_labels"] = float(np.count_nonzero(Y) / Y.shape[0]) if Y.shape[0] else 0.0
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         g = f.create_group("X")
@@ -969,6 +971,24 @@ class StreamFile(_OpenFile):
             if X.shape[0]:
                 best = max(best, float(np.sqrt(np.max(np.asarray(X.multiply(X).sum(axis=1))))))
         return best
+
+    def mean_sq_row_norm(self, chunk=1 << 22) -> float:
+        """Mean ||x_t||^2 over the rounds (stored by write_stream; summed in chunks of values for older files)."""
+        if "mean_sq_row_norm" in self._f.attrs:
+            return float(self._f.attrs["mean_sq_row_norm"])
+        data, total = self._f["X"]["data"], 0.0
+        for start in range(0, self.nnz, chunk):
+            values = np.asarray(data[start:min(self.nnz, start + chunk)], dtype=np.float64)
+            total += float(np.dot(values, values))
+        return total / max(1, self.n_rounds)
+
+    def mean_active_labels(self, chunk=65536) -> float:
+        """Mean number of non-dormant labels a round (stored by write_stream; counted in chunks for older files)."""
+        if "mean_active_labels" in self._f.attrs:
+            return float(self._f.attrs["mean_active_labels"])
+        active = sum(int(np.count_nonzero(self.read_labels(start, min(self.n_rounds, start + chunk))))
+                     for start in range(0, self.n_rounds, chunk))
+        return active / max(1, self.n_rounds)
 
     def read_rounds(self, start: int, stop: int):
         """Rounds ``start:stop`` as (CSR instances, labels), validated (one-line errors naming the round)."""

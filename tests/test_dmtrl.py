@@ -303,7 +303,7 @@ def test_a_nan_in_any_round_ends_the_job_naming_round_and_task(tmp_path, method,
     store.write_tasks(path, Xs, ys)
     out = tmp_path / "r.h5"
     args = ["train", method, "--train", path, "--out", out, "--quiet", "--checkpoint-every", "5",
-            "--tol", "1e-12", "--max-rounds", "40"] + (["--lam", "1e-2"] if method != "l1inf" else []) + extra
+            "--max-rounds", "40"] + (["--lam", "1e-2", "--tol", "1e-12"] if method != "l1inf" else []) + extra
     r = run_hpcmtl(args, n_ranks=3, env={"HPCMTL_FAULT_NAN": "13:4"})   # task 4 reports NaN in round 13
     ours = [line for line in r.stderr.splitlines() if line.startswith("hpcmtl:")]
     assert r.returncode == 1, r.stderr

@@ -235,9 +235,9 @@ def noisy_stream(seed, T=3000, d=30, k=6, noise=0.1):
 def test_theorem_4_regret_bound_holds(update, norm, kw):
     X, Y, Wstar = noisy_stream(11)
     T = Y.shape[0]
-    model = online.OnlineMultitask(update=update, norm=norm, C="auto", R=1.0, horizon=T, **kw).partial_fit(X, Y)
-    C = model.rule_.C
-    assert C == pytest.approx(1 / math.sqrt(T))                              # Corollary 5
+    C = online.horizon_C(T, 1.0)                                              # Corollary 5 (R = 1)
+    model = online.OnlineMultitask(update=update, norm=norm, C=C, **kw).partial_fit(X, Y)
+    assert C == pytest.approx(1 / math.sqrt(T))
     rho2 = model.rule_.rho2
     cumulative = model.history_["cumulative_loss"][-1]
     for scale in (0.5, 2.0, 8.0):                                             # any comparator
@@ -251,8 +251,9 @@ def test_theorem_4_regret_bound_holds(update, norm, kw):
 @pytest.mark.parametrize("norm,kw", [("linf", {}), ("l1", {}), ("rmax", {"r": 2})])
 def test_theorem_6_infinite_horizon_bound_holds_on_every_prefix(norm, kw):
     X, Y, Wstar = noisy_stream(12, T=2000)
-    model = online.OnlineMultitask(update="infinite", norm=norm, C="auto", R=1.0, **kw).partial_fit(X, Y)
-    rule = model.rule_
+    rho = online.remoteness(*online.resolve_norm(norm, 2.0, kw.get("r", 1), Y.shape[1]), Y.shape[1])
+    model = online.OnlineMultitask(update="infinite", norm=norm, C=1 / rho ** 2, R=1.0, **kw).partial_fit(X, Y)
+    rule = model.rule_                                                        # Corollary 7: C = 1 / (R^2 rho^2)
     g = model.history_["global_loss"]
     small = g <= rule.R2 * rule.C * rule.rho2
     left = np.cumsum(np.where(small, g ** 2 / (rule.R2 * rule.rho2), rule.C * g))
@@ -260,6 +261,51 @@ def test_theorem_6_infinite_horizon_bound_holds_on_every_prefix(norm, kw):
     star = np.array([global_norm(l, norm, **kw) for l in np.maximum(0, 1 - Y * (X @ Ws))])
     right = 2 * rule.C * np.cumsum(star) + np.sum(Ws ** 2)
     assert np.all(left <= right)
+
+
+# ---------------------------------------------------------------------------
+# C = "auto": the dual norm of a typical first round's unconstrained implicit step
+# ---------------------------------------------------------------------------
+def pixel_stream(seed=0, T=4000, d=64, n_classes=10, noise=150.0):
+    """Raw-pixel-like single-label stream: 0-255 features, overlapping classes (MNIST's property).
+
+    On one-vs-rest MNIST (raw or scaled) Corollary 5's C = 1/(sqrt(T) R^2) left the L2, L1
+    and r-max rules at chance (90 % error) while C of order 1/mean||x||^2 gave 25 %.
+    """
+    rng = np.random.default_rng(seed)
+    prototypes = 255.0 * (rng.uniform(size=(n_classes, d)) < 0.3)
+    classes = rng.integers(0, n_classes, size=T)
+    return np.clip(prototypes[classes] + rng.normal(0.0, noise, size=(T, d)), 0.0, 255.0), classes
+
+
+def ecoc_error(X, classes, C, update, norm, r=3):
+    R = float(np.sqrt(np.max(np.einsum("ij,ij->i", X, X))))
+    model = online.OnlineECOC(n_classes=10, code="one-vs-rest", update=update, norm=norm, r=r, C=C, R=R)
+    model.fit(X, classes)
+    return model.metrics_.summary(10)["multiclass_error_rate"], model.rule_.C
+
+
+@pytest.mark.parametrize("norm,active,ones", [("l2", 9, 3.0), ("linf", 9, 9.0), ("l1", 9, 1.0), ("rmax", 9, 3.0),
+                                              ("rmax", 2, 1.0), ("p", 8, 2.0)])
+def test_auto_C_is_the_dual_norm_of_unit_steps_over_mean_squared_norm(norm, active, ones):
+    norm_id, p, r = online.resolve_norm(norm, 1.5, 3, 20)
+    assert online.auto_C(norm_id, p, r, active, 4.0) == pytest.approx(ones / 4.0)
+
+
+@pytest.mark.parametrize("update", ["perceptron", "implicit", "infinite"])
+@pytest.mark.parametrize("norm", ["l2", "l1", "rmax", "linf"])
+def test_auto_C_is_near_the_best_fixed_C_where_corollary_5_is_at_chance(update, norm):
+    X, classes = pixel_stream()
+    mean_sq = float(np.mean(np.einsum("ij,ij->i", X, X)))
+    auto, C = ecoc_error(X, classes, "auto", update, norm)
+    best = min(ecoc_error(X, classes, c / mean_sq, update, norm)[0] for c in (0.1, 1.0, 10.0))
+    assert auto <= best + 0.03 and auto < 0.25, (auto, best)
+    if norm != "linf" and update != "infinite":       # the old rule on the same stream: chance is 0.9
+        old = ecoc_error(X, classes, online.horizon_C(len(classes), np.sqrt(np.max(np.sum(X * X, axis=1)))),
+                         update, norm)[0]
+        assert old > 0.8
+    scaled, C_scaled = ecoc_error(X / 255.0, classes, "auto", update, norm)
+    assert C_scaled == pytest.approx(C * 255.0 ** 2) and abs(scaled - auto) <= 0.005   # no unit in the rule
 
 
 # ---------------------------------------------------------------------------
@@ -408,8 +454,8 @@ def test_tau_rejects_bad_settings(kwargs, message):
 def test_learner_rejects_bad_input():
     with pytest.raises(InputError, match="'C' parameter of OnlineMultitask must be > 0 or 'auto'"):
         online.OnlineMultitask(C=-1).partial_fit(np.ones((3, 2)), np.ones((3, 2)))
-    with pytest.raises(InputError, match="C=auto of OnlineMultitask needs the number of rounds"):
-        online.OnlineMultitask(update="perceptron", C="auto", R=1.0).partial_fit(np.ones((3, 2)), np.ones((3, 2)))
+    with pytest.raises(InputError, match="OnlineMultitask: C=auto scales as 1 / mean \\|\\|x\\|\\|\\^2, which is 0.0"):
+        online.OnlineMultitask(update="perceptron", C="auto").partial_fit(np.zeros((3, 2)), np.ones((3, 2)))
     with pytest.raises(InputError, match="field 'Y' must hold -1, \\+1 or 0"):
         online.OnlineMultitask().partial_fit(np.ones((3, 2)), np.full((3, 2), 0.5))
     with pytest.raises(InputError, match="field 'X' contains NaN"):

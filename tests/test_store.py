@@ -124,6 +124,22 @@ def test_missing_fields_are_named(tmp_path):
             tf.read_task(0)
 
 
+def test_stream_scale_statistics_are_stored_and_recomputed_for_older_files(tmp_path):
+    rng = np.random.default_rng(0)
+    X = sp.random(50, 7, density=0.4, format="csr", random_state=1) * 255.0
+    Y = rng.choice([-1.0, 0.0, 1.0], size=(50, 3))
+    path = tmp_path / "s.h5"
+    store.write_stream(path, X, Y)
+    expected = (float(X.multiply(X).sum() / 50), float(np.count_nonzero(Y) / 50))
+    with store.StreamFile(path) as sf:
+        stored = (sf.mean_sq_row_norm(), sf.mean_active_labels())
+    with h5py.File(path, "a") as f:                  # a file written before these attributes existed
+        del f.attrs["mean_sq_row_norm"], f.attrs["mean_active_labels"]
+    with store.StreamFile(path) as sf:
+        recomputed = (sf.mean_sq_row_norm(chunk=3), sf.mean_active_labels(chunk=7))
+    assert stored == pytest.approx(expected) and recomputed == pytest.approx(expected)
+
+
 def test_corrupt_csr_indices_are_caught(tmp_path):
     Xs, ys = small(sparse=True)
     path = tmp_path / "c.h5"
