@@ -25,6 +25,45 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
+def run_hpcmtl_timed(args, n_ranks, report, timeout=180, env=None):
+    """``run_hpcmtl`` (under mpiexec unless ``n_ranks`` is None) and the seconds from the first stderr line
+    containing ``report`` to the end of the job (None if no line did).
+
+    How fast every rank ends once a failure is reported, without MPI start-up or the work before the report
+    (both slow on a loaded machine) in the time.
+    """
+    import tempfile
+    import threading
+    import time
+    cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
+    if n_ranks is not None:
+        cmd = [mpiexec_path(), "-n", str(n_ranks)] + cmd
+    err, reported = [], []
+
+    def read_stderr(stream):
+        for line in stream:
+            err.append(line)
+            if not reported and report in line:
+                reported.append(time.monotonic())
+
+    with tempfile.TemporaryFile("w+") as out:          # a file, not a pipe: stdout can never block the job
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, **(env or {})))
+        reader = threading.Thread(target=read_stderr, args=(proc.stderr,), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        ended = time.monotonic()
+        reader.join(timeout=30)
+        out.seek(0)
+        result = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), "".join(err))
+    return result, (ended - reported[0] if reported else None)
+
+
 @pytest.fixture
 def shared_data():
     if not os.path.isdir(SHARED_DATA):
