@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
 SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_kernels.pyx hpcmtl/_online.pyx
 
-.PHONY: demo test test-kernels install clean
+.PHONY: demo test test-fast test-kernels install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: $(STAMP)
 # setup.py); the in-place modules are never touched.
 test: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests
+
+# a fast subset for development (under 2 minutes, no mpiexec): every test not marked
+# mpi (launches mpiexec) or slow (tests/conftest.py, pyproject.toml); `make test` runs all
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not mpi and not slow" tests
 
 # only the kernel tests (both builds; hypothesis, derandomized)
 test-kernels: $(STAMP)

@@ -10,7 +10,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
+# Markers (registered in pyproject.toml): ``mpi`` for a test that launches mpiexec, ``slow`` for one
+# that takes more than a few seconds without it.  ``make test-fast`` runs ``-m "not mpi and not slow"``,
+# so a test launching mpiexec without the marker fails (see ``mpiexec_path``) rather than slip into it.
+RUNNING = {"marks": None}        # the markers of the test being set up, run or torn down
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    RUNNING["marks"] = {m.name for m in item.iter_markers()}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    RUNNING["marks"] = None
+
+
 def mpiexec_path():
+    if RUNNING["marks"] is not None and "mpi" not in RUNNING["marks"]:
+        pytest.fail("this test launches mpiexec: mark it @pytest.mark.mpi (make test-fast leaves those out)")
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else "mpiexec"
 

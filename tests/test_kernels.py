@@ -306,7 +306,8 @@ def issue_12_tasks(path, seed=23):
     write_tasks(str(path), Xs, ys)
 
 
-@pytest.mark.parametrize("n_ranks", [None, pytest.param(3, marks=pytest.mark.mpi)], ids=["serial", "3-ranks"])
+@pytest.mark.parametrize("n_ranks", [pytest.param(None, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.mpi)],
+                         ids=["serial", "3-ranks"])
 def test_issue_12_reproduction_trains_to_a_finite_converged_model(tmp_path, n_ranks):
     train, out = tmp_path / "tasks.h5", tmp_path / "model.h5"
     issue_12_tasks(train)

@@ -2,6 +2,8 @@
 import io
 import math
 
+import pytest
+
 from hpcmtl.progress import Progress, describe, fields
 
 from conftest import run_hpcmtl
@@ -77,6 +79,7 @@ def progress_rows(stdout):
     return [f for f in map(fields, stdout.splitlines()) if f]
 
 
+@pytest.mark.slow
 def test_cli_log_is_throttled_by_default_and_every_round_on_request(tmp_path):
     tr = tmp_path / "tr.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
@@ -94,13 +97,22 @@ def test_cli_log_is_throttled_by_default_and_every_round_on_request(tmp_path):
     assert [logged[-1][k] for k in final] == [per_round[-1][k] for k in final]   # the same final round
 
 
-def test_cli_levels_and_summary_table(tmp_path):
+@pytest.fixture
+def stl_run(tmp_path):
     tr = tmp_path / "tr.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
-    base = ["train", "stl", "--train", tr, "--lam", "1e-2", "--loss", "logistic", "--force"]
-    info = run_hpcmtl(base + ["--out", tmp_path / "a.h5"]).stdout
+    return ["train", "stl", "--train", tr, "--lam", "1e-2", "--loss", "logistic", "--force"]
+
+
+@pytest.mark.slow
+def test_cli_levels_and_summary_table(stl_run, tmp_path):
+    info = run_hpcmtl(stl_run + ["--out", tmp_path / "a.h5"]).stdout
     assert "rel_gap" in info and "rounds " in info and "result file" in info
-    warn = run_hpcmtl(base + ["--out", tmp_path / "b.h5", "--log-level", "warning"]).stdout
+    warn = run_hpcmtl(stl_run + ["--out", tmp_path / "b.h5", "--log-level", "warning"]).stdout
     assert "rel_gap " not in warn and "result file" in warn
-    quiet = run_hpcmtl(base + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
+
+
+@pytest.mark.mpi
+def test_cli_quiet_prints_nothing_on_any_rank(stl_run, tmp_path):
+    quiet = run_hpcmtl(stl_run + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
