@@ -6,9 +6,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
-SOURCES := setup.py pyproject.toml hpcmtl/_kernels.pyx
+SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_kernels.pyx hpcmtl/_online.pyx
 
-.PHONY: demo test test-kernels install clean
+.PHONY: demo test test-fast test-kernels install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,16 +24,22 @@ install: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m hpcmtl demo --out demo-output
 
-# tests/ includes the kernel tests twice: on the optimized hpcmtl._kernels and on
-# hpcmtl._kernels_debug, the same source with bounds checks on, which the tests
-# compile into build/kernels-debug/<source hash>/ the first time (HPCMTL_DEBUG_KERNELS=1,
-# see setup.py); the in-place module is never touched.
+# tests/ includes the kernel tests twice: on the optimized hpcmtl._kernels and
+# hpcmtl._online and on hpcmtl._kernels_debug and hpcmtl._online_debug, the same
+# sources with bounds checks on, which the tests compile into
+# build/kernels-debug/<source hash>/ the first time (HPCMTL_DEBUG_KERNELS=1, see
+# setup.py); the in-place modules are never touched.
 test: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests
+
+# a fast subset for development (under 2 minutes, no mpiexec): every test not marked
+# mpi (launches mpiexec) or slow (tests/conftest.py, pyproject.toml); `make test` runs all
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not mpi and not slow" tests
 
 # only the kernel tests (both builds; hypothesis, derandomized)
 test-kernels: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests/test_kernels.py tests/test_kernel_properties.py
 
 clean:
-	rm -rf build *.egg-info hpcmtl/*.so hpcmtl/_kernels.c demo-output
+	rm -rf build *.egg-info hpcmtl/*.so hpcmtl/_rows.c hpcmtl/_kernels.c hpcmtl/_online.c hpcmtl/*.html demo-output

@@ -1,15 +1,19 @@
 """Build script for hpcmtl: the Cython kernels are compiled against NumPy.
 
-The Cython directives are set here, once.  The default build compiles
-``hpcmtl/_kernels.pyx`` as ``hpcmtl._kernels`` with bounds checking off.
+Three extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``),
+``hpcmtl._kernels`` (SDCA and the projections) and ``hpcmtl._online`` (the
+online tau solvers); both kernel modules cimport ``_rows.pxd``.  The Cython
+directives are set here, once: bounds checking off.
 
-``HPCMTL_DEBUG_KERNELS=1`` compiles the same source as a separate module,
-``hpcmtl._kernels_debug``, with bounds checking and initialized-view checks
-on, so it never replaces the optimized module.  Wraparound stays off: no
-kernel indexes from the end on purpose, so a negative index is a bug and must
-raise IndexError rather than silently read ``a[n - 1]``.  The generated C goes
-to ``HPCMTL_DEBUG_CYTHON_DIR`` (default ``build/cython-debug``), never beside
-the source.  The kernel tests build it themselves, once per source hash (see
+``HPCMTL_DEBUG_KERNELS=1`` compiles the two kernel sources as separate modules,
+``hpcmtl._kernels_debug`` and ``hpcmtl._online_debug``, with bounds checking and
+initialized-view checks on, so they never replace the optimized modules (they
+use the installed ``hpcmtl._rows``; every check and row access of ``_rows.pxd``
+is inline, so it is compiled into them with their directives).  Wraparound stays
+off: no kernel indexes from the end on purpose, so a negative index is a bug and
+must raise IndexError rather than silently read ``a[n - 1]``.  The generated C
+goes to ``HPCMTL_DEBUG_CYTHON_DIR`` (default ``build/cython-debug``), never beside
+the source.  The kernel tests build them themselves, once per source hash (see
 ``tests/conftest.py``); by hand::
 
     HPCMTL_DEBUG_KERNELS=1 python setup.py build_ext --build-lib build/kernels-debug/manual
@@ -32,15 +36,22 @@ directives = {
     "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint
 }
 
-extensions = [
-    Extension(
-        "hpcmtl._kernels_debug" if DEBUG else "hpcmtl._kernels",
-        ["hpcmtl/_kernels.pyx"],
+
+def extension(name, source):
+    return Extension(
+        name,
+        [source],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"] if not DEBUG else ["-O0", "-g"],
     )
-]
+
+
+KERNELS = [("hpcmtl._kernels", "hpcmtl/_kernels.pyx"), ("hpcmtl._online", "hpcmtl/_online.pyx")]
+if DEBUG:
+    extensions = [extension(name + "_debug", source) for name, source in KERNELS]
+else:
+    extensions = [extension("hpcmtl._rows", "hpcmtl/_rows.pyx")] + [extension(n, s) for n, s in KERNELS]
 cython_dir = os.environ.get("HPCMTL_DEBUG_CYTHON_DIR", os.path.join("build", "cython-debug")) if DEBUG else None
 
 setup(
@@ -51,7 +62,7 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     packages=find_packages(include=["hpcmtl", "hpcmtl.*"]),
-    package_data={"hpcmtl": ["_kernels.pyx", "templates/*"]},
+    package_data={"hpcmtl": ["_kernels.pyx", "_online.pyx", "_rows.pyx", "_rows.pxd", "templates/*"]},
     ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),
     python_requires=">=3.9",
     install_requires=[

@@ -62,7 +62,7 @@ def run_hpcmtl(X, y, lam, target, seed, shrinking=True, max_epochs=2000):
     for epoch in range(1, max_epochs + 1):
         w = b / lam
         t = time.perf_counter()
-        _kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, order, shrink, 0, 1.0,
+        _kernels.sdca_local(blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, order, shrink, 0, 1.0,
                             1.0 / lam, float(n), 1.0, seed * 100003 + epoch)
         b += delta_b
         seconds += time.perf_counter() - t

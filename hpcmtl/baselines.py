@@ -62,7 +62,7 @@ class _Centralized:
 
     def record(self, outer):
         cfg = self.config
-        terms = np.array([_kernels.objective_terms(*b.rows, b.y, self.alpha_of(i), self.WT[i],
+        terms = np.array([_kernels.objective_terms(b.rows, b.y, self.alpha_of(i), self.WT[i],
                                                    self.loss.kernel_id, cfg.gamma)
                           for i, b in enumerate(self.blocks)])
         check_finite_rows(terms, self.round, self.names, "loss or conjugate sum", outer)
@@ -98,7 +98,7 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=Non
         row = None
         for t in range(config.max_rounds):
             state.round += 1
-            _kernels.ssdca_epoch(*stacked.rows, stacked.y, state.alpha, task_of_row, state.n,
+            _kernels.ssdca_epoch(stacked.rows, stacked.y, state.alpha, task_of_row, state.n,
                                  state.WT, state.BT, state.Sigma, stacked.sq_norms, perm,
                                  state.loss.kernel_id, config.gamma, config.lam,
                                  max(1, int(round(config.local_iters * X.shape[0]))),

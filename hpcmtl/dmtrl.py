@@ -474,7 +474,7 @@ class LocalBlocks(LocalBase):
         for k, blk in enumerate(self.blocks):
             with self.working_on(blk, round_):
                 old = self.alpha[k].copy() if cfg.eta != 1.0 else None
-                _kernels.sdca_local(*blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
+                _kernels.sdca_local(blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
                                     self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma,
                                     self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
                                     block_seed(cfg.seed, blk.task, blk.part, round_))
@@ -507,7 +507,7 @@ class LocalBlocks(LocalBase):
                     out[k, :d] = np.asarray(blk.X.T @ delta).ravel() / blk.n_task
                 else:
                     trial = a.copy()
-                    _kernels.sdca_local(*blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
+                    _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
                                         self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma, c,
                                         float(blk.n_task), cfg.local_iters,
                                         block_seed(cfg.seed, blk.task, blk.part, round_))
@@ -577,7 +577,7 @@ class LocalBlocks(LocalBase):
     def objective_terms(self):
         terms = np.zeros((len(self.blocks), 2))
         for k, blk in enumerate(self.blocks):
-            terms[k] = _kernels.objective_terms(*blk.rows, blk.y, self.alpha[k], self.w[k],
+            terms[k] = _kernels.objective_terms(blk.rows, blk.y, self.alpha[k], self.w[k],
                                                 self.loss.kernel_id, self.config.gamma)
         return self.cluster.gather_block_rows(terms, 2)
 

@@ -180,9 +180,9 @@ class LocalBase:
         """Memory of this rank's own data partition and algorithm state (MB)."""
         total = self.extra_bytes()
         for blk in self.blocks:
-            total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes + blk.sq_norms.nbytes
+            total += blk.rows.nbytes + blk.y.nbytes + blk.sq_norms.nbytes
         for blk in self.test_blocks.values():
-            total += sum(a.nbytes for a in blk.rows[:3]) + blk.y.nbytes
+            total += blk.rows.nbytes + blk.y.nbytes
         return total / 2 ** 20
 
 

@@ -1,4 +1,4 @@
-"""Loss registry: the one place a loss name becomes a kernel id.
+"""Loss registry: the one place a loss name becomes a kernel id (``_kernels.LossId``).
 
 Each loss knows its kernel id, whether labels must be exactly -1/+1, and which
 metrics make sense for it.  Primal values and conjugates are computed by the
@@ -12,24 +12,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._kernels import LossId
 from .errors import InputError
 
 
 @dataclass(frozen=True)
 class Loss:
     name: str
-    kernel_id: int
+    kernel_id: LossId
     binary_labels: bool
     smooth: bool
     description: str
 
 
 LOSSES = {
-    "hinge": Loss("hinge", 0, True, False, "max(0, 1 - y z)"),
-    "smoothed-hinge": Loss("smoothed-hinge", 1, True, True,
+    "hinge": Loss("hinge", LossId.HINGE, True, False, "max(0, 1 - y z)"),
+    "smoothed-hinge": Loss("smoothed-hinge", LossId.SMOOTHED_HINGE, True, True,
                            "0 if yz >= 1; 1 - yz - gamma/2 if yz <= 1 - gamma; (1 - yz)^2 / (2 gamma)"),
-    "squared": Loss("squared", 2, False, True, "0.5 (z - y)^2"),
-    "logistic": Loss("logistic", 3, True, True, "log(1 + exp(-y z))"),
+    "squared": Loss("squared", LossId.SQUARED, False, True, "0.5 (z - y)^2"),
+    "logistic": Loss("logistic", LossId.LOGISTIC, True, True, "log(1 + exp(-y z))"),
 }
 
 

@@ -26,7 +26,7 @@ with ``R^2 sum_j ||w_j*||^2 = rho^2``, which real streams miss by orders of
 magnitude: it left one-vs-rest MNIST at chance (docs/math.md).
 
 A dormant task (label 0) has loss 0, so its tau is 0 and its hypothesis stays
-(Sec. 9).  The arithmetic is in ``_kernels.pyx``; this module validates,
+(Sec. 9).  The arithmetic is in ``_online.pyx``; this module validates,
 holds the learners (:class:`OnlineMultitask`, :class:`OnlineECOC`), the code
 matrices, and the distributed run over the engine (workers own task columns,
 the server computes tau once per round).
@@ -39,15 +39,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from . import _kernels, engine
+from . import _online, engine
+from ._online import NormId, UpdateId
 from .cluster import fault_point
 from .engine import RunResult, ServerBase, peak_rss_mb
 from .errors import InputError
 from .losses import check_choice
+from .taskdata import rows_of
 
-UPDATES = {"perceptron": 0, "infinite": 1, "implicit": 2}
+UPDATES = {"perceptron": UpdateId.PERCEPTRON, "infinite": UpdateId.INFINITE_HORIZON, "implicit": UpdateId.IMPLICIT}
 NORMS = ("linf", "l1", "l2", "p", "rmax")
-_PNORM, _RMAX = 0, 1
 
 
 # ---------------------------------------------------------------------------
@@ -56,8 +57,8 @@ _PNORM, _RMAX = 0, 1
 @dataclass(frozen=True)
 class Rule:
     """A validated update rule for k tasks, in the form the kernels take."""
-    update: int
-    norm: int          # _PNORM (1 < p < inf) or _RMAX
+    update: UpdateId
+    norm: NormId       # PNORM (1 < p < inf) or RMAX
     p: float
     r: int
     C: float
@@ -72,29 +73,29 @@ def resolve_norm(norm, p, r, k, owner="tau"):
     """(norm id, p, r) with L1 = r-max at r = k and L-inf = r-max at r = 1 (Sec. 1)."""
     check_choice("norm", norm, NORMS, owner)
     if norm == "linf":
-        return _RMAX, math.inf, 1
+        return NormId.RMAX, math.inf, 1
     if norm == "l1":
-        return _RMAX, 1.0, k
+        return NormId.RMAX, 1.0, k
     if norm == "l2":
-        return _PNORM, 2.0, 0
+        return NormId.PNORM, 2.0, 0
     if norm == "rmax":
         if not (isinstance(r, (int, np.integer)) and 1 <= r <= k):
             raise InputError(f"The 'r' parameter of {owner} must be an integer in 1..{k} (the number of tasks). "
                              f"Got {r!r} instead.")
-        return _RMAX, 0.0, int(r)
+        return NormId.RMAX, 0.0, int(r)
     p = float(p)
     if not p >= 1:
         raise InputError(f"The 'p' parameter of {owner} must be >= 1 (or inf). Got {p!r} instead.")
     if p == 1:
-        return _RMAX, 1.0, k
+        return NormId.RMAX, 1.0, k
     if math.isinf(p):
-        return _RMAX, math.inf, 1
-    return _PNORM, p, 0
+        return NormId.RMAX, math.inf, 1
+    return NormId.PNORM, p, 0
 
 
 def remoteness(norm_id, p, r, k):
     """rho of the dual norm: Lemma 2 for p-norms, Lemma 3 (sqrt(r)) for r-max norms."""
-    if norm_id == _RMAX:
+    if norm_id == NormId.RMAX:
         return math.sqrt(r)
     return 1.0 if p >= 2 else k ** (1.0 / p - 0.5)
 
@@ -138,7 +139,7 @@ def make_rule(k, C, update="implicit", norm="rmax", p=2.0, r=1, R=None, owner="t
     """
     check_choice("update", update, tuple(UPDATES), owner)
     norm_id, p, r = resolve_norm(norm, p, r, k, owner)
-    if update == "implicit" and norm_id == _PNORM and p != 2:
+    if update == "implicit" and norm_id == NormId.PNORM and p != 2:
         raise InputError(f"The implicit update of {owner} is solved exactly for the L2 and r-max norms "
                          f"(l1, linf, rmax, p in 1, 2, inf). Got p={p!r} instead.")
     rho = remoteness(norm_id, p, r, k)
@@ -185,7 +186,7 @@ def tau(losses, sq_norms, C, update="implicit", norm="rmax", p=2.0, r=1, R=None)
     if not (np.all(np.isfinite(L)) and np.all(L >= 0) and np.all(np.isfinite(S)) and np.all(S >= 0)):
         raise InputError("losses and sq_norms must be finite and >= 0")
     rule = make_rule(L.shape[1], C, update, norm, p, r, R, typical=(L.shape[1], float(np.mean(S))))
-    out = _kernels.tau_rounds(L, S, *rule.args())
+    out = _online.tau_rounds(L, S, *rule.args())
     return out[0] if one else out
 
 
@@ -356,18 +357,6 @@ def error_rates(n_rounds, k, inf_errors, task_errors, multiclass_errors=None):
 # ---------------------------------------------------------------------------
 # In-process learners (scikit-learn conventions)
 # ---------------------------------------------------------------------------
-def _rows(X):
-    """The kernels' row interface (data, indices, indptr, dense, d) of a dense or CSR matrix."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X.sort_indices()
-        return (np.ascontiguousarray(X.data), np.ascontiguousarray(X.indices, dtype=np.int32),
-                np.ascontiguousarray(X.indptr, dtype=np.int64), False, X.shape[1]), X
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    return (X.reshape(-1), np.arange(X.shape[1], dtype=np.int32), np.zeros(1, dtype=np.int64), True,
-            X.shape[1]), X
-
-
 def _instances(X, k, owner):
     """(rows, n_rounds, per_task) from shared instances (T x d) or per-task ones ((T, k, d) or k matrices)."""
     if isinstance(X, (list, tuple)):
@@ -381,17 +370,17 @@ def _instances(X, k, owner):
             stacked = sp.vstack([sp.csr_matrix(x) for x in X], format="csr")[order]
         else:
             stacked = np.vstack([np.asarray(x, dtype=np.float64) for x in X])[order]
-        rows, Xc = _rows(stacked)
+        rows, Xc = rows_of(stacked)
         return rows, Xc, T, True
     if not sp.issparse(X) and np.ndim(X) == 3:
         X = np.asarray(X, dtype=np.float64)
         if X.shape[1] != k:
             raise InputError(f"{owner}: per-task instances of shape (T, k, d) need k = {k}, got {X.shape[1]}")
-        rows, Xc = _rows(X.reshape(-1, X.shape[2]))
+        rows, Xc = rows_of(X.reshape(-1, X.shape[2]))
         return rows, Xc, X.shape[0], True
     if not sp.issparse(X) and np.ndim(X) != 2:
         raise InputError(f"{owner}: X must be (T x d) shared instances, (T, k, d) or a list of k matrices")
-    rows, Xc = _rows(X)
+    rows, Xc = rows_of(X)
     return rows, Xc, Xc.shape[0], False
 
 
@@ -455,12 +444,12 @@ class OnlineMultitask:
         if T != Y.shape[0]:
             raise InputError(f"{owner}: X has {T} rounds but Y has {Y.shape[0]}")
         if hasattr(self, "W_"):
-            if self.W_.shape != (rows[4], k):
-                raise InputError(f"{owner}: partial_fit got {rows[4]} features and {k} tasks, "
+            if self.W_.shape != (rows.n_features, k):
+                raise InputError(f"{owner}: partial_fit got {rows.n_features} features and {k} tasks, "
                                  f"earlier calls had {self.W_.shape[0]} and {self.W_.shape[1]}")
         else:
             self.rule_ = self._rule(k, typical_round(Xc, Y))
-            self.W_ = np.zeros((rows[4], k))
+            self.W_ = np.zeros((rows.n_features, k))
             self.metrics_ = RunningMetrics()
         return rows, Y, T, per_task
 
@@ -469,7 +458,7 @@ class OnlineMultitask:
         margins = np.empty((T, Y.shape[1]))
         gloss = np.empty(T)
         if T:
-            _kernels.online_rounds(*rows, per_task, Y, self.W_, *self.rule_.args(), margins, gloss)
+            _online.online_rounds(rows, per_task, Y, self.W_, *self.rule_.args(), margins, gloss)
         self._record(Y, margins, gloss)
         return self
 
@@ -670,7 +659,7 @@ class LocalColumns:
         hi = min(self.source.n_rounds, lo + self.config.chunk_rounds)
         X, Y = self.source.stream.read_rounds(lo, hi)
         Yt, _ = self.source.labels(Y, lo)
-        self.rows, _ = _rows(X)
+        self.rows, _ = rows_of(X)
         self.Y = np.ascontiguousarray(Yt[:, self.tasks])
         self.chunk = (lo, hi)
 
@@ -691,11 +680,11 @@ class LocalColumns:
         if len(self.tasks) or self.sends_gram:
             offset = start - self.chunk[0]
             M0 = np.empty((B, len(self.tasks)))
-            _kernels.online_block_margins(*self.rows, offset, self.W, M0)
+            _online.online_block_margins(self.rows, offset, self.W, M0)
             pieces.append(M0.ravel())
             if self.sends_gram:
                 G = np.empty((B, B))
-                _kernels.online_block_gram(*self.rows, offset, G, self.scratch)
+                _online.online_block_gram(self.rows, offset, G, self.scratch)
                 pieces.append(G.ravel())
         local = np.concatenate(pieces) if pieces else np.zeros(0)
         return self.cluster.gather_variable(local)
@@ -705,8 +694,8 @@ class LocalColumns:
         tau_local = self.cluster.scatter_variable(payload).reshape(B, len(self.tasks))
         if len(self.tasks):
             offset = start - self.chunk[0]
-            _kernels.online_block_apply(*self.rows, offset, np.ascontiguousarray(self.Y[offset:offset + B]),
-                                        np.ascontiguousarray(tau_local), self.W)
+            _online.online_block_apply(self.rows, offset, np.ascontiguousarray(self.Y[offset:offset + B]),
+                                       np.ascontiguousarray(tau_local), self.W)
         return None
 
     def on_get_w(self, ctrl, payload, width):
@@ -719,7 +708,7 @@ class LocalColumns:
     def partition_mb(self):
         total = self.W.nbytes
         if self.rows is not None:
-            total += sum(a.nbytes for a in self.rows[:3]) + self.Y.nbytes
+            total += self.rows.nbytes + self.Y.nbytes
         return total / 2 ** 20
 
 
@@ -753,7 +742,7 @@ class OnlineServer(ServerBase):
         tau_b = np.zeros((B, self.m))
         margins = np.empty((B, self.m))
         gloss = np.empty(B)
-        _kernels.online_block_solve(M0, np.ascontiguousarray(G), Y, *self.rule.args(), tau_b, margins, gloss)
+        _online.online_block_solve(M0, np.ascontiguousarray(G), Y, *self.rule.args(), tau_b, margins, gloss)
         self.metrics.add(Y, margins, gloss, self.source.code, classes)
         self.command(CMD_UPDATE, start, payload=[tau_b[:, tasks].ravel() for tasks in self.rank_tasks], width=B)
         self.round = start + B

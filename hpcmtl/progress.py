@@ -7,11 +7,12 @@ of a subgradient run pass.  Elsewhere (a SLURM log): at most one plain line per
 every outer step (W-step, radius of a path) and the final row, so logs stay
 readable and still show where each step ended.  ``level``:
 ``debug`` and ``info`` print progress, ``warning`` only the final summary,
-``error`` nothing but errors.
+``error`` nothing but errors.  :func:`fields` reads a printed line back.
 """
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 
@@ -40,6 +41,39 @@ def describe(row) -> str:
                 f"{row['bytes'] / 1e6:9.3f} MB")
     return (f"round {row['round']:5d}  objective {row['objective']:.10g}  best {row['best_objective']:.10g}  "
             f"features {row['selected']:6d}  {row['seconds']:8.2f}s  {row['bytes'] / 1e6:9.3f} MB")
+
+
+_START = re.compile(r"\r?(?:\[[#.]*\] )?round\s+\d")         # (after a terminal's bar)
+_NAMED = re.compile(r"(?<!\S)([\w-]*[A-Za-z][\w-]*)\s+([-+]?(?:inf|nan|\d+(?:\.\d*)?(?:e[-+]?\d+)?))"
+                    r"(?:/(\d+))?(?=\s|$)")
+_SECONDS = re.compile(r"(?<!\S)(\d+\.\d+)s(?=\s|$)")
+_MB = re.compile(r"(?<!\S)(\d+\.\d+) MB(?=\s|$)")
+
+
+def fields(line: str) -> dict:
+    """The numbers of a progress line by name, ``{}`` for any other line.
+
+    Each printed ``name value`` pair (``round``, ``outer``, ``primal``, ``dual``,
+    ``rel_gap``, ``objective``, ``best``, ``features``, ``loss``, ``inf-error``,
+    ...), ``n_rounds`` from ``round t/T``, ``seconds`` and ``MB``; whole numbers
+    as int.  Read logs with this rather than by column or padding.
+    """
+    if _START.match(line) is None:
+        return {}
+
+    def number(text):
+        return int(text) if text.lstrip("+-").isdigit() else float(text)
+
+    out = {}
+    for name, value, total in _NAMED.findall(line):
+        out[name] = number(value)
+        if total:
+            out["n_rounds"] = int(total)
+    for key, pattern in (("seconds", _SECONDS), ("MB", _MB)):
+        found = pattern.search(line)
+        if found:
+            out[key] = float(found.group(1))
+    return out
 
 
 class Progress:

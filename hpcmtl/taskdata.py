@@ -3,8 +3,8 @@
 A block is a contiguous row range of one task (the whole task unless the task is
 split over several workers).  Dense blocks keep ``X`` row-major with one shared
 ``0..d-1`` index array; CSR blocks keep ``data/indices/indptr``.  Either way
-``block.rows`` is the ``(data, indices, indptr, dense, n_features)`` tuple the
-kernels take, so no solver is written twice.
+``block.rows`` is the ``Rows`` object the kernels take (built once per block by
+:func:`rows_of`), so no solver is written twice.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _kernels
+from ._rows import Rows
 
 
 @dataclass
@@ -28,19 +29,7 @@ class TaskBlock:
     _sq_norms: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        if sp.issparse(self.X):
-            X = sp.csr_matrix(self.X, dtype=np.float64)
-            X.sort_indices()
-            self.X = X
-            self.rows = (np.ascontiguousarray(X.data, dtype=np.float64),
-                         np.ascontiguousarray(X.indices, dtype=np.int32),
-                         np.ascontiguousarray(X.indptr, dtype=np.int64),
-                         False, X.shape[1])
-        else:
-            X = np.ascontiguousarray(self.X, dtype=np.float64)
-            self.X = X
-            self.rows = (X.reshape(-1), np.arange(X.shape[1], dtype=np.int32),
-                         np.zeros(1, dtype=np.int64), True, X.shape[1])
+        self.rows, self.X = rows_of(self.X)
         self.y = np.ascontiguousarray(self.y, dtype=np.float64)
 
     @property
@@ -53,7 +42,7 @@ class TaskBlock:
 
     @property
     def sparse(self) -> bool:
-        return not self.rows[3]
+        return not self.rows.dense
 
     @property
     def nnz(self) -> int:
@@ -62,7 +51,7 @@ class TaskBlock:
     @property
     def sq_norms(self) -> np.ndarray:
         if self._sq_norms is None:
-            self._sq_norms = _kernels.row_sq_norms(*self.rows, self.n_rows)
+            self._sq_norms = _kernels.row_sq_norms(self.rows, self.n_rows)
         return self._sq_norms
 
     def decision(self, w: np.ndarray) -> np.ndarray:
@@ -73,6 +62,25 @@ class TaskBlock:
         """The same block with ``phi(X)`` in place of ``X`` (random features)."""
         return TaskBlock(self.task, self.name, self.n_task, self.row_start,
                          feature_map(self.X), self.y, self.part)
+
+
+def rows_of(X):
+    """``(Rows, X)``: the kernels' row interface over a dense or CSR matrix, and the matrix it reads.
+
+    CSR: float64 data, int32 sorted column indices, int64 row pointers.  Dense:
+    C-ordered float64 with the shared index array ``0..d-1``.  The arrays are
+    the returned matrix's own (no copy when it already has these types).
+    """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float64)
+        X.sort_indices()
+        return Rows(data=np.ascontiguousarray(X.data, dtype=np.float64),
+                    indices=np.ascontiguousarray(X.indices, dtype=np.int32),
+                    indptr=np.ascontiguousarray(X.indptr, dtype=np.int64),
+                    dense=False, n_features=X.shape[1]), X
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    return Rows(data=X.reshape(-1), indices=np.arange(X.shape[1], dtype=np.int32),
+                indptr=np.zeros(1, dtype=np.int64), dense=True, n_features=X.shape[1]), X
 
 
 def dense_or_csr(X):

@@ -10,7 +10,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
+# Markers (registered in pyproject.toml): ``mpi`` for a test that launches mpiexec, ``slow`` for one
+# that takes more than a few seconds without it.  ``make test-fast`` runs ``-m "not mpi and not slow"``,
+# so a test launching mpiexec without the marker fails (see ``mpiexec_path``) rather than slip into it.
+RUNNING = {"marks": None}        # the markers of the test being set up, run or torn down
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    RUNNING["marks"] = {m.name for m in item.iter_markers()}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    RUNNING["marks"] = None
+
+
 def mpiexec_path():
+    if RUNNING["marks"] is not None and "mpi" not in RUNNING["marks"]:
+        pytest.fail("this test launches mpiexec: mark it @pytest.mark.mpi (make test-fast leaves those out)")
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else "mpiexec"
 
@@ -23,6 +41,45 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
+
+
+def run_hpcmtl_timed(args, n_ranks, report, timeout=180, env=None):
+    """``run_hpcmtl`` (under mpiexec unless ``n_ranks`` is None) and the seconds from the first stderr line
+    containing ``report`` to the end of the job (None if no line did).
+
+    How fast every rank ends once a failure is reported, without MPI start-up or the work before the report
+    (both slow on a loaded machine) in the time.
+    """
+    import tempfile
+    import threading
+    import time
+    cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
+    if n_ranks is not None:
+        cmd = [mpiexec_path(), "-n", str(n_ranks)] + cmd
+    err, reported = [], []
+
+    def read_stderr(stream):
+        for line in stream:
+            err.append(line)
+            if not reported and report in line:
+                reported.append(time.monotonic())
+
+    with tempfile.TemporaryFile("w+") as out:          # a file, not a pipe: stdout can never block the job
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, **(env or {})))
+        reader = threading.Thread(target=read_stderr, args=(proc.stderr,), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        ended = time.monotonic()
+        reader.join(timeout=30)
+        out.seek(0)
+        result = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), "".join(err))
+    return result, (ended - reported[0] if reported else None)
 
 
 @pytest.fixture
@@ -83,14 +140,16 @@ def fake_slurm(directory):
 
 
 # ---------------------------------------------------------------------------
-# The compiled kernels twice: optimized, and the same source bounds-checked
+# The compiled kernels twice: optimized, and the same sources bounds-checked
 # ---------------------------------------------------------------------------
-# setup.py compiles hpcmtl/_kernels.pyx as hpcmtl._kernels_debug when
-# HPCMTL_DEBUG_KERNELS=1 (boundscheck and initializedcheck on, wraparound off, -O0).
-# It goes to build/kernels-debug/<hash of the sources>/ (gitignored), built once
-# per source hash under a lock, so the in-place optimized module is never touched.
-KERNEL_SOURCES = ("hpcmtl/_kernels.pyx", "setup.py")
-KERNEL_USERS = ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.online")
+# setup.py compiles hpcmtl/_kernels.pyx and hpcmtl/_online.pyx as hpcmtl._kernels_debug and
+# hpcmtl._online_debug when HPCMTL_DEBUG_KERNELS=1 (boundscheck and initializedcheck on,
+# wraparound off, -O0; the inline row interface and checks of _rows.pxd compiled into them).
+# They go to build/kernels-debug/<hash of the sources>/ (gitignored), built once per source
+# hash under a lock, so the in-place optimized modules are never touched.
+KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_kernels.pyx", "hpcmtl/_online.pyx", "setup.py")
+# each compiled module, and the modules calling it (their attribute of that name is the build under test)
+KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection"), "_online": ("hpcmtl.online",)}
 
 
 def debug_kernels_dir():
@@ -108,18 +167,18 @@ def debug_kernels_dir():
 
 
 def build_debug_kernels(timeout=900):
-    """Path of the bounds-checked extension, compiling it first if this source hash has none."""
+    """``{module: path}`` of the bounds-checked extensions, compiling them first if this source hash has none."""
     import fcntl
-    import glob
     import shutil
     import sysconfig
     out = debug_kernels_dir()
-    pattern = os.path.join(out, "hpcmtl", "_kernels_debug" + sysconfig.get_config_var("EXT_SUFFIX"))
-    if not glob.glob(pattern):
+    paths = {name: os.path.join(out, "hpcmtl", name + "_debug" + sysconfig.get_config_var("EXT_SUFFIX"))
+             for name in KERNEL_USERS}
+    if not all(os.path.exists(p) for p in paths.values()):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(os.path.join(os.path.dirname(out), ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)                 # one build at a time, the others wait for it
-            if not glob.glob(pattern):
+            if not all(os.path.exists(p) for p in paths.values()):
                 tmp = f"{out}.partial-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 env = dict(os.environ, HPCMTL_DEBUG_KERNELS="1", HPCMTL_DEBUG_CYTHON_DIR=os.path.join(tmp, "c"))
@@ -133,30 +192,48 @@ def build_debug_kernels(timeout=900):
                     if old != ".lock" and old != os.path.basename(tmp):
                         shutil.rmtree(os.path.join(os.path.dirname(out), old), ignore_errors=True)
                 os.replace(tmp, out)
-    return glob.glob(pattern)[0]
+    return paths
 
 
 @pytest.fixture(scope="session")
 def debug_kernels():
-    """``hpcmtl._kernels_debug``: the kernels' source compiled with bounds checks (an IndexError, not a
-    silent overwrite, on any out-of-range view index)."""
+    """``{"_kernels": hpcmtl._kernels_debug, "_online": hpcmtl._online_debug}``: the kernels' sources compiled
+    with bounds checks (an IndexError, not a silent overwrite, on any out-of-range view index)."""
     import importlib.util
-    name = "hpcmtl._kernels_debug"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, build_debug_kernels())
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+    modules = {}
+    for name, path in build_debug_kernels().items():
+        full = f"hpcmtl.{name}_debug"
+        if full not in sys.modules:
+            spec = importlib.util.spec_from_file_location(full, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[full] = module
+        modules[name] = sys.modules[full]
+    return modules
 
 
 @pytest.fixture(params=["optimized", "bounds-checked"])
-def kernels(request, monkeypatch):
-    """The compiled kernels, optimized then bounds-checked; the modules calling them use the same one."""
+def kernel_build(request, monkeypatch):
+    """The compiled modules, optimized then bounds-checked; the modules calling them use the same build."""
     import importlib
 
-    from hpcmtl import _kernels
-    module = _kernels if request.param == "optimized" else request.getfixturevalue("debug_kernels")
-    for name in KERNEL_USERS:
-        monkeypatch.setattr(importlib.import_module(name), "_kernels", module)
-    return module
+    if request.param == "optimized":
+        modules = {name: importlib.import_module(f"hpcmtl.{name}") for name in KERNEL_USERS}
+    else:
+        modules = request.getfixturevalue("debug_kernels")
+    for name, users in KERNEL_USERS.items():
+        for user in users:
+            monkeypatch.setattr(importlib.import_module(user), name, modules[name])
+    return modules
+
+
+@pytest.fixture
+def kernels(kernel_build):
+    """``hpcmtl._kernels`` (SDCA, projections) of the build under test."""
+    return kernel_build["_kernels"]
+
+
+@pytest.fixture
+def online_kernels(kernel_build):
+    """``hpcmtl._online`` (tau solvers, online rounds) of the build under test."""
+    return kernel_build["_online"]

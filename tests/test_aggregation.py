@@ -121,6 +121,7 @@ def test_learned_sigma_matches_centralized_mtrl_within_the_certificate():
     assert_allclose(a.Sigma, b.Sigma, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_faster_than_the_safe_rule_on_coupled_tasks():
     Xs, ys = random_tasks(seed=14, loss="squared", m=8)
     cfg = dict(loss="squared", lam=1e-3, tol=1e-8, max_rounds=20000, outer=4, outer_tol=0)

@@ -43,6 +43,7 @@ def test_malsar_mat_file(tmp_path):
         converters.from_malsar(str(tmp_path / "bad.mat"))
 
 
+@pytest.mark.slow
 def test_svmlight_one_file_per_task_and_qid(tmp_path):
     (tmp_path / "a.svm").write_text("1 1:0.5 3:2\n-1 2:1\n")
     (tmp_path / "b.svm").write_text("-1 4:1.5\n1 1:1 4:-1\n1 2:3\n")
@@ -157,6 +158,7 @@ SGML = """<!DOCTYPE lewis SYSTEM "lewis.dtd">
 """
 
 
+@pytest.mark.slow
 def test_reuters_modapte_sgml(tmp_path):
     (tmp_path / "reut2-000.sgm").write_text(SGML, encoding="latin-1")
     train, test = converters.read_reuters(str(tmp_path))
@@ -188,6 +190,7 @@ def test_school_from_shared(shared_data, tmp_path):
         assert np.all(tf.read_task(0).X[:, -1] == 1.0)     # the bias column
 
 
+@pytest.mark.slow
 def test_mnist_from_shared(shared_data):
     d = os.path.join(shared_data, "mnist")
     labels = converters.read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))
@@ -205,6 +208,7 @@ def test_reuters_from_shared(shared_data):
     assert converters.reuters_topics(train, 100)[:2] == ["earn", "acq"]
 
 
+@pytest.mark.slow
 def test_mds_from_shared(shared_data):
     Xs, ys, names = converters.from_mds([os.path.join(shared_data, "mds")])
     assert names == ["books", "dvd", "electronics", "kitchen"]
@@ -784,6 +788,7 @@ def test_stream_shuffle_is_a_seeded_permutation(tmp_path, capsys):
     assert_array_equal(X, outs["plain"][0][order])                               # the permutation drawn from --seed
 
 
+@pytest.mark.slow
 def test_converted_stream_trains_online(tmp_path, capsys):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 4))

@@ -71,6 +71,7 @@ def test_scaled_problems(tmp_path, name, tasks, sparse):
         assert 0.005 < info["density"] < 0.013
 
 
+@pytest.mark.slow
 def test_split_is_per_task_and_stratified(tmp_path):
     full = tmp_path / "full.h5"
     rng = np.random.default_rng(0)

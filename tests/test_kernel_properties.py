@@ -19,7 +19,7 @@ from hpcmtl import online
 from hpcmtl.losses import LOSSES, conjugate_reference, primal_reference
 from hpcmtl.projection import (l1inf_norm, project_l1, project_l1_columns, project_l1inf, project_l2,
                                project_l2_columns)
-from hpcmtl.taskdata import TaskBlock
+from hpcmtl.taskdata import TaskBlock, rows_of
 
 from reference import (LocalSDCAReference, dual_norm, global_norm, implicit_l2_brentq, implicit_objective,
                        implicit_rmax_enumerate, implicit_rmax_kkt_violation, local_dual_objective,
@@ -154,7 +154,7 @@ def test_sdca_local_matches_the_liblinear_loop_and_ascends(kernels, loss, shrink
             obuf, order = guarded(run["order"])
             sbuf, state = guarded(run["state"])
             dbuf, db = guarded(np.zeros(d))
-            steps = kernels.sdca_local(*blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, state, kid, gamma,
+            steps = kernels.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, state, kid, gamma,
                                        c, n_task, local_iters, seed)
             assert_guards(abuf, obuf, sbuf, dbuf)
             assert steps == steps_ref >= 1
@@ -215,7 +215,7 @@ def test_sdca_local_converges_to_the_kkt_point_of_its_subproblem(kernels, loss, 
     alpha = np.zeros(n)
     blk = block(X, y, draw(st.booleans()))
     db = np.empty(d)
-    kernels.sdca_local(*blk.rows, blk.y, alpha, w, db, blk.sq_norms, np.arange(n, dtype=np.int32),
+    kernels.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, np.arange(n, dtype=np.int32),
                        kernels.new_shrink_state(n, shrinking), LOSSES[loss].kernel_id, gamma, c, float(n),
                        400.0, draw(SEEDS))
     u = w + c * db
@@ -257,10 +257,10 @@ def test_objective_terms_and_row_norms(kernels, loss, data):
     gamma = draw(st.sampled_from([0.1, 1.0]))
     for sparse in (False, True):
         blk = block(X, y, sparse)
-        sq = kernels.row_sq_norms(*blk.rows, n)
+        sq = kernels.row_sq_norms(blk.rows, n)
         assert_array_equal(sq, [sequential_dot(X[j], X[j]) for j in range(n)])
         assert_allclose(sq, (X ** 2).sum(axis=1), rtol=1e-14)
-        lsum, csum = kernels.objective_terms(*blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, gamma)
+        lsum, csum = kernels.objective_terms(blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, gamma)
         z = np.array([sequential_dot(X[j], w) for j in range(n)])
         losses = primal_reference(loss, z, y, gamma)
         conj = conjugate_reference(loss, alpha, y, gamma)
@@ -299,7 +299,7 @@ def test_ssdca_epoch_matches_numpy_and_keeps_w_equal_b_sigma_over_lam(kernels, l
     wbuf, WTk = guarded(WT)
     bbuf, BTk = guarded(BT)
     pbuf, perm = guarded(np.zeros(n, dtype=np.int32))
-    steps = kernels.ssdca_epoch(*blk.rows, blk.y, alpha, task_of_row, counts, WTk, BTk, Sigma, blk.sq_norms,
+    steps = kernels.ssdca_epoch(blk.rows, blk.y, alpha, task_of_row, counts, WTk, BTk, Sigma, blk.sq_norms,
                                 perm, LOSSES[loss].kernel_id, 0.5, lam, n_steps, seed)
     assert_guards(abuf, wbuf, bbuf, pbuf)
     ref_alpha, ref_WT, ref_BT, ref_steps = ssdca_epoch_reference(X, y, alpha0, task_of_row, counts, WT, BT, Sigma,
@@ -439,7 +439,7 @@ RULES = [("linf", {}), ("l1", {}), ("l2", {}), ("rmax", {"r": 2}), ("p", {"p": 3
 @pytest.mark.parametrize("update", ["perceptron", "infinite"])
 @examples(40)
 @given(round_=tau_rounds(), C=st.sampled_from([1e-3, 0.5, 4.0]))
-def test_explicit_tau_solves_its_linear_problem(kernels, update, round_, C):
+def test_explicit_tau_solves_its_linear_problem(online_kernels, update, round_, C):
     loss, sq = round_
     k = loss.size
     for norm, kw in RULES:
@@ -459,7 +459,7 @@ def test_explicit_tau_solves_its_linear_problem(kernels, update, round_, C):
 @examples(60)
 @given(round_=tau_rounds(), C=st.sampled_from([1e-3, 0.3, 2.0]), rule=st.sampled_from(
     [("linf", {}), ("l1", {}), ("rmax", {"r": 2}), ("rmax", {"r": 3})]))
-def test_implicit_rmax_tau_is_the_kkt_point(kernels, round_, C, rule):
+def test_implicit_rmax_tau_is_the_kkt_point(online_kernels, round_, C, rule):
     loss, sq = round_
     k = loss.size
     norm, kw = rule
@@ -480,7 +480,7 @@ def test_implicit_rmax_tau_is_the_kkt_point(kernels, round_, C, rule):
 
 @examples(60)
 @given(round_=tau_rounds(), C=st.sampled_from([1e-3, 0.3, 2.0]))
-def test_implicit_l2_tau_is_the_root_of_eq_27(kernels, round_, C):
+def test_implicit_l2_tau_is_the_root_of_eq_27(online_kernels, round_, C):
     loss, sq = round_
     tau = online.tau(loss, sq, C, update="implicit", norm="l2")
     assert np.all(np.isfinite(tau)) and np.all(tau >= 0) and np.all(tau[loss == 0] == 0)
@@ -499,7 +499,7 @@ def test_implicit_l2_tau_is_the_root_of_eq_27(kernels, round_, C):
 
 @examples(20)
 @given(data=st.data())
-def test_tau_rounds_is_each_round_on_its_own(kernels, data):
+def test_tau_rounds_is_each_round_on_its_own(online_kernels, data):
     draw = data.draw
     k = draw(st.integers(1, 3))
     T = draw(st.integers(0, 3))
@@ -517,7 +517,7 @@ def test_tau_rounds_is_each_round_on_its_own(kernels, data):
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 @examples(20)
 @given(data=st.data())
-def test_online_round_kernels_replay_fig_1_and_the_block_exchange(kernels, sparse, data):
+def test_online_round_kernels_replay_fig_1_and_the_block_exchange(online_kernels, sparse, data):
     """online_rounds against the NumPy replay; the block kernels (margins, Gram, server solve, worker
     apply) against online_rounds."""
     draw = data.draw
@@ -528,11 +528,11 @@ def test_online_round_kernels_replay_fig_1_and_the_block_exchange(kernels, spars
     update = draw(st.sampled_from(["implicit", "perceptron"]))
     norm = draw(st.sampled_from(["linf", "l1", "l2"]))
     rule = online.make_rule(k, 0.7, update=update, norm=norm)
-    rows_ = online._rows(sp.csr_matrix(X) if sparse else X)[0]
+    rows_ = rows_of(sp.csr_matrix(X) if sparse else X)[0]
     wbuf, W = guarded(np.zeros((d, k)))
     mbuf, margins = guarded(np.zeros((T, k)))
     gbuf, gloss = guarded(np.zeros(T))
-    kernels.online_rounds(*rows_, False, Y, W, *rule.args(), margins, gloss)
+    online_kernels.online_rounds(rows_, False, Y, W, *rule.args(), margins, gloss)
     assert_guards(wbuf, mbuf, gbuf)
     W_ref, m_ref = online_reference(X, Y, lambda lo, sq: online.tau(lo, sq, 0.7, update=update, norm=norm))
     scale = np.abs(X).max(initial=0.0) ** 2 + 1e-300
@@ -541,16 +541,16 @@ def test_online_round_kernels_replay_fig_1_and_the_block_exchange(kernels, spars
     # the same rounds exchanged in one block
     if T:
         M0 = np.empty((T, k))
-        kernels.online_block_margins(*rows_, 0, np.zeros((d, k)), M0)
+        online_kernels.online_block_margins(rows_, 0, np.zeros((d, k)), M0)
         assert_array_equal(M0, 0.0)
         G = np.empty((T, T))
         scratch = np.zeros(d)
-        kernels.online_block_gram(*rows_, 0, G, scratch)
+        online_kernels.online_block_gram(rows_, 0, G, scratch)
         assert_allclose(G, X @ X.T, rtol=1e-12, atol=1e-300)
         assert_array_equal(scratch, 0.0)
         tau, m2, g2 = np.zeros((T, k)), np.empty((T, k)), np.empty(T)
-        kernels.online_block_solve(M0, G, Y, *rule.args(), tau, m2, g2)
+        online_kernels.online_block_solve(M0, G, Y, *rule.args(), tau, m2, g2)
         assert_allclose(m2, margins, rtol=1e-9, atol=1e-12 * scale)
         W2 = np.zeros((d, k))
-        kernels.online_block_apply(*rows_, 0, Y, tau, W2)
+        online_kernels.online_block_apply(rows_, 0, Y, tau, W2)
         assert_allclose(W2, W, rtol=1e-9, atol=1e-12 * (np.abs(W).max(initial=0.0) + 1e-300))

@@ -7,6 +7,7 @@ from scipy.optimize import minimize_scalar
 
 from hpcmtl.losses import LOSSES, conjugate_reference, primal_reference
 from hpcmtl.store import read_result, write_tasks
+from hpcmtl._rows import Rows
 from hpcmtl.taskdata import TaskBlock
 
 from conftest import run_hpcmtl
@@ -64,7 +65,7 @@ def test_sdca_local_matches_numpy_reference(kernels, loss, sparse):
     blk = _block(sp.csr_matrix(X) if sparse else X, y, n_task=50)
     alpha = alpha0.copy()
     delta_b = np.empty(d)
-    steps = kernels.sdca_local(*blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.arange(n, dtype=np.int32),
+    steps = kernels.sdca_local(blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, np.arange(n, dtype=np.int32),
                                kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, 0.7, 2.5, 50.0,
                                80 / n, 12345)
     assert steps == 80
@@ -95,7 +96,7 @@ def test_shrinking_matches_numpy_reference_over_rounds(kernels, loss, sparse):
         ref_alpha = alpha.copy()
         before = ref.n_active
         db = np.empty(d)
-        kernels.sdca_local(*blk.rows, blk.y, alpha, b * c, db, blk.sq_norms, order, state, kid, 0.5, c,
+        kernels.sdca_local(blk.rows, blk.y, alpha, b * c, db, blk.sq_norms, order, state, kid, 0.5, c,
                            float(n), 1.3, 1000 + r)
         ref_db = ref.round(X, y, ref_alpha, b * c, c, float(n), 1.3, 1000 + r, loss, 0.5)
         assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
@@ -117,7 +118,7 @@ def test_dense_and_csr_give_identical_bits(kernels):
     for M in (X, sp.csr_matrix(X)):
         blk = _block(M, y)
         alpha, db = np.zeros(50), np.empty(8)
-        kernels.sdca_local(*blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.arange(50, dtype=np.int32),
+        kernels.sdca_local(blk.rows, blk.y, alpha, np.zeros(8), db, blk.sq_norms, np.arange(50, dtype=np.int32),
                            kernels.new_shrink_state(50, True), 0, 1.0, 3.0, 50.0, 3.0, 7)
         outs.append((alpha, db))
     assert_array_equal(outs[0][0], outs[1][0])
@@ -133,14 +134,14 @@ def test_objective_terms_match_numpy(kernels, loss, sparse):
     alpha = np.array([feasible_alpha(loss, yi, rng) for yi in y])
     w = rng.normal(size=7) * 3
     blk = _block(sp.csr_matrix(X) if sparse else X, y)
-    lsum, csum = kernels.objective_terms(*blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, 0.4)
+    lsum, csum = kernels.objective_terms(blk.rows, blk.y, alpha, w, LOSSES[loss].kernel_id, 0.4)
     assert_allclose(lsum, primal_reference(loss, X @ w, y, 0.4).sum(), rtol=1e-12)
     assert_allclose(csum, conjugate_reference(loss, alpha, y, 0.4).sum(), rtol=1e-12, atol=1e-12)
 
 
 def test_logistic_loss_is_stable_for_large_margins(kernels):
     blk = _block(np.array([[1.0], [1.0]]), np.array([1.0, -1.0]))
-    lsum, _ = kernels.objective_terms(*blk.rows, blk.y, np.zeros(2), np.array([800.0]), 3, 1.0)
+    lsum, _ = kernels.objective_terms(blk.rows, blk.y, np.zeros(2), np.array([800.0]), 3, 1.0)
     assert_allclose(lsum, 800.0, rtol=1e-12)   # log(1 + e^-800) + log(1 + e^800)
 
 
@@ -181,7 +182,7 @@ def test_an_active_set_emptied_before_the_first_step_restarts_with_every_coordin
     state = kernels.new_shrink_state(n, True)
     state[2], state[3] = -np.inf, np.inf              # PG_max_old, PG_min_old: shrink at any gradient
     ref = LocalSDCAReference(n, True, state=state)
-    steps = kernels.sdca_local(*blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, state, LOSSES[loss].kernel_id,
+    steps = kernels.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, state, LOSSES[loss].kernel_id,
                                0.5, 4.0, float(n), 2.0, 99)
     ref_alpha, ref_db, ref_steps = ref.call(X, y, alpha0, w, 4.0, float(n), 2.0, 99, loss, 0.5)
     assert ref.restarts == 1                          # the reference went through the empty set once
@@ -200,13 +201,30 @@ def test_an_active_set_emptied_before_the_first_step_restarts_with_every_coordin
     assert np.all((0 <= y * alpha) & (y * alpha <= 1))
 
 
+def changed(rows, **arrays):
+    """The same rows with some arrays replaced (a malformed block for the kernels to refuse)."""
+    fields = dict(data=rows.data, indices=rows.indices, indptr=rows.indptr, dense=rows.dense,
+                  n_features=rows.n_features)
+    fields.update(arrays)
+    return Rows(**fields)
+
+
+def test_rows_take_their_arrays_by_name_only():
+    rows = TaskBlock(0, "t", 2, 0, sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2)).rows
+    with pytest.raises(TypeError):
+        Rows(rows.data, rows.indices, rows.indptr, False, 2)                      # positional: refused
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        Rows(data=rows.data, indices=rows.indptr, indptr=rows.indices, dense=False, n_features=2)   # swapped
+    assert rows.nbytes == 2 * 8 + 2 * 4 + 3 * 8 and not rows.dense and rows.n_features == 2
+
+
 def test_local_sdca_validates_what_would_index_out_of_range(kernels):
     X = np.array([[1.0, 0.0], [0.0, 2.0]])
     blk = _block(X, np.array([1.0, -1.0]))
     csr = _block(sp.csr_matrix(X), np.array([1.0, -1.0]))
 
     def call(rows=blk.rows, alpha=None, w=None, db=None, order=None, state=None, loss=0, c=1.0):
-        return kernels.sdca_local(*rows, blk.y, np.zeros(2) if alpha is None else alpha,
+        return kernels.sdca_local(rows, blk.y, np.zeros(2) if alpha is None else alpha,
                                   np.zeros(2) if w is None else w, np.zeros(2) if db is None else db, blk.sq_norms,
                                   np.arange(2, dtype=np.int32) if order is None else order,
                                   kernels.new_shrink_state(2, True) if state is None else state, loss, 1.0, c, 2.0,
@@ -216,10 +234,10 @@ def test_local_sdca_validates_what_would_index_out_of_range(kernels):
                             (dict(alpha=np.zeros(1)), "alpha"), (dict(w=np.zeros(3)), "w"),
                             (dict(db=np.zeros(1)), "delta_b"), (dict(state=np.zeros(4)), "shrink_state"),
                             (dict(loss=7), "loss"), (dict(c=0.0), "rho"),
-                            (dict(rows=(X.ravel()[:3],) + blk.rows[1:]), "dense rows"),
-                            (dict(rows=csr.rows[:1] + (np.array([0, 2], dtype=np.int32),) + csr.rows[2:]), "column"),
-                            (dict(rows=csr.rows[:2] + (np.array([0, 1, 5]),) + csr.rows[3:]), "indptr"),
-                            (dict(rows=csr.rows[:2] + (np.array([0, 2, 1]),) + csr.rows[3:]), "indptr")]:
+                            (dict(rows=changed(blk.rows, data=X.ravel()[:3])), "dense rows"),
+                            (dict(rows=changed(csr.rows, indices=np.array([0, 2], dtype=np.int32))), "column"),
+                            (dict(rows=changed(csr.rows, indptr=np.array([0, 1, 5]))), "indptr"),
+                            (dict(rows=changed(csr.rows, indptr=np.array([0, 2, 1]))), "indptr")]:
         with pytest.raises(ValueError, match=message):
             call(**kwargs)
     # a count or eps from a damaged checkpoint is not trusted: everything active, eps = 0.1
@@ -228,42 +246,54 @@ def test_local_sdca_validates_what_would_index_out_of_range(kernels):
         assert call(state=state) == 2 and 1 <= state[1] <= 2 and 0 < state[4] <= 0.1
 
 
-def test_row_kernels_check_the_row_structure(kernels):
+def test_row_kernels_check_the_row_structure(kernels, online_kernels):
     csr = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2))
-    data, indices, indptr, dense, d = csr.rows
+    rows = csr.rows
     with pytest.raises(ValueError, match="indptr has 2 entries"):
-        kernels.row_sq_norms(data, indices, indptr[:2], dense, d, 2)
+        kernels.row_sq_norms(changed(rows, indptr=np.asarray(rows.indptr)[:2]), 2)
     with pytest.raises(ValueError, match="column index 2 outside 0..1"):
-        kernels.objective_terms(data, np.array([0, 2], dtype=np.int32), indptr, dense, d, np.ones(2), np.zeros(2),
+        kernels.objective_terms(changed(rows, indices=np.array([0, 2], dtype=np.int32)), np.ones(2), np.zeros(2),
                                 np.zeros(2), 0, 1.0)
     with pytest.raises(ValueError, match="w has length 3"):
-        kernels.objective_terms(data, indices, indptr, dense, d, np.ones(2), np.zeros(2), np.zeros(3), 0, 1.0)
+        kernels.objective_terms(rows, np.ones(2), np.zeros(2), np.zeros(3), 0, 1.0)
     with pytest.raises(ValueError, match="task_of_row"):
-        kernels.ssdca_epoch(data, indices, indptr, dense, d, np.ones(2), np.zeros(2), np.array([0, 1], np.int32),
+        kernels.ssdca_epoch(rows, np.ones(2), np.zeros(2), np.array([0, 1], np.int32),
                             np.ones(1), np.zeros((1, 2)), np.zeros((1, 2)), np.eye(1), np.ones(2),
                             np.zeros(2, np.int32), 0, 1.0, 1.0, 3, 0)
     with pytest.raises(ValueError, match="r >= 1"):
-        kernels.tau_rounds(np.ones((1, 2)), np.ones((1, 2)), 2, 1, 0.0, 0, 1.0, 1.0, 1.0)
+        online_kernels.tau_rounds(np.ones((1, 2)), np.ones((1, 2)), 2, 1, 0.0, 0, 1.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="W has shape"):
-        kernels.online_block_apply(data, indices, indptr, dense, d, 0, np.ones((2, 1)), np.ones((2, 1)),
-                                   np.zeros((1, 1)))
+        online_kernels.online_block_apply(rows, 0, np.ones((2, 1)), np.ones((2, 1)), np.zeros((1, 1)))
     with pytest.raises(ValueError, match="3 rows need 4"):
-        kernels.online_block_margins(data, indices, indptr, dense, d, 1, np.zeros((2, 1)), np.empty((2, 1)))
+        online_kernels.online_block_margins(rows, 1, np.zeros((2, 1)), np.empty((2, 1)))
+    with pytest.raises(TypeError):
+        kernels.row_sq_norms(None, 0)                    # no rows at all: refused, not dereferenced
     # empty blocks, d = 0 and k = 0 take no pointer into an empty array
     empty = _block(np.zeros((0, 0)), np.zeros(0))
-    assert kernels.row_sq_norms(*empty.rows, 0).shape == (0,)
-    assert kernels.objective_terms(*empty.rows, np.zeros(0), np.zeros(0), np.zeros(0), 0, 1.0) == (0.0, 0.0)
+    assert kernels.row_sq_norms(empty.rows, 0).shape == (0,)
+    assert kernels.objective_terms(empty.rows, np.zeros(0), np.zeros(0), np.zeros(0), 0, 1.0) == (0.0, 0.0)
     no_features = _block(np.zeros((2, 0)), np.array([1.0, -1.0]))
     alpha, db = np.zeros(2), np.zeros(0)
-    assert kernels.sdca_local(*no_features.rows, no_features.y, alpha, np.zeros(0), db, no_features.sq_norms,
+    assert kernels.sdca_local(no_features.rows, no_features.y, alpha, np.zeros(0), db, no_features.sq_norms,
                               np.arange(2, dtype=np.int32), kernels.new_shrink_state(2, True), 0, 1.0, 1.0, 2.0,
                               1.0, 0) == 2
     assert_array_equal(alpha, [1.0, -1.0])            # a zero row: q = 0, the margin 1 sends b to 1
-    assert kernels.tau_rounds(np.zeros((2, 0)), np.zeros((2, 0)), 2, 1, 0.0, 1, 1.0, 1.0, 1.0).shape == (2, 0)
+    assert online_kernels.tau_rounds(np.zeros((2, 0)), np.zeros((2, 0)), 2, 1, 0.0, 1, 1.0, 1.0, 1.0).shape == (2, 0)
     gloss = np.full(2, np.nan)
-    kernels.online_rounds(*no_features.rows, False, np.zeros((2, 0)), np.zeros((0, 0)), 2, 1, 0.0, 1, 1.0, 1.0,
-                          1.0, np.zeros((2, 0)), gloss)
+    online_kernels.online_rounds(no_features.rows, False, np.zeros((2, 0)), np.zeros((0, 0)), 2, 1, 0.0, 1, 1.0,
+                                 1.0, 1.0, np.zeros((2, 0)), gloss)
     assert_array_equal(gloss, 0.0)
+
+
+def test_ids_are_the_kernels_enums():
+    """Loss, update and norm ids are defined once, in the compiled modules; Python uses those."""
+    from hpcmtl import _kernels, _online, online
+    from hpcmtl.losses import LOSSES
+    assert {n: l.kernel_id for n, l in LOSSES.items()} == {
+        "hinge": _kernels.LossId.HINGE, "smoothed-hinge": _kernels.LossId.SMOOTHED_HINGE,
+        "squared": _kernels.LossId.SQUARED, "logistic": _kernels.LossId.LOGISTIC}
+    assert set(online.UPDATES.values()) == set(_online.UpdateId)
+    assert {online.resolve_norm(n, 3.0, 1, 4)[0] for n in online.NORMS} == set(_online.NormId)
 
 
 def issue_12_tasks(path, seed=23):
@@ -276,7 +306,8 @@ def issue_12_tasks(path, seed=23):
     write_tasks(str(path), Xs, ys)
 
 
-@pytest.mark.parametrize("n_ranks", [None, pytest.param(3, marks=pytest.mark.mpi)], ids=["serial", "3-ranks"])
+@pytest.mark.parametrize("n_ranks", [pytest.param(None, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.mpi)],
+                         ids=["serial", "3-ranks"])
 def test_issue_12_reproduction_trains_to_a_finite_converged_model(tmp_path, n_ranks):
     train, out = tmp_path / "tasks.h5", tmp_path / "model.h5"
     issue_12_tasks(train)

@@ -1,7 +1,10 @@
 """Rank 0's progress output: live line on a terminal, throttled lines in a log, levels."""
 import io
+import math
 
-from hpcmtl.progress import Progress
+import pytest
+
+from hpcmtl.progress import Progress, describe, fields
 
 from conftest import run_hpcmtl
 
@@ -55,6 +58,28 @@ def test_log_keeps_the_last_line_of_every_outer_step():
     assert len(every.getvalue().splitlines()) == 7
 
 
+def test_fields_read_every_kind_of_line_back():
+    dmtrl = {"round": 60, "outer": 1, "primal": 1.25, "dual": -3e-05, "rel_gap": 1.5e-3, "seconds": 12.5,
+             "bytes": 2.5e6}
+    online = {"round": 7, "n_rounds": 2000, "cumulative_loss": 12.5, "inf_error_rate": 0.25, "one_error_rate": 0.125,
+              "multiclass_error_rate": 0.5, "seconds": 1.5, "bytes": 0}
+    l1inf = {"round": 3, "objective": math.inf, "best_objective": 2.5, "selected": 12, "seconds": 1e5, "bytes": 1e3}
+    assert fields(describe(dmtrl)) == {"round": 60, "outer": 1, "primal": 1.25, "dual": -3e-05, "rel_gap": 1.5e-3,
+                                       "seconds": 12.5, "MB": 2.5}
+    assert fields(describe(online)) == {"round": 7, "n_rounds": 2000, "loss": 12.5, "inf-error": 0.25,
+                                        "1-error": 0.125, "multiclass": 0.5, "seconds": 1.5, "MB": 0.0}
+    assert fields(describe(l1inf)) == {"round": 3, "objective": math.inf, "best": 2.5, "features": 12,
+                                       "seconds": 1e5, "MB": 0.001}
+    assert fields("\r[####................] " + describe(dmtrl)) == fields(describe(dmtrl))     # a terminal's line
+    for other in ("hpcmtl: error: rank 1 of 3: round 13, task 'a' (#0): NaN", "rounds 60", "", "result file r.h5"):
+        assert fields(other) == {}
+
+
+def progress_rows(stdout):
+    return [f for f in map(fields, stdout.splitlines()) if f]
+
+
+@pytest.mark.slow
 def test_cli_log_is_throttled_by_default_and_every_round_on_request(tmp_path):
     tr = tmp_path / "tr.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
@@ -63,24 +88,33 @@ def test_cli_log_is_throttled_by_default_and_every_round_on_request(tmp_path):
     default = run_hpcmtl(base + ["--out", tmp_path / "a.h5"])
     every = run_hpcmtl(base + ["--out", tmp_path / "b.h5", "--progress-seconds", "0"])
     assert default.returncode == 0 and every.returncode == 0, default.stderr + every.stderr
-    per_round = [line.split() for line in every.stdout.splitlines() if line.startswith("round ")]
-    logged = [line.split() for line in default.stdout.splitlines() if line.startswith("round ")]
-    outers = {words[3] for words in per_round}
+    per_round, logged = progress_rows(every.stdout), progress_rows(default.stdout)
+    outers = {f["outer"] for f in per_round}
     assert len(per_round) > 20 and len(outers) == 3
     # one line at the start, one where each W-step ended (a run this short takes under 10 s)
-    assert len(logged) <= 1 + len(outers) and {words[3] for words in logged} == outers
-    assert logged[-1][:10] == per_round[-1][:10]           # the same final round, primal, dual and gap
+    assert len(logged) <= 1 + len(outers) and {f["outer"] for f in logged} == outers
+    final = ("round", "outer", "primal", "dual", "rel_gap")
+    assert [logged[-1][k] for k in final] == [per_round[-1][k] for k in final]   # the same final round
 
 
-def test_cli_levels_and_summary_table(tmp_path):
+@pytest.fixture
+def stl_run(tmp_path):
     tr = tmp_path / "tr.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
-    base = ["train", "stl", "--train", tr, "--lam", "1e-2", "--loss", "logistic", "--force"]
-    info = run_hpcmtl(base + ["--out", tmp_path / "a.h5"]).stdout
+    return ["train", "stl", "--train", tr, "--lam", "1e-2", "--loss", "logistic", "--force"]
+
+
+@pytest.mark.slow
+def test_cli_levels_and_summary_table(stl_run, tmp_path):
+    info = run_hpcmtl(stl_run + ["--out", tmp_path / "a.h5"]).stdout
     assert "rel_gap" in info and "rounds " in info and "result file" in info
-    warn = run_hpcmtl(base + ["--out", tmp_path / "b.h5", "--log-level", "warning"]).stdout
+    warn = run_hpcmtl(stl_run + ["--out", tmp_path / "b.h5", "--log-level", "warning"]).stdout
     assert "rel_gap " not in warn and "result file" in warn
-    quiet = run_hpcmtl(base + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
+
+
+@pytest.mark.mpi
+def test_cli_quiet_prints_nothing_on_any_rank(stl_run, tmp_path):
+    quiet = run_hpcmtl(stl_run + ["--out", tmp_path / "c.h5", "--quiet"], n_ranks=2)
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
 
 

@@ -31,6 +31,7 @@ def matrices():
         yield f"random {k}", rng.standard_cauchy(size=(d, m)) * (rng.uniform(size=(d, m)) < 0.7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.01, 0.2, 0.7, 0.99])
 def test_l1inf_agrees_with_bisection_and_satisfies_kkt(fraction):
     for name, W in matrices():

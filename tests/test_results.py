@@ -3,12 +3,14 @@ import csv
 import os
 
 import numpy as np
+import pytest
 
 from hpcmtl import results, store
 
 from conftest import run_hpcmtl
 
 
+@pytest.mark.slow
 def test_report_and_csv_for_dmtrl_and_l1inf_runs(tmp_path):
     tr, te = tmp_path / "tr.h5", tmp_path / "te.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--test", te, "--scale", "0.04"]).returncode == 0
@@ -41,6 +43,7 @@ def test_report_and_csv_for_dmtrl_and_l1inf_runs(tmp_path):
     assert r.returncode == 2 and "missing.h5: no such file" in r.stderr
 
 
+@pytest.mark.slow
 def test_report_draws_cumulative_online_errors(tmp_path):
     s = tmp_path / "s.h5"
     assert run_hpcmtl(["data", "synth", "multilabel-stream", s, "--scale", "0.1"]).returncode == 0
