@@ -127,7 +127,7 @@ def auto_C(norm_id, p, r, n_active, mean_sq_norm):
     if not (np.isfinite(mean_sq_norm) and mean_sq_norm > 0):
         raise InputError(f"C=auto scales as 1 / mean ||x||^2, which is {mean_sq_norm!r} here (all-zero or "
                          f"non-finite instances); give C a number")
-    ones = max(1.0, a / r) if norm_id == _RMAX else a ** (1.0 - 1.0 / p)
+    ones = max(1.0, a / r) if norm_id == NormId.RMAX else a ** (1.0 - 1.0 / p)
     return ones / float(mean_sq_norm)
 
 

@@ -79,6 +79,7 @@ def test_an_option_of_another_method_is_an_argparse_error(method, capsys):
         assert f"'{option}' is an option of train " in err and f"not of train {method}" in err
 
 
+@pytest.mark.mpi
 def test_foreign_option_under_mpiexec_is_one_line_exit_2(tmp_path):
     r = run_hpcmtl(["train", "dmtrl", "--train", tmp_path / "t.h5", "--out", tmp_path / "r.h5", "--lam", "1",
                     "--radius", "5"], n_ranks=2, timeout=60)
