@@ -783,39 +783,11 @@ class Server(ServerBase):
             return np.full(self.m, e)
         return box_qp(A, g, cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
 
-    def steps_momentum(self, dBT, scalars):
-        """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
-
-        The same exact quadratic as :meth:`steps` over 2m directions (each
-        task's new local step and its previous step): ``D2 = [dB; dP]``,
-        ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
-        solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
-        dropped): the gain ``g^T A^+ g / 2`` is never negative.
-        """
+    def two_direction_quadratic(self, dBT, dQT, c1, c2, c1q, c2q, cross):
+        """``(A, g)`` of the dual change along ``eta_i delta_i + beta_i q_i`` (2m directions, ``D2 = [dB; dQ]``):
+        ``A = (Sigma2 o D2 D2^T) / lam`` plus each task's 2 x 2 conjugate block ``[[c2, cross], [cross, c2q]] / n``,
+        ``g = -w . D2 - [c1, c1q] / n``."""
         m, lam = self.m, self.config.lam
-        c1, c2, c1p, pp, dp = scalars.T
-        D2 = np.vstack([dBT, self.dPT])
-        idx = np.concatenate([np.arange(m), np.arange(m)])
-        A = self.Sigma[np.ix_(idx, idx)] * (D2 @ D2.T) / lam
-        tasks = np.arange(m)
-        A[tasks, tasks] += c2 / self.n
-        A[tasks + m, tasks + m] += pp / self.n
-        A[tasks, tasks + m] += dp / self.n
-        A[tasks + m, tasks] += dp / self.n
-        A = 0.5 * (A + A.T)
-        g = -np.einsum("ij,ij->i", np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1p / self.n])
-        w, V = np.linalg.eigh(A)
-        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
-        v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
-        if not float(g @ v) > 0:
-            v = np.zeros(2 * m)
-        return v[:m], v[m:]
-
-    def steps_box_momentum(self, dBT, dQT, scalars):
-        """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
-        (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP."""
-        m, lam, cfg = self.m, self.config.lam, self.config
-        c1, c2, c1q, c2q, cross, beta_max = scalars.T
         D2 = np.vstack([dBT, dQT])
         idx = np.concatenate([np.arange(m), np.arange(m)])
         A = self.Sigma[np.ix_(idx, idx)] * (D2 @ D2.T) / lam
@@ -826,6 +798,32 @@ class Server(ServerBase):
         A[tasks + m, tasks] += cross / self.n
         A = 0.5 * (A + A.T)
         g = -np.einsum("ij,ij->i", np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1q / self.n])
+        return A, g
+
+    def steps_momentum(self, dBT, scalars):
+        """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
+
+        The same exact quadratic as :meth:`steps` over 2m directions (each
+        task's new local step and its previous step): ``D2 = [dB; dP]``,
+        ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
+        solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
+        dropped): the gain ``g^T A^+ g / 2`` is never negative.
+        """
+        m = self.m
+        A, g = self.two_direction_quadratic(dBT, self.dPT, *scalars.T)
+        w, V = np.linalg.eigh(A)
+        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
+        v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
+        if not float(g @ v) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def steps_box_momentum(self, dBT, dQT, scalars):
+        """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
+        (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP."""
+        m, cfg = self.m, self.config
+        beta_max = scalars[:, 5]
+        A, g = self.two_direction_quadratic(dBT, dQT, *scalars[:, :5].T)
         alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
         gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
         if not np.any(beta_max > 0):
