@@ -185,7 +185,7 @@ def tau(losses, sq_norms, C, update="implicit", norm="rmax", p=2.0, r=1, R=None)
                          f"and {sq_norms.shape}")
     if not (np.all(np.isfinite(L)) and np.all(L >= 0) and np.all(np.isfinite(S)) and np.all(S >= 0)):
         raise InputError("losses and sq_norms must be finite and >= 0")
-    rule = make_rule(L.shape[1], C, update, norm, p, r, R, typical=(L.shape[1], float(np.mean(S))))
+    rule = make_rule(L.shape[1], C, update, norm, p, r, R, typical=(L.shape[1], float(np.mean(S)) if S.size else 0.0))
     out = _online.tau_rounds(L, S, *rule.args())
     return out[0] if one else out
 

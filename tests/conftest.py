@@ -149,7 +149,9 @@ def fake_slurm(directory):
 # hash under a lock, so the in-place optimized modules are never touched.
 KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_kernels.pyx", "hpcmtl/_online.pyx", "setup.py")
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
-KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection"), "_online": ("hpcmtl.online",)}
+KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.dmtrl", "hpcmtl.baselines",
+                             "hpcmtl.checkpoint"),
+                "_online": ("hpcmtl.online",)}
 
 
 def debug_kernels_dir():

@@ -322,3 +322,23 @@ def test_issue_12_reproduction_trains_to_a_finite_converged_model(tmp_path, n_ra
     for key in ("primal", "dual", "rel_gap"):
         assert np.all(np.isfinite(history[key])), key
     assert 0 <= history["rel_gap"][-1] <= 1e-6
+
+
+@pytest.mark.parametrize("aggregation", ["safe", "qp"])
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge"])
+def test_tiny_tasks_with_shrinking_through_several_omega_steps(kernel_build, loss, aggregation):
+    """The whole DMTRL engine (serial) on the build under test: 16 tasks of 1-3 rows, shrinking on, four
+    Omega-steps; on the bounds-checked build an out-of-range index anywhere in the run is an IndexError
+    (session 3's shrinking underflow wrote order[-1] on exactly such tasks)."""
+    from hpcmtl.estimators import DMTRL
+    rng = np.random.default_rng(3)
+    Xs, ys = [], []
+    for i in range(16):
+        n = 1 + i % 3
+        Xs.append(rng.normal(size=(n, 5)))
+        ys.append(np.where(rng.random(n) < 0.5, -1.0, 1.0))
+    tol = 1e-4 if aggregation == "safe" else 1e-6        # the safe rho is slow to 1e-6 here (issue 13)
+    model = DMTRL(loss=loss, lam=1e-2, tol=tol, outer=4, outer_tol=0.0, max_rounds=3000, shrinking=True,
+                  aggregation=aggregation).fit(Xs, ys)
+    assert model.converged_ and len(model.wsteps_["converged"]) == 4
+    assert np.all(model.wsteps_["rel_gap"] <= tol) and np.all(np.isfinite(model.W_))
