@@ -1478,11 +1478,11 @@ def _kind_of(path):
     """'hdf5', 'npz', 'mat', 'csv' or 'svmlight', by content first and by extension for text."""
     import zipfile
 
-    import h5py
+    from . import store
     _file(path)
     with open(path, "rb") as f:
         head = f.read(4096)
-    if h5py.is_hdf5(path):
+    if store.is_hdf5(path):
         return "hdf5"
     if zipfile.is_zipfile(path):
         return "npz"
@@ -1740,8 +1740,6 @@ def _inspect_svmlight(path, out, n_lines=1000):
 
 
 def _inspect_hdf5(path, out):
-    import h5py
-
     from . import store
     with open(path, "rb") as f:
         if f.read(10) == b"MATLAB 7.3":
@@ -1770,16 +1768,8 @@ def _inspect_hdf5(path, out):
                          "ready for hpcmtl train online --stream")
         out["commands"] = [f"hpcmtl data info {q(path)}"]
         return
-    found = []
-
-    def visit(name, obj):
-        if isinstance(obj, h5py.Dataset):
-            found.append({"name": name, "shape": list(obj.shape), "dtype": str(obj.dtype)})
-
-    with h5py.File(path, "r") as f:
-        f.visititems(visit)
     out["format"] = "HDF5" + (f" (format {fmt!r})" if fmt else "")
-    out["variables"] = found
+    out["variables"] = store.list_datasets(path)
     out["layout"] = ("an hpcmtl result or checkpoint: see hpcmtl report / evaluate" if fmt else
                      "not an hpcmtl file: save its arrays with numpy.savez or scipy.io.savemat to convert them")
 

@@ -725,6 +725,24 @@ def file_format(path) -> str | None:
     return fmt.decode() if isinstance(fmt, bytes) else fmt
 
 
+def is_hdf5(path) -> bool:
+    """Whether ``path`` is an HDF5 file (by its signature, not its name)."""
+    return bool(h5py.is_hdf5(os.fspath(path)))
+
+
+def list_datasets(path) -> list:
+    """Every dataset of an HDF5 file as ``{"name", "shape", "dtype"}`` (metadata only, no data read)."""
+    found = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            found.append({"name": name, "shape": list(obj.shape), "dtype": str(obj.dtype)})
+
+    with h5py.File(os.fspath(path), "r") as f:
+        f.visititems(visit)
+    return found
+
+
 def read_all_tasks(path):
     """Every task of a file as full blocks (for single-process tools and tests)."""
     with TaskFile(path) as tf:
