@@ -253,6 +253,14 @@ cdef inline double box_gradient(int loss, double y, double b, double ux, double 
     return y * ux - 1.0
 
 
+cdef int check_dual_rows(Rows rows, Py_ssize_t n, Py_ssize_t n_alpha, Py_ssize_t n_sq_norms) except -1:
+    """The rows, dual variables and squared norms of a block of n rows agree in length."""
+    check_rows(rows, 0, n)
+    check_length("alpha", n_alpha, n)
+    check_length("sq_norms", n_sq_norms, n)
+    return 0
+
+
 def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                const double[::1] w, double[::1] delta_b,
                const double[::1] sq_norms, int[::1] order, double[::1] shrink_state,
@@ -306,9 +314,7 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef double* u
     cdef bint shrinking, in_pass = False
     cdef Shrink sh
-    check_rows(rows, 0, n)
-    check_length("alpha", alpha.shape[0], n)
-    check_length("sq_norms", sq_norms.shape[0], n)
+    check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0])
     check_length("order", order.shape[0], n)
     check_length("w", w.shape[0], d)
     check_length("delta_b", delta_b.shape[0], d)
@@ -481,10 +487,8 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef const int* idx
     cdef const double* WTp
     cdef double ux, q, delta, c_b, c_w
-    check_rows(rows, 0, n)
-    check_length("alpha", alpha.shape[0], n)
+    check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0])
     check_length("task_of_row", task_of_row.shape[0], n)
-    check_length("sq_norms", sq_norms.shape[0], n)
     check_length("perm", perm.shape[0], n)
     check_length("n_of_task", n_of_task.shape[0], m)
     check_shape("WT", WT, m, d)

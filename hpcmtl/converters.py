@@ -210,6 +210,14 @@ def label_rule(positive=None, mapping=None, binary=False):
     return LabelRule(positive, mapping, binary)
 
 
+def _tasks_of(source, labels):
+    """``(Xs, ys, names)`` of a MATLAB or npz source: one labeled table split by task, or one matrix a task."""
+    if source[0] == "labeled":
+        return source[1].as_task(labels)
+    _, Xs, ys, names, locate = source
+    return Xs, check_tasks(Xs, ys, locate, labels), names
+
+
 def check_tasks(Xs, ys, locate, labels=None):
     """The checks ``store.write_tasks`` makes, reported where the problem is in the input.
 
@@ -430,10 +438,7 @@ def from_malsar(paths, labels=None):
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     source = _mat_source(paths)
-    if source[0] == "labeled":
-        return source[1].as_task(labels)
-    _, Xs, ys, names, locate = source
-    return Xs, check_tasks(Xs, ys, locate, labels), names
+    return _tasks_of(source, labels)
 
 
 # ---------------------------------------------------------------------------
@@ -944,10 +949,7 @@ def from_npz(paths, labels=None):
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     source = _npz_source(paths)
-    if source[0] == "labeled":
-        return source[1].as_task(labels)
-    _, Xs, ys, names, locate = source
-    return Xs, check_tasks(Xs, ys, locate, labels), names
+    return _tasks_of(source, labels)
 
 
 # ---------------------------------------------------------------------------

@@ -214,6 +214,23 @@ def remove_stale_temporaries(path) -> list:
     return removed
 
 
+def _new_temporary(path: str, what: str):
+    """``(fd, name)`` of a new temporary file beside ``path`` (after removing those of killed writers)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temporaries(path)
+    try:
+        return tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise write_error(what, path, exc) from None
+
+
+def _finished_mode() -> int:
+    """The permission bits of a finished output: 0666 under the process umask (mkstemp creates 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
 def atomic_h5(path: str, force: bool = True, what: str = "output file"):
     """Open a temporary HDF5 file beside ``path``; rename it into place on success.
@@ -224,21 +241,14 @@ def atomic_h5(path: str, force: bool = True, what: str = "output file"):
     """
     path = os.fspath(path)
     check_writable(path, force)
-    directory = os.path.dirname(os.path.abspath(path))
-    remove_stale_temporaries(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise write_error(what, path, exc) from None
+    fd, tmp = _new_temporary(path, what)
     raw = _GuardedFile(fd)
     try:
         with h5py.File(raw, "w") as f:
             yield f
         raw.sync()
-        umask = os.umask(0)
-        os.umask(umask)
         with contextlib.suppress(OSError):
-            os.fchmod(raw.fd, 0o666 & ~umask)     # mkstemp creates 0600; finished files follow the umask
+            os.fchmod(raw.fd, _finished_mode())     # mkstemp creates 0600; finished files follow the umask
         raw.close()
         if raw.error is not None:
             raise write_error(what, path, raw.error)
@@ -264,20 +274,13 @@ def atomic_output(path, what: str = "output file"):
     one-line :class:`WriteError` and nothing is left under either name.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    remove_stale_temporaries(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise write_error(what, path, exc) from None
+    fd, tmp = _new_temporary(path, what)
     lock = _GuardedFile(fd)                 # holds the lock; the writer opens the path itself
     try:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _finished_mode())
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
