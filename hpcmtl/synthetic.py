@@ -189,3 +189,49 @@ def multilabel_stream(seed: int = 0, n_rounds: int = 20000, d: int = 2000, k: in
     flip = rng.uniform(size=Y.shape) < 0.05
     Y[flip] *= -1
     return X, Y, {"W": Wt}
+
+
+def sparse_vocabulary(seed: int = 0, m: int = 15, d: int = 152543, vocabulary: int = 20000,
+                      n_per_task: int = 400, words: int = 150, zipf: float = 1.01, test_fraction: float = 0.25):
+    """Sparse tasks that each touch only their own vocabulary (a spam-filtering shape, issue 14).
+
+    ``d`` features ranked by a global Zipf popularity; each task draws a
+    vocabulary of ``vocabulary`` distinct features from that ranking (so
+    frequent features are shared, rare ones mostly private), and each row
+    draws ``words`` tokens from its task's vocabulary with Zipf(``zipf``)
+    frequencies.  Rows are term counts scaled to unit norm.  Labels come from a
+    shared weight vector plus a task-specific one, with 5 % label noise.
+    The union of the task supports is far smaller than ``d * m``: the case
+    where moving only the supports pays.
+    """
+    if not (m >= 1 and d >= 2 and 1 <= vocabulary <= d and n_per_task >= 2 and words >= 1 and zipf > 1.0):
+        raise InputError("sparse_vocabulary needs m >= 1, d >= 2, 1 <= vocabulary <= d, n_per_task >= 2, "
+                         "words >= 1 and zipf > 1")
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, d + 1) ** 0.8
+    popularity /= popularity.sum()
+    shared = rng.normal(size=d)
+    train, test = ([], [], []), ([], [], [])
+    supports = []
+    for i in range(m):
+        vocab = np.sort(rng.choice(d, size=vocabulary, replace=False, p=popularity))
+        weights = shared[vocab] + rng.normal(size=vocab.size)
+        freq = 1.0 / np.arange(1, vocab.size + 1) ** zipf
+        freq = rng.permutation(freq / freq.sum())
+        tokens = rng.choice(vocab.size, size=(n_per_task, words), p=freq)
+        rows = np.repeat(np.arange(n_per_task), words)
+        X = sp.csr_matrix((np.ones(rows.size), (rows, tokens.ravel())), shape=(n_per_task, vocab.size))
+        X.sum_duplicates()
+        X = sp.csr_matrix(sp.diags(1.0 / np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())) @ X)
+        z = np.asarray(X @ weights).ravel()
+        y = np.where(z > np.median(z), 1.0, -1.0)
+        y[rng.uniform(size=n_per_task) < 0.05] *= -1
+        X = sp.csr_matrix((X.data, vocab[X.indices], X.indptr), shape=(n_per_task, d))   # to global features
+        X.sort_indices()
+        supports.append(np.unique(X.indices))
+        Xtr, ytr, Xte, yte = _split(rng, X, y, test_fraction)
+        for part, (Xp, yp) in ((train, (Xtr, ytr)), (test, (Xte, yte))):
+            part[0].append(sp.csr_matrix(Xp))
+            part[1].append(yp)
+            part[2].append(f"user{i + 1:02d}")
+    return train, test, {"support_sizes": np.array([s.size for s in supports], dtype=np.int64)}
