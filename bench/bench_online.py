@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from timing import median_time
 
 from hpcmtl import store
-from hpcmtl.online import OnlineMultitask
+from hpcmtl.estimators import OnlineMultitask
 
 
 def rcv1_like_stream(n_rounds, d=47236, k=104, nnz=80, seed=0, zipf=True):

@@ -21,7 +21,7 @@ import numpy as np
 
 from common import SHARED_DATA, hpcmtl, need_shared, pyplot, setup
 
-from hpcmtl import online, store
+from hpcmtl import online_rules, store
 
 
 def train(stream, out, ranks, *options):
@@ -56,7 +56,7 @@ def main():
     for name, stream in streams.items():
         with store.StreamFile(stream) as sf:
             T, k = sf.n_rounds, sf.n_labels
-            corollary5 = repr(online.horizon_C(T, sf.max_row_norm()))     # the paper's C = 1/(sqrt(T) R^2)
+            corollary5 = repr(online_rules.horizon_C(T, sf.max_row_norm()))     # the paper's C = 1/(sqrt(T) R^2)
         runs = {
             "implicit L-inf": train(stream, P(f"{name}-implicit-linf.h5"), args.ranks, "--norm", "linf", "--C", C),
             "implicit L1": train(stream, P(f"{name}-implicit-l1.h5"), args.ranks, "--norm", "l1", "--C", C),

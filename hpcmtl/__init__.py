@@ -9,10 +9,7 @@ __all__ = ["DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks", "OnlineMultitas
 
 def __getattr__(name):
     # estimators import scikit-learn; load them only when asked for
-    if name in ("DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks"):
+    if name in ("DMTRL", "JointSparseMTL", "GraphMTL", "MemoryTasks", "OnlineMultitask", "OnlineECOC"):
         from . import estimators
         return getattr(estimators, name)
-    if name in ("OnlineMultitask", "OnlineECOC"):
-        from . import online
-        return getattr(online, name)
     raise AttributeError(f"module 'hpcmtl' has no attribute {name!r}")

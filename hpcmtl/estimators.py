@@ -9,8 +9,12 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 
+from . import _online
 from .errors import InputError
-from .taskdata import TaskBlock, dense_or_csr
+from .metrics import RunningMetrics
+from .online_rules import make_rule
+from .output_codes import get_code, hamming_decode
+from .taskdata import TaskBlock, dense_or_csr, rows_of
 
 
 class MemoryTasks:
@@ -306,3 +310,187 @@ class GraphMTL(_MultiTaskLinear):
         gram = product_gram(X, index, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
                             **self._kernel_params())
         return self.svc_.decision_function(gram)
+
+
+# ---------------------------------------------------------------------------
+# Online multitask learning (paper 004): in-process learners over the rules of online_rules
+# ---------------------------------------------------------------------------
+def _instances(X, k, owner):
+    """(rows, n_rounds, per_task) from shared instances (T x d) or per-task ones ((T, k, d) or k matrices)."""
+    if isinstance(X, (list, tuple)):
+        if len(X) != k:
+            raise InputError(f"{owner}: per-task instances need one matrix per task ({k}), got {len(X)}")
+        T = X[0].shape[0]
+        if any(x.shape[0] != T for x in X):
+            raise InputError(f"{owner}: every task's instance matrix needs the same number of rounds")
+        order = (np.arange(k)[None, :] * T + np.arange(T)[:, None]).ravel()   # row t * k + j
+        if any(sp.issparse(x) for x in X):
+            stacked = sp.vstack([sp.csr_matrix(x) for x in X], format="csr")[order]
+        else:
+            stacked = np.vstack([np.asarray(x, dtype=np.float64) for x in X])[order]
+        rows, Xc = rows_of(stacked)
+        return rows, Xc, T, True
+    if not sp.issparse(X) and np.ndim(X) == 3:
+        X = np.asarray(X, dtype=np.float64)
+        if X.shape[1] != k:
+            raise InputError(f"{owner}: per-task instances of shape (T, k, d) need k = {k}, got {X.shape[1]}")
+        rows, Xc = rows_of(X.reshape(-1, X.shape[2]))
+        return rows, Xc, X.shape[0], True
+    if not sp.issparse(X) and np.ndim(X) != 2:
+        raise InputError(f"{owner}: X must be (T x d) shared instances, (T, k, d) or a list of k matrices")
+    rows, Xc = rows_of(X)
+    return rows, Xc, Xc.shape[0], False
+
+
+def typical_round(X, Y):
+    """(active tasks a round, mean ||x||^2 over instance rows) of a batch: what ``C="auto"`` scales with."""
+    sq = np.asarray(X.multiply(X).sum(axis=1) if sp.issparse(X) else np.einsum("ij,ij->i", X, X)).ravel()
+    return float(np.mean(np.sum(Y != 0, axis=1))) if len(Y) else 0.0, float(np.mean(sq)) if sq.size else 0.0
+
+
+def _check_finite(Xc, owner):
+    values = Xc.data if sp.issparse(Xc) else Xc
+    if not np.all(np.isfinite(values)):
+        raise InputError(f"{owner}: field 'X' contains NaN or Inf")
+
+
+class OnlineMultitask(BaseEstimator):
+    """k binary tasks learned online under a shared global loss (paper 004).
+
+    Parameters
+    ----------
+    update : ``"implicit"`` (recommended, Sec. 5), ``"perceptron"`` (finite horizon, Sec. 3)
+        or ``"infinite"`` (Sec. 4)
+    norm : ``"rmax"`` (with ``r``; r = 1 is L-inf, r = k is L1), ``"linf"``, ``"l1"``, ``"l2"`` or
+        ``"p"`` (with ``p``; Perceptron rules only unless p is 1, 2 or inf)
+    C : aggressiveness, ``||tau||^* <= C``; ``"auto"``: :func:`hpcmtl.online_rules.auto_C` from the first
+        ``partial_fit`` batch (its mean ``||x||^2`` and active tasks a round)
+    R : bound on ``||x||`` (the infinite-horizon update)
+
+    The rules are :mod:`hpcmtl.online_rules` (Corollary 5's C for a known number of
+    rounds is :func:`hpcmtl.online_rules.horizon_C`: pass it as C).  ``__init__`` only
+    stores the parameters; they are validated by the first ``partial_fit``, and ``fit`` starts over
+    with the current ones.
+
+    ``partial_fit(X, Y)`` runs rounds in order: X is (T x d) dense or sparse
+    (one shared instance per round), (T, k, d), or a list of k (T x d)
+    matrices (one instance per task); Y is (T x k) in {-1, +1}, 0 for a
+    dormant task.  Learned: ``coef_`` (k x d), ``history_`` (per-round global
+    loss, errors), ``n_rounds_``.
+    """
+
+    def __init__(self, update="implicit", norm="rmax", r=1, p=2.0, C=1.0, R=None):
+        self.update = update
+        self.norm = norm
+        self.r = r
+        self.p = p
+        self.C = C
+        self.R = R
+
+    def _rule(self, k, typical):
+        return make_rule(k, self.C, self.update, self.norm, self.p, self.r, self.R, owner=type(self).__name__,
+                         typical=typical)
+
+    def _prepare(self, X, Y):
+        owner = type(self).__name__
+        Y = np.ascontiguousarray(Y, dtype=np.float64)
+        if Y.ndim != 2:
+            raise InputError(f"{owner}: Y must be (T x k) with -1/+1 (0 for a dormant task), got shape {Y.shape}")
+        if not np.all(np.isin(Y, (-1.0, 0.0, 1.0))):
+            raise InputError(f"{owner}: field 'Y' must hold -1, +1 or 0 (dormant)")
+        k = Y.shape[1]
+        rows, Xc, T, per_task = _instances(X, k, owner)
+        _check_finite(Xc, owner)
+        if T != Y.shape[0]:
+            raise InputError(f"{owner}: X has {T} rounds but Y has {Y.shape[0]}")
+        if hasattr(self, "W_"):
+            if self.W_.shape != (rows.n_features, k):
+                raise InputError(f"{owner}: partial_fit got {rows.n_features} features and {k} tasks, "
+                                 f"earlier calls had {self.W_.shape[0]} and {self.W_.shape[1]}")
+        else:
+            self.rule_ = self._rule(k, typical_round(Xc, Y))
+            self.W_ = np.zeros((rows.n_features, k))
+            self.metrics_ = RunningMetrics()
+        return rows, Y, T, per_task
+
+    def partial_fit(self, X, Y):
+        rows, Y, T, per_task = self._prepare(X, Y)
+        margins = np.empty((T, Y.shape[1]))
+        gloss = np.empty(T)
+        if T:
+            _online.online_rounds(rows, per_task, Y, self.W_, *self.rule_.args(), margins, gloss)
+        self._record(Y, margins, gloss)
+        return self
+
+    def _record(self, Y, margins, gloss):
+        self.metrics_.add(Y, margins, gloss)
+
+    def fit(self, X, Y):
+        for name in ("W_", "rule_", "metrics_"):
+            self.__dict__.pop(name, None)
+        return self.partial_fit(X, Y)
+
+    @property
+    def coef_(self):
+        return self.W_.T
+
+    @property
+    def history_(self):
+        return self.metrics_.arrays()
+
+    @property
+    def n_rounds_(self):
+        return self.metrics_.n_rounds
+
+    def decision_function(self, X):
+        """Margins ``w_j . x`` ((T x k) for shared instances, per task for (T, k, d))."""
+        if not hasattr(self, "W_"):
+            raise InputError(f"this {type(self).__name__} instance is not fitted yet; call partial_fit first")
+        k = self.W_.shape[1]
+        if isinstance(X, (list, tuple)):
+            return np.column_stack([np.asarray(X[j] @ self.W_[:, j]).ravel() for j in range(k)])
+        if not sp.issparse(X) and np.ndim(X) == 3:
+            return np.einsum("tkd,dk->tk", np.asarray(X, dtype=np.float64), self.W_)
+        return np.asarray(X @ self.W_)
+
+    def predict(self, X):
+        """+1 where the margin is positive, else -1."""
+        return np.where(self.decision_function(X) > 0, 1.0, -1.0)
+
+
+class OnlineECOC(OnlineMultitask):
+    """Multiclass online learning through an output code (paper 004, Sec. 8.2).
+
+    The code's columns are the binary tasks, learned under the global norm
+    (r-max by default: the paper recommends r slightly below half the code
+    distance); prediction is Hamming decoding.  ``code``: ``"exhaustive"`` (for
+    5 classes the paper's 5 x 15 matrix), ``"one-vs-rest"``, ``"random:K"``
+    or an (s x K) +-1 array.  ``partial_fit(X, classes)`` with classes in
+    0..n_classes-1.
+    """
+
+    def __init__(self, n_classes=5, code="exhaustive", update="implicit", norm="rmax", r=3, p=2.0, C=1.0,
+                 R=None):
+        super().__init__(update, norm, r, p, C, R)
+        self.n_classes = n_classes
+        self.code = code
+
+    def partial_fit(self, X, classes):
+        if not hasattr(self, "code_"):
+            self.code_ = get_code(self.code, self.n_classes)
+        classes = np.asarray(classes).reshape(-1)
+        if not (np.issubdtype(classes.dtype, np.integer) and np.all((classes >= 0) & (classes < self.n_classes))):
+            raise InputError(f"OnlineECOC: classes must be integers in 0..{self.n_classes - 1}")
+        self._classes = classes
+        return super().partial_fit(X, self.code_[classes])
+
+    def _record(self, Y, margins, gloss):
+        self.metrics_.add(Y, margins, gloss, self.code_, self._classes)
+
+    def fit(self, X, classes):
+        self.__dict__.pop("code_", None)
+        return super().fit(X, classes)
+
+    def predict(self, X):
+        return hamming_decode(self.decision_function(X), self.code_)
+

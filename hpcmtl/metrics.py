@@ -17,10 +17,20 @@ output code, ``multiclass_error_rate`` (paper 004, Sec. 8.1).
 Result files written before this scheme used ``error_rate`` and ``auc`` for task
 means and ``rmse``, ``mse``, ``explained_variance`` for pooled values;
 :func:`canonical_summary` maps them when a file is read.
+
+Running metrics of a stream
+---------------------------
+:class:`RunningMetrics` records, round by round, what an online learner suffers
+(global loss, tasks wrong, active tasks, multiclass error after Hamming decoding)
+and turns the counts into the ``inf_error_rate``, ``one_error_rate`` and
+``multiclass_error_rate`` above (:func:`error_rates`), by the paper's rule that a
+margin of 0 is a mistake (:func:`mistakes`).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .output_codes import hamming_decode
 
 # per-task columns shown in tables, by kind
 TASK_COLUMNS = {"classification": ("error_rate", "auc"), "regression": ("rmse", "explained_variance")}
@@ -98,3 +108,76 @@ def summarize(per_task: list, regression: bool) -> dict:
                    task_mean_error_rate=float(np.mean([t["error_rate"] for t in per_task])) if per_task else float("nan"),
                    task_mean_auc=float(np.mean(aucs)) if aucs else float("nan"))
     return out
+
+
+# ---------------------------------------------------------------------------
+# Running metrics of a stream (paper 004, Sec. 8.1)
+# ---------------------------------------------------------------------------
+class RunningMetrics:
+    """Per-round global loss, 1-error (tasks wrong) and inf-error (any task wrong).
+
+    A task is wrong on a round when ``y w . x <= 0`` (the paper's e_tj); dormant
+    tasks are never wrong.  With a code, also the multiclass error after
+    Hamming decoding.
+    """
+    COLUMNS = ("global_loss", "n_errors", "n_active", "multiclass_error")
+
+    def __init__(self):
+        self.parts = {k: [] for k in self.COLUMNS}
+
+    def add(self, Y, margins, global_loss, code=None, classes=None):
+        wrong = mistakes(Y, margins)
+        self.parts["global_loss"].append(np.asarray(global_loss, dtype=np.float64).copy())
+        self.parts["n_errors"].append(wrong.sum(axis=1).astype(np.int32))
+        self.parts["n_active"].append((Y != 0).sum(axis=1).astype(np.int32))
+        if code is not None:
+            self.parts["multiclass_error"].append(multiclass_mistakes(margins, code, classes).astype(np.int8))
+
+    def extend(self, arrays):
+        for k, v in arrays.items():
+            if k in self.parts and len(v):
+                self.parts[k].append(np.asarray(v))
+
+    @property
+    def n_rounds(self):
+        return int(sum(len(a) for a in self.parts["global_loss"]))
+
+    def arrays(self):
+        """Per-round columns plus the cumulative global loss and error rates so far."""
+        out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
+        if not len(out["multiclass_error"]):
+            del out["multiclass_error"]
+        n = len(out["global_loss"])
+        rounds = np.arange(1, n + 1)
+        out["round"] = rounds
+        out["cumulative_loss"] = np.cumsum(out["global_loss"])
+        out["inf_error"] = (out["n_errors"] > 0).astype(np.int8)
+        return out
+
+    def summary(self, k):
+        a = self.arrays()
+        n = len(a["round"])
+        s = {"rounds": n, "cumulative_loss": float(a["cumulative_loss"][-1]) if n else 0.0}
+        s.update(error_rates(n, k, int(a["inf_error"].sum()), int(a["n_errors"].sum()),
+                             int(a["multiclass_error"].sum()) if "multiclass_error" in a else None))
+        return s
+
+
+def mistakes(Y, margins):
+    """The paper's e_tj: task j is wrong on round t when ``y_tj w_j . x_t <= 0``; dormant tasks (y = 0) never."""
+    return (Y * margins <= 0) & (Y != 0)
+
+
+def multiclass_mistakes(margins, code, classes):
+    """Rounds whose Hamming-decoded class is not the true one (output codes)."""
+    return hamming_decode(margins, code) != classes
+
+
+def error_rates(n_rounds, k, inf_errors, task_errors, multiclass_errors=None):
+    """inf-error, 1-error (and multiclass) rates from counts over ``n_rounds`` rounds of k tasks."""
+    n = max(1, n_rounds)
+    out = {"inf_error_rate": float(inf_errors / n), "one_error_rate": float(task_errors / (n * k))}
+    if multiclass_errors is not None:
+        out["multiclass_error_rate"] = float(multiclass_errors / n)
+    return out
+

@@ -151,7 +151,7 @@ KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_kernels.pyx",
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
 KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.dmtrl", "hpcmtl.baselines",
                              "hpcmtl.checkpoint"),
-                "_online": ("hpcmtl.online",)}
+                "_online": ("hpcmtl.online_rules", "hpcmtl.estimators", "hpcmtl.online")}
 
 
 def debug_kernels_dir():

@@ -255,10 +255,11 @@ def implicit_l2_brentq(loss, sq, C):
     free = loss / np.where(sq > 0, sq, np.nan)
     if np.all(sq[loss > 0] > 0) and np.sum(free[loss > 0] ** 2) <= C * C:
         return np.where(loss > 0, free, 0.0)
-    phi = lambda th: np.sum((loss / (sq + th)) ** 2) - C * C  # noqa: E731
+    pos = loss > 0                      # a task with no loss takes tau = 0 (and 0 / 0 when ||x||^2 = 0 too)
+    phi = lambda th: np.sum((loss[pos] / (sq[pos] + th)) ** 2) - C * C  # noqa: E731
     hi = np.sqrt(np.sum(loss ** 2)) / C + 1.0
-    theta = brentq(phi, 1e-300 if np.any(sq[loss > 0] == 0) else 0.0, hi, xtol=1e-15, rtol=1e-15, maxiter=500)
-    return loss / (sq + theta)
+    theta = brentq(phi, 1e-300 if np.any(sq[pos] == 0) else 0.0, hi, xtol=1e-15, rtol=1e-15, maxiter=500)
+    return np.where(pos, loss / np.where(pos, sq + theta, 1.0), 0.0)
 
 
 def slsqp_max(objective, constraint, k, C, x0=None):

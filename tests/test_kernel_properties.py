@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from numpy.testing import assert_allclose, assert_array_equal
 
-from hpcmtl import online
+from hpcmtl import online_rules
 from hpcmtl.losses import LOSSES, conjugate_reference, primal_reference
 from hpcmtl.projection import (l1inf_norm, project_l1, project_l1_columns, project_l1inf, project_l2,
                                project_l2_columns)
@@ -446,10 +446,10 @@ def test_explicit_tau_solves_its_linear_problem(online_kernels, update, round_, 
         if kw.get("r", 1) > k:
             continue
         R = 1.3
-        tau = online.tau(loss, sq, C, update=update, norm=norm, R=R, **kw)
+        tau = online_rules.tau(loss, sq, C, update=update, norm=norm, R=R, **kw)
         assert np.all(tau >= 0) and np.all(tau[loss == 0] == 0)
-        nid, p, r = online.resolve_norm(norm, kw.get("p", 2.0), kw.get("r", 1), k)
-        rho = online.remoteness(nid, p, r, k)
+        nid, p, r = online_rules.resolve_norm(norm, kw.get("p", 2.0), kw.get("r", 1), k)
+        rho = online_rules.remoteness(nid, p, r, k)
         norm_l = global_norm(loss, norm, **kw)
         radius = C if update == "perceptron" else min(C, norm_l / (R * R * rho * rho))
         assert dual_norm(tau, norm, **kw) <= radius * (1 + 1e-12) + 1e-300
@@ -466,7 +466,7 @@ def test_implicit_rmax_tau_is_the_kkt_point(online_kernels, round_, C, rule):
     if kw.get("r", 1) > k:
         return
     r = {"linf": 1, "l1": k}.get(norm, kw.get("r"))
-    tau = online.tau(loss, sq, C, update="implicit", norm=norm, **kw)
+    tau = online_rules.tau(loss, sq, C, update="implicit", norm=norm, **kw)
     assert np.all(np.isfinite(tau)) and np.all(tau[loss == 0] == 0)
     assert tau.sum() <= r * C * (1 + 1e-15) and np.all(tau <= C)           # in the dual ball
     assert implicit_rmax_kkt_violation(tau, loss, sq, C, r) <= 1e-9
@@ -482,7 +482,7 @@ def test_implicit_rmax_tau_is_the_kkt_point(online_kernels, round_, C, rule):
 @given(round_=tau_rounds(), C=st.sampled_from([1e-3, 0.3, 2.0]))
 def test_implicit_l2_tau_is_the_root_of_eq_27(online_kernels, round_, C):
     loss, sq = round_
-    tau = online.tau(loss, sq, C, update="implicit", norm="l2")
+    tau = online_rules.tau(loss, sq, C, update="implicit", norm="l2")
     assert np.all(np.isfinite(tau)) and np.all(tau >= 0) and np.all(tau[loss == 0] == 0)
     assert np.linalg.norm(tau) <= C * (1 + 1e-12)
     pos = loss > 0
@@ -508,10 +508,10 @@ def test_tau_rounds_is_each_round_on_its_own(online_kernels, data):
     S = np.array([p[1][0] for p in pairs]).reshape(T, k)
     update = draw(st.sampled_from(["implicit", "perceptron", "infinite"]))
     norm = draw(st.sampled_from(["linf", "l1", "l2"]))
-    got = online.tau(L, S, 0.5, update=update, norm=norm, R=2.0)
+    got = online_rules.tau(L, S, 0.5, update=update, norm=norm, R=2.0)
     assert got.shape == (T, k)
     for t in range(T):
-        assert_array_equal(got[t], online.tau(L[t], S[t], 0.5, update=update, norm=norm, R=2.0))
+        assert_array_equal(got[t], online_rules.tau(L[t], S[t], 0.5, update=update, norm=norm, R=2.0))
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
@@ -527,14 +527,14 @@ def test_online_round_kernels_replay_fig_1_and_the_block_exchange(online_kernels
     Y = draw(hnp.arrays(np.float64, (T, k), elements=st.sampled_from([-1.0, 1.0, 0.0])))
     update = draw(st.sampled_from(["implicit", "perceptron"]))
     norm = draw(st.sampled_from(["linf", "l1", "l2"]))
-    rule = online.make_rule(k, 0.7, update=update, norm=norm)
+    rule = online_rules.make_rule(k, 0.7, update=update, norm=norm)
     rows_ = rows_of(sp.csr_matrix(X) if sparse else X)[0]
     wbuf, W = guarded(np.zeros((d, k)))
     mbuf, margins = guarded(np.zeros((T, k)))
     gbuf, gloss = guarded(np.zeros(T))
     online_kernels.online_rounds(rows_, False, Y, W, *rule.args(), margins, gloss)
     assert_guards(wbuf, mbuf, gbuf)
-    W_ref, m_ref = online_reference(X, Y, lambda lo, sq: online.tau(lo, sq, 0.7, update=update, norm=norm))
+    W_ref, m_ref = online_reference(X, Y, lambda lo, sq: online_rules.tau(lo, sq, 0.7, update=update, norm=norm))
     scale = np.abs(X).max(initial=0.0) ** 2 + 1e-300
     assert_allclose(margins, m_ref, rtol=1e-9, atol=1e-12 * scale)
     assert_allclose(W, W_ref, rtol=1e-9, atol=1e-12 * (np.abs(W_ref).max(initial=0.0) + 1e-300))

@@ -287,13 +287,13 @@ def test_row_kernels_check_the_row_structure(kernels, online_kernels):
 
 def test_ids_are_the_kernels_enums():
     """Loss, update and norm ids are defined once, in the compiled modules; Python uses those."""
-    from hpcmtl import _kernels, _online, online
+    from hpcmtl import _kernels, _online, online_rules
     from hpcmtl.losses import LOSSES
     assert {n: l.kernel_id for n, l in LOSSES.items()} == {
         "hinge": _kernels.LossId.HINGE, "smoothed-hinge": _kernels.LossId.SMOOTHED_HINGE,
         "squared": _kernels.LossId.SQUARED, "logistic": _kernels.LossId.LOGISTIC}
-    assert set(online.UPDATES.values()) == set(_online.UpdateId)
-    assert {online.resolve_norm(n, 3.0, 1, 4)[0] for n in online.NORMS} == set(_online.NormId)
+    assert set(online_rules.UPDATES.values()) == set(_online.UpdateId)
+    assert {online_rules.resolve_norm(n, 3.0, 1, 4)[0] for n in online_rules.NORMS} == set(_online.NormId)
 
 
 def issue_12_tasks(path, seed=23):

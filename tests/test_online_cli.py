@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hpcmtl import online, store
+from hpcmtl import estimators, output_codes, store
 
 from conftest import run_hpcmtl
 
@@ -54,7 +54,7 @@ def test_one_round_per_exchange_is_the_estimator_bit_for_bit(streams, tmp_path):
     assert r.returncode == 0, r.stderr
     with store.StreamFile(s) as sf:
         X, Y = sf.read_rounds(0, sf.n_rounds)
-    model = online.OnlineMultitask(norm="rmax", r=3, C=0.05).partial_fit(X, Y)
+    model = estimators.OnlineMultitask(norm="rmax", r=3, C=0.05).partial_fit(X, Y)
     res = store.read_result(out)
     assert res["model"]["W"].tobytes() == model.W_.tobytes()
     assert np.array_equal(res["history"]["n_errors"], model.history_["n_errors"])
@@ -116,8 +116,8 @@ def test_output_code_over_a_single_label_stream(tmp_path):
     assert r.returncode == 0, r.stderr
     res = store.read_result(out)
     assert res["model"]["task_names"][0] == "code0" and res["model"]["W"].shape == (50, 15)
-    np.testing.assert_array_equal(res["model"]["code"], online.exhaustive_code(5))
-    model = online.OnlineECOC(n_classes=5, code="exhaustive", norm="rmax", r=3, C=0.1).partial_fit(X, classes)
+    np.testing.assert_array_equal(res["model"]["code"], output_codes.exhaustive_code(5))
+    model = estimators.OnlineECOC(n_classes=5, code="exhaustive", norm="rmax", r=3, C=0.1).partial_fit(X, classes)
     assert res["model"]["W"].tobytes() == model.W_.tobytes()
     np.testing.assert_array_equal(res["history"]["multiclass_error"], model.history_["multiclass_error"])
     assert res["history"]["multiclass_error"][-500:].mean() < 0.1
