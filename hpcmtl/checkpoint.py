@@ -149,7 +149,7 @@ def share_fingerprints(cluster, source):
 
 
 def block_payloads(ck, blocks, cluster):
-    """Per rank, the packed :class:`~hpcmtl.engine.BlockState` of its blocks under the current plan (DMTRL's SET_STATE)."""
+    """Per rank, the packed :class:`~hpcmtl.engine.BlockState` of its blocks under the current plan (SET_STATE)."""
     from .engine import BlockState
     saved = {(b["task"], b["part"]): b for b in ck["blocks"]}
     by_task = {}

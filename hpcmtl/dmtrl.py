@@ -713,6 +713,8 @@ class Server(ServerBase):
         self.safe = config.aggregation == "safe"
         self.d = config.rff_dim or source.n_features
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
+        # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
+        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
         self.BT = np.zeros((self.m, self.d))
         if config.relationship == "fixed":
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)

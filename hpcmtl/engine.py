@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cluster import CONTROL_SIZE, STOP, STOP_DONE, AgreedError, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
+from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, AgreedError, StopRequested,
+                      fault_point, plan_blocks)
 from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import check_labels, get_loss
@@ -88,8 +89,6 @@ class EngineCommand(Command):
     TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test metrics of the current w
 
 
-CMD_TEST = EngineCommand.TEST
-
 
 class Control:
     """A received (or sent) control broadcast, its integers read by the names its command declares."""
@@ -123,7 +122,12 @@ class Endpoint:
     def __init__(self, cluster, local):
         self.cluster = cluster
         self.local = local
-        self.commands = {int(c): c for enum_ in local.COMMANDS for c in enum_}
+        self.commands = {}
+        for enum_ in local.COMMANDS:
+            for c in enum_:
+                if int(c) in self.commands:
+                    raise ValueError(f"command id {int(c)} declared twice: {self.commands[int(c)]!r} and {c!r}")
+                self.commands[int(c)] = c
 
     def execute(self, ctrl, payload=None):
         """Run ``ctrl.command`` here; returns what the up collective delivers (on the server), else None."""
