@@ -149,7 +149,8 @@ def share_fingerprints(cluster, source):
 
 
 def block_payloads(ck, blocks, cluster):
-    """Per rank, the concatenated (alpha, order, shrink) of its blocks under the current plan."""
+    """Per rank, the packed :class:`~hpcmtl.engine.BlockState` of its blocks under the current plan (SET_STATE)."""
+    from .engine import BlockState
     saved = {(b["task"], b["part"]): b for b in ck["blocks"]}
     by_task = {}
     for b in ck["blocks"]:
@@ -159,11 +160,10 @@ def block_payloads(ck, blocks, cluster):
     for b in blocks:
         s = saved.get((b.task, b.part))
         if s is not None and (s["start"], s["stop"]) == (b.start, b.stop):
-            alpha, order, shrink = s["alpha"], s["order"], s["shrink"]
+            state = BlockState(s["alpha"], s["order"], s["shrink"])
         else:   # the task was cut differently: rebuild this block's rows, restart its shrinking
             parts = sorted(by_task[b.task], key=lambda x: x["start"])
-            alpha = np.concatenate([x["alpha"] for x in parts])[b.start:b.stop]
-            order = np.arange(b.n_rows)
-            shrink = _kernels.new_shrink_state(b.n_rows, enabled)
-        pieces[cluster.worker_rank(b.worker)] += [alpha, np.asarray(order, dtype=np.float64), shrink]
-    return [np.concatenate(p) if p else np.zeros(0) for p in pieces]
+            state = BlockState(np.concatenate([x["alpha"] for x in parts])[b.start:b.stop], np.arange(b.n_rows),
+                               _kernels.new_shrink_state(b.n_rows, enabled))
+        pieces[cluster.worker_rank(b.worker)].append(state)
+    return [BlockState.pack_all(p) for p in pieces]

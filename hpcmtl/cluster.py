@@ -6,11 +6,15 @@ to its in-process worker through the same collectives on a communicator of
 size one).
 
 Protocol: the server drives.  Each step starts with a small control broadcast
-(a command id and a few integers); every rank then runs the command's worker
-handler on its own blocks and takes part in the command's collective
-(Gatherv of per-block columns to the server, Scatterv of per-block columns from
-it, Bcast of small shared vectors).  Algorithms register handlers; they never
-touch MPI themselves.
+(:meth:`Cluster.send_command`: 4 int64, a command id and up to three integers
+whose names the command declares); then every rank, the server included, takes
+part in the command's collectives around its own computation: a down one from
+the server (Scatterv of per-block rows or of per-rank vectors, Bcast of a small
+shared vector) and an up one to it (Gatherv of per-block rows or of per-rank
+vectors, a gather of objects, :meth:`Cluster.agree`).  Which command uses which
+collectives is declared once per method (:class:`hpcmtl.engine.Command`) and
+paired with the computations by :class:`hpcmtl.engine.Endpoint`; algorithms
+never touch MPI themselves, and this module is the only one that calls it.
 
 Failure: :func:`run_main` turns an :class:`~hpcmtl.errors.InputError` raised
 identically on every rank into exit code 2 with one line printed by rank 0, and
@@ -197,7 +201,6 @@ class Cluster:
         self.n_workers = 1 if self.size == 1 else self.size - 1
         self.bytes_moved = 0
         self.blocks = []
-        self.handlers = {}
 
     # -- roles -------------------------------------------------------------
     @property

@@ -67,7 +67,8 @@ import numpy as np
 from . import _kernels
 from . import engine
 from .checkpoint import read_compatible
-from .engine import LocalBase, ServerBase, check_finite_rows, load_blocks, nan_fault, peak_rss_mb
+from .engine import (BlockState, Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows,
+                     load_blocks, nan_fault)
 from .errors import ConvergenceError, InputError
 from .losses import LOSSES, check_choice, conjugate_reference, get_loss
 
@@ -76,16 +77,28 @@ AGGREGATIONS = ("qp", "adaptive", "line", "safe")
 LOCAL_SOLVERS = ("auto", "sdca", "exact")
 EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 
-# server-driven commands (ids shared by every rank)
-CMD_SDCA = 1          # a = global round: local SDCA on every block -> Gatherv delta b
-CMD_SET_W = 2         # a = 1 to also return objective terms: Scatterv w columns
-CMD_SET_SIGMA = 3     # Bcast sigma_ii per task and rho
-CMD_GET_STATE = 4     # Gatherv alpha, coordinate order and shrinking state of every block (checkpoint)
-CMD_SET_STATE = 5     # Scatterv the same (resume)
-CMD_TRIAL = 6         # a = global round: local SDCA kept pending -> Gatherv [delta b, c1, c2] per block
-CMD_APPLY = 7         # a = 1 to also return objective terms: Scatterv [w, eta, beta, rho] per block
-CMD_GET_PREVIOUS = 8  # Gatherv every block's previous step (momentum state, checkpoint)
-CMD_SET_PREVIOUS = 9  # Scatterv the same (resume)
+
+
+class DMTRLCommand(Command):
+    """DMTRL's messages: ``ID = id, down, up, control fields, computation (a LocalBlocks method)[, up_if]``."""
+    # local SDCA on every block -> delta b per block (n_blocks x d)
+    SDCA = 1, Down.NOTHING, Up.GATHER_ROWS, ("round", "width"), "sdca"
+    # every block's w column; with_objective: -> per block (loss sum, conjugate sum)
+    SET_W = 2, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("with_objective", "width"), "set_w", "with_objective"
+    # sigma_ii per task and rho (width = m + 1)
+    SET_SIGMA = 3, Down.BCAST, Up.NOTHING, ("m", "width"), "set_sigma"
+    # every block's BlockState (alpha, coordinate order, shrinking state), per rank (checkpoint)
+    GET_STATE = 4, Down.NOTHING, Up.GATHER_VECTORS, (), "get_state"
+    # the same, back (resume)
+    SET_STATE = 5, Down.SCATTER_VECTORS, Up.NOTHING, (), "set_state"
+    # local SDCA kept pending -> per block [delta b, c1, c2] (momentum: more, see LocalBlocks.trial)
+    TRIAL = 6, Down.NOTHING, Up.GATHER_ROWS, ("round", "width"), "trial"
+    # per block [w, eta, beta, rho]; with_objective: -> per block (loss sum, conjugate sum)
+    APPLY = 7, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("with_objective", "width"), "apply", "with_objective"
+    # every block's previous step (momentum state), per rank (checkpoint)
+    GET_PREVIOUS = 8, Down.NOTHING, Up.GATHER_VECTORS, (), "get_previous"
+    # the same, back (resume, and zeros after an Omega-step)
+    SET_PREVIOUS = 9, Down.SCATTER_VECTORS, Up.NOTHING, (), "set_previous"
 
 
 class DMTRLConvergenceWarning(UserWarning):
@@ -432,14 +445,21 @@ class GapHistory:
 
 
 # ---------------------------------------------------------------------------
-# Worker side: the blocks a rank owns and the handlers it runs
+# Worker side: the blocks a rank owns and the computations of its commands
 # ---------------------------------------------------------------------------
 class LocalBlocks(LocalBase):
-    """A rank's task blocks with their dual variables and current w columns."""
+    """A rank's task blocks with their dual variables and current w columns.
+
+    Each method named by a :class:`DMTRLCommand` is the worker-side computation of
+    that command on this rank's blocks: ``(ctrl, inputs) -> rows`` (or None),
+    with the collectives left to the engine.
+    """
+
+    COMMANDS = (EngineCommand, DMTRLCommand)
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None):
         super().__init__(cluster, blocks, config, test_blocks)
-        self.alpha = [np.zeros(b.n_rows) for b in blocks]
+        self.state = [BlockState(np.zeros(b.n_rows), np.arange(b.n_rows, dtype=np.int32), None) for b in blocks]
         self.sigma_ii = np.ones(len(blocks))
         self.rho = 1.0
         self.rho_block = np.ones(len(blocks))      # per-block rho (aggregations other than safe)
@@ -449,44 +469,39 @@ class LocalBlocks(LocalBase):
         self.previous = [np.zeros(b.n_rows) for b in blocks]    # momentum: the step applied last round
         self.pending_q = [None] * len(blocks)                   # box momentum: this round's p'
         self.gram = [None] * len(blocks)           # exact solver: eigendecomposition of X^T X per block
-        self.order = [np.arange(b.n_rows, dtype=np.int32) for b in blocks]
         self.reset_shrinking()
 
     def extra_bytes(self):
-        return sum(a.nbytes + o.nbytes for a, o in zip(self.alpha, self.order))
+        return sum(s.alpha.nbytes + s.order.nbytes for s in self.state)
 
     def reset_shrinking(self):
         """Every coordinate active again (start, and after each Omega-step changes W)."""
         enabled = self.config.shrinking and self.loss.name in ("hinge", "smoothed-hinge")
-        self.shrink = [_kernels.new_shrink_state(b.n_rows, enabled) for b in self.blocks]
+        for s, b in zip(self.state, self.blocks):
+            s.shrink = _kernels.new_shrink_state(b.n_rows, enabled)
 
-    def handlers(self):
-        return {**super().handlers(),
-                CMD_SDCA: self.on_sdca, CMD_SET_W: self.on_set_w, CMD_SET_SIGMA: self.on_set_sigma,
-                CMD_GET_STATE: self.on_get_state, CMD_SET_STATE: self.on_set_state,
-                CMD_TRIAL: self.on_trial, CMD_APPLY: self.on_apply,
-                CMD_GET_PREVIOUS: self.on_get_previous, CMD_SET_PREVIOUS: self.on_set_previous}
-
-    def on_sdca(self, ctrl, payload, width):
-        round_ = int(ctrl[1])
+    def sdca(self, ctrl, inputs):
+        """SDCA: local SDCA on every block -> delta b per block (n_blocks x d), alpha updated."""
+        round_ = ctrl.round
         cfg = self.config
-        out = np.zeros((len(self.blocks), width))
+        out = np.zeros((len(self.blocks), ctrl.width))
         for k, blk in enumerate(self.blocks):
+            st = self.state[k]
             with self.working_on(blk, round_):
-                old = self.alpha[k].copy() if cfg.eta != 1.0 else None
-                _kernels.sdca_local(blk.rows, blk.y, self.alpha[k], self.w[k], out[k], blk.sq_norms,
-                                    self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma,
+                old = st.alpha.copy() if cfg.eta != 1.0 else None
+                _kernels.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out[k], blk.sq_norms,
+                                    st.order, st.shrink, self.loss.kernel_id, cfg.gamma,
                                     self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
                                     block_seed(cfg.seed, blk.task, blk.part, round_))
                 if old is not None:   # alpha <- alpha + eta delta_alpha
-                    self.alpha[k] = old + cfg.eta * (self.alpha[k] - old)
+                    st.alpha = old + cfg.eta * (st.alpha - old)
                     out[k] *= cfg.eta
                 if nan_fault(round_, blk.task):
                     out[k, 0] = np.nan
-        return self.cluster.gather_block_rows(out, width)
+        return out
 
-    def on_trial(self, ctrl, payload, width):
-        """Local SDCA with each block's rho on a copy of alpha; the step stays pending.
+    def trial(self, ctrl, inputs):
+        """TRIAL: local SDCA with each block's rho on a copy of alpha; the step stays pending.
 
         Returns per block ``[delta b (d), c1, c2]``: the conjugate along the step,
         ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` (exact for
@@ -494,13 +509,14 @@ class LocalBlocks(LocalBase):
         With momentum (squared loss) also ``[(a - y).p, p.p, delta.p]`` for the
         previous step p.
         """
-        round_ = int(ctrl[1])
+        round_, width = ctrl.round, ctrl.width
         cfg = self.config
         d = {None: width - 2, "free": width - 5, "box": (width - 6) // 2}[self.momentum]
         out = np.zeros((len(self.blocks), width))
         for k, blk in enumerate(self.blocks):
+            st = self.state[k]
             with self.working_on(blk, round_):
-                a = self.alpha[k]
+                a = st.alpha
                 c = self.rho_block[k] * self.sigma_ii[k] / cfg.lam
                 if self.exact:
                     delta = self.exact_step(k, c)
@@ -508,7 +524,7 @@ class LocalBlocks(LocalBase):
                 else:
                     trial = a.copy()
                     _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
-                                        self.order[k], self.shrink[k], self.loss.kernel_id, cfg.gamma, c,
+                                        st.order, st.shrink, self.loss.kernel_id, cfg.gamma, c,
                                         float(blk.n_task), cfg.local_iters,
                                         block_seed(cfg.seed, blk.task, blk.part, round_))
                     delta = trial - a
@@ -527,7 +543,7 @@ class LocalBlocks(LocalBase):
                                       beta_max)
                 if nan_fault(round_, blk.task):
                     out[k, 0] = np.nan
-        return self.cluster.gather_block_rows(out, width)
+        return out
 
     def exact_step(self, k, c):
         """The squared-loss local subproblem solved exactly (what SDCA approaches as H grows).
@@ -544,18 +560,17 @@ class LocalBlocks(LocalBase):
             self.gram[k] = np.linalg.eigh(0.5 * (G + G.T))
         s, Q = self.gram[k]
         n = float(blk.n_task)
-        r = blk.y - self.alpha[k] - blk.decision(self.w[k])
+        r = blk.y - self.state[k].alpha - blk.decision(self.w[k])
         z = Q @ ((Q.T @ np.asarray(blk.X.T @ r).ravel()) / (n / c + np.maximum(s, 0.0)))
         return r - blk.decision(z)
 
-    def on_apply(self, ctrl, payload, width):
-        """Receive ``[w (d), eta, beta, rho]`` per block: ``alpha += eta delta + beta p``, next rho; objective terms.
+    def apply(self, ctrl, rows):
+        """APPLY: ``[w (d), eta, beta, rho]`` per block: ``alpha += eta delta + beta p``, next rho; objective terms.
 
         ``delta`` is the pending local step and ``p`` the step applied in the
         previous round (momentum, squared loss; beta = 0 otherwise).
         """
-        d = width - 3
-        rows = self.cluster.scatter_block_rows(payload, width)
+        d = ctrl.width - 3
         self.w = np.ascontiguousarray(rows[:, :d])
         for k in range(len(self.blocks)):
             eta, beta = float(rows[k, d]), float(rows[k, d + 1])
@@ -567,61 +582,51 @@ class LocalBlocks(LocalBase):
                     self.previous[k] = step
                     self.pending_q[k] = None
                 if eta != 0.0 or beta != 0.0:
-                    self.alpha[k] = self.alpha[k] + step
+                    self.state[k].alpha = self.state[k].alpha + step
             self.pending[k] = None
             self.rho_block[k] = float(rows[k, d + 2])
-        if not ctrl[1]:
-            return None
-        return self.objective_terms()
+        return self.objective_terms() if ctrl.with_objective else None
 
     def objective_terms(self):
+        """Per block (loss sum, conjugate sum) at the current w and alpha (n_blocks x 2)."""
         terms = np.zeros((len(self.blocks), 2))
         for k, blk in enumerate(self.blocks):
-            terms[k] = _kernels.objective_terms(blk.rows, blk.y, self.alpha[k], self.w[k],
+            terms[k] = _kernels.objective_terms(blk.rows, blk.y, self.state[k].alpha, self.w[k],
                                                 self.loss.kernel_id, self.config.gamma)
-        return self.cluster.gather_block_rows(terms, 2)
+        return terms
 
-    def on_set_w(self, ctrl, payload, width):
-        self.w = self.cluster.scatter_block_rows(payload, width)
-        if not ctrl[1]:
-            return None
-        return self.objective_terms()
+    def set_w(self, ctrl, rows):
+        """SET_W: every block's w column; objective terms when asked."""
+        self.w = rows
+        return self.objective_terms() if ctrl.with_objective else None
 
-    def on_set_sigma(self, ctrl, payload, width):
-        m = int(ctrl[1])
-        shared = self.cluster.bcast_array(payload, (m + 1,))
+    def set_sigma(self, ctrl, shared):
+        """SET_SIGMA: ``[sigma_ii per task, rho]``; resets shrinking."""
+        m = ctrl.m
         self.sigma_ii = np.array([shared[b.task] for b in self.blocks])
         self.rho = float(shared[m])
         self.reset_shrinking()
 
-    def on_get_previous(self, ctrl, payload, width):
+    def get_previous(self, ctrl, inputs):
+        """GET_PREVIOUS: every block's previous step, concatenated in plan order."""
         parts = [p for p in self.previous]
-        return self.cluster.gather_variable(np.concatenate(parts) if parts else np.zeros(0))
+        return np.concatenate(parts) if parts else np.zeros(0)
 
-    def on_set_previous(self, ctrl, payload, width):
-        mine = self.cluster.scatter_variable(payload)
+    def set_previous(self, ctrl, mine):
         pos = 0
         for k, blk in enumerate(self.blocks):
             self.previous[k] = mine[pos:pos + blk.n_rows].copy()
             pos += blk.n_rows
 
-    def on_get_state(self, ctrl, payload, width):
-        """Per block, concatenated: alpha (n), coordinate order (n), shrinking state (5)."""
-        parts = []
-        for k in range(len(self.blocks)):
-            parts += [self.alpha[k], self.order[k].astype(np.float64), self.shrink[k]]
-        return self.cluster.gather_variable(np.concatenate(parts) if parts else np.zeros(0))
+    def get_state(self, ctrl, inputs):
+        """GET_STATE: every block's :class:`BlockState`, packed and concatenated in plan order."""
+        return BlockState.pack_all(self.state)
 
-    def on_set_state(self, ctrl, payload, width):
-        mine = self.cluster.scatter_variable(payload)
+    def set_state(self, ctrl, mine):
         pos = 0
         for k, blk in enumerate(self.blocks):
-            n = blk.n_rows
-            self.alpha[k] = mine[pos:pos + n].copy()
-            self.order[k] = mine[pos + n:pos + 2 * n].astype(np.int32)
-            self.shrink[k] = mine[pos + 2 * n:pos + 2 * n + 5].copy()
+            self.state[k], pos = BlockState.unpack(mine, pos, blk.n_rows)
             self.pending[k] = None
-            pos += 2 * n + 5
 
 
 def uses_exact_solver(config, d) -> bool:
@@ -708,6 +713,8 @@ class Server(ServerBase):
         self.safe = config.aggregation == "safe"
         self.d = config.rff_dim or source.n_features
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
+        # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
+        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
         self.BT = np.zeros((self.m, self.d))
         if config.relationship == "fixed":
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)
@@ -734,16 +741,17 @@ class Server(ServerBase):
     # -- commands ----------------------------------------------------------
     def push_sigma(self):
         shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
-        self.command(CMD_SET_SIGMA, self.m, payload=shared)
+        self.command(DMTRLCommand.SET_SIGMA, payload=shared, m=self.m, width=self.m + 1)
 
     def push_w(self, with_objective: bool, eta=None, beta=None):
         """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
         if self.safe:
-            return self.command(CMD_SET_W, int(with_objective), payload=self.WT[self.block_task], width=self.d)
+            return self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=with_objective,
+                                width=self.d)
         eta = np.zeros(self.m) if eta is None else eta
         beta = np.zeros(self.m) if beta is None else beta
         payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
-        return self.command(CMD_APPLY, int(with_objective), payload=payload, width=self.d + 3)
+        return self.command(DMTRLCommand.APPLY, payload=payload, with_objective=with_objective, width=self.d + 3)
 
     # -- arithmetic ----------------------------------------------------------
     def recompute_w(self):
@@ -848,7 +856,7 @@ class Server(ServerBase):
     # -- the algorithm ---------------------------------------------------------
     def round_safe(self, want_gap):
         """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
-        rows = self.per_task(self.command(CMD_SDCA, self.round, width=self.d))
+        rows = self.per_task(self.command(DMTRLCommand.SDCA, round=self.round, width=self.d))
         check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
         self.BT += rows
         self.recompute_w()
@@ -858,7 +866,7 @@ class Server(ServerBase):
         """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
         d = self.d
         width = {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
-        rows = self.command(CMD_TRIAL, self.round, width=width)
+        rows = self.command(DMTRLCommand.TRIAL, round=self.round, width=width)
         if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
             beta_max = np.full(self.m, np.inf)
             np.minimum.at(beta_max, self.block_task, rows[:, -1])
@@ -916,13 +924,13 @@ class Server(ServerBase):
         self.push_w(False)
         if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
             self.dPT = np.zeros_like(self.dPT)
-            self.command(CMD_SET_PREVIOUS, payload=self.previous_payloads(None))
+            self.command(DMTRLCommand.SET_PREVIOUS, payload=self.previous_payloads(None))
         self.t = 0
         self.safe_point()
 
     def gather_previous(self):
         """Every task's previous step (momentum state) as one vector of all rows, tasks in file order."""
-        pieces = self.command(CMD_GET_PREVIOUS)
+        pieces = self.command(DMTRLCommand.GET_PREVIOUS)
         full = [np.zeros(int(n)) for n in self.n]
         by_rank = {}
         for b in self.blocks:
@@ -958,8 +966,8 @@ class Server(ServerBase):
     def checkpoint_state(self):
         """(server arrays, per-block worker state, counters) for :class:`hpcmtl.checkpoint.Checkpointer`."""
         blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
-                   "alpha": alpha, "order": order, "shrink": shrink}
-                  for b, alpha, order, shrink in self.gather_state()]
+                   "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
+                  for b, st in self.gather_state()]
         arrays = {"BT": self.BT, "Sigma": self.Sigma, "rho": np.array(self.rho)}
         if not self.safe:
             arrays.update(rho_task=self.rho_task, step=self.step)
@@ -972,19 +980,17 @@ class Server(ServerBase):
         return arrays, blocks, counters
 
     def gather_state(self):
-        """Every block's (alpha, order, shrinking state), in plan order."""
-        pieces = self.command(CMD_GET_STATE)
+        """Every block's (plan block, :class:`BlockState`), in plan order."""
+        pieces = self.command(DMTRLCommand.GET_STATE)
         out = []
         by_rank = {}
         for b in self.blocks:
             by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
         for rank, blocks in sorted(by_rank.items()):
-            data, pos = pieces[rank], 0
+            pos = 0
             for b in blocks:
-                n = b.n_rows
-                out.append((b, data[pos:pos + n], data[pos + n:pos + 2 * n].astype(np.int32),
-                            data[pos + 2 * n:pos + 2 * n + 5]))
-                pos += 2 * n + 5
+                state, pos = BlockState.unpack(pieces[rank], pos, b.n_rows)
+                out.append((b, state))
         return out
 
     def restore(self, ck):
@@ -1012,9 +1018,10 @@ class Server(ServerBase):
         self.history.restore(ck["arrays"])
         self.recompute_w()
         self.push_sigma()                                  # also resets shrinking: restored next
-        self.command(CMD_SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
+        self.command(DMTRLCommand.SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
         if self.momentum:
-            self.command(CMD_SET_PREVIOUS, payload=self.previous_payloads(np.asarray(ck["arrays"]["previous"])))
+            self.command(DMTRLCommand.SET_PREVIOUS,
+                         payload=self.previous_payloads(np.asarray(ck["arrays"]["previous"])))
         self.push_w(False)
 
 
@@ -1033,29 +1040,25 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     config.validate()
     if config.relationship == "fixed":
         sigma_fixed = check_sigma(sigma_fixed, source.n_tasks)
-    rss_before_data = peak_rss_mb()
-    blocks, tests = load_blocks(cluster, source, config, test_source)
-    local = LocalBlocks(cluster, blocks, config, tests)
+
+    def make_local():
+        blocks, tests = load_blocks(cluster, source, config, test_source)
+        return LocalBlocks(cluster, blocks, config, tests)
 
     def make_server():
         return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,
                       warn=warn)
 
-    state = None
-    if resume is not None and cluster.is_server:
-        state = lambda: read_compatible(resume, config, source, sigma_fixed)  # noqa: E731 - read on the server, inside run
-    outcome = engine.run(cluster, local, make_server, rss_before_data, state)
-    if outcome is None:
-        return None
-    server, converged, ranks = outcome
-    return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
-                       history=server.history.arrays(),
-                       config=config.to_dict(), task_names=server.names, converged=converged,
-                       n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,
-                       rho=server.rho if server.safe else float(np.max(server.rho_task)), test=server.test,
-                       extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
-                              "peak_rss_mb": ranks[:, 2]},
-                       wsteps=server.outer_state.wstep_arrays())
+    def result(server, converged, extra):
+        return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
+                           history=server.history.arrays(),
+                           config=config.to_dict(), task_names=server.names, converged=converged,
+                           n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,
+                           rho=server.rho if server.safe else float(np.max(server.rho_task)), test=server.test,
+                           extra=extra, wsteps=server.outer_state.wstep_arrays())
+
+    state = None if resume is None else (lambda: read_compatible(resume, config, source, sigma_fixed))
+    return engine.train(cluster, make_local, make_server, result, state)
 
 
 def check_sigma(Sigma, m):

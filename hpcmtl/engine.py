@@ -1,29 +1,164 @@
 """The distributed engine every algorithm runs on.
 
-An algorithm supplies two classes: a worker side (a :class:`LocalBase` holding
-the rank's task blocks and answering commands) and a server side (a
-:class:`ServerBase` driving rounds).  This module does the rest, identically
-for all of them: plan and read the blocks (each rank only its own, failing
-together on bad data), run the worker loop, end every rank with the server's
-exit code, take checkpoints at safe points and react to termination signals,
-gather test metrics and per-rank memory figures.
+An algorithm supplies three things: its commands (a :class:`Command` enum: one
+member per message, declaring its id, what the server sends with it, what the
+ranks send back and the names of its control integers), a worker side (a
+:class:`LocalBase` holding the rank's task blocks, with one plain method per
+command computing ``(block state, inputs) -> rows`` without touching the
+cluster) and a server side (a :class:`ServerBase` driving rounds).
+
+The protocol: the server calls ``ServerBase.command(cmd, payload, **fields)``,
+which broadcasts the control (``[id, field 1, field 2, field 3]``, 4 int64)
+and then runs :meth:`Endpoint.execute`, exactly what every worker runs when it
+receives that control in :func:`serve`: the command's down collective
+(``cmd.down``: Scatterv of per-block rows, Scatterv of per-rank vectors, Bcast
+of a shared vector, or nothing), the computation on the rank's own blocks
+(the server's are nonempty only when P = 1), and the command's up collective
+(``cmd.up``: Gatherv of per-block rows or of per-rank vectors, a gather of
+objects, :meth:`Cluster.agree`, or nothing).  The server gets what the up
+collective delivers; no handler runs anywhere just to join a collective.
+
+This module also does the rest, identically for every algorithm: plan and read
+the blocks (each rank only its own, failing together on bad data), run the
+worker loop, end every rank with the server's exit code, take checkpoints at
+safe points and react to termination signals, gather test metrics and per-rank
+memory figures (:func:`run`, :func:`train`), and pack a DMTRL block's
+checkpoint state (:class:`BlockState`).
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .cluster import STOP, STOP_DONE, AgreedError, STOP_FAILED, STOP_PREEMPTED, StopRequested, fault_point, plan_blocks
+from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, AgreedError, StopRequested,
+                      fault_point, plan_blocks)
 from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import check_labels, get_loss
 from .metrics import summarize, task_metrics
 
-CMD_TEST = 100        # per-task test metrics of the current w columns (shared by all algorithms)
+
+# ---------------------------------------------------------------------------
+# The protocol: commands, their collectives and their control integers
+# ---------------------------------------------------------------------------
+class Down(enum.Enum):
+    """What the server sends with a command (after the control broadcast)."""
+    NOTHING = "nothing"                 # the computation gets the server's payload on the server, None elsewhere
+    SCATTER_ROWS = "scatter rows"       # Scatterv (n_blocks x ctrl.width) rows: each rank gets its blocks' rows
+    SCATTER_VECTORS = "scatter vectors" # Scatterv one float vector per rank (payload: a list in rank order)
+    BCAST = "bcast"                     # Bcast one shared float vector of length ctrl.width
+
+
+class Up(enum.Enum):
+    """What the ranks send back; the server's :meth:`ServerBase.command` returns what it delivers."""
+    NOTHING = "nothing"                 # None
+    GATHER_ROWS = "gather rows"         # Gatherv per-block rows: (n_blocks x width) in plan order
+    GATHER_VECTORS = "gather vectors"   # Gatherv one float vector per rank: a list in rank order
+    GATHER_OBJECTS = "gather objects"   # gather one picklable object per rank: a list in rank order
+    AGREE = "agree"                     # Cluster.agree on the error (str or None) each rank returns
+
+
+class Command(enum.IntEnum):
+    """Base of every method's command enum; a member is ``ID = id, down, up, fields, compute[, up_if]``.
+
+    ``fields`` name the control integers after the id (at most three: the
+    wire is 4 int64), read as ``ctrl.round``, ``ctrl.width``, ...;
+    ``compute`` names the method of the rank's local state that runs the
+    computation ``(ctrl, inputs) -> rows`` (inputs: what ``down`` delivered);
+    ``up_if`` names a field that, when 0, skips the up collective (the
+    computation returns None then).  Ids are unique across every enum one
+    local state serves.
+    """
+
+    def __new__(cls, value, down, up, fields=(), compute=None, up_if=None):
+        obj = int.__new__(cls, value)
+        obj._value_ = value
+        if len(fields) > CONTROL_SIZE - 1:
+            raise ValueError(f"command {value}: at most {CONTROL_SIZE - 1} control fields")
+        obj.down, obj.up, obj.fields, obj.compute, obj.up_if = down, up, tuple(fields), compute, up_if
+        return obj
+
+
+class EngineCommand(Command):
+    """The commands every algorithm shares."""
+    TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test metrics of the current w
+
+
+
+class Control:
+    """A received (or sent) control broadcast, its integers read by the names its command declares."""
+
+    __slots__ = ("command", "raw")
+
+    def __init__(self, command, raw):
+        self.command = command
+        self.raw = raw
+
+    def __getattr__(self, name):
+        try:
+            return int(self.raw[1 + self.command.fields.index(name)])
+        except ValueError:
+            raise AttributeError(f"command {self.command!r} has no control field {name!r} "
+                                 f"(it has {self.command.fields})") from None
+
+    @classmethod
+    def send(cls, cluster, command, **fields):
+        """Server: broadcast ``[id, fields in declared order]`` (unnamed ones 0)."""
+        unknown = set(fields) - set(command.fields)
+        if unknown:
+            raise TypeError(f"command {command!r} has no control fields {sorted(unknown)}")
+        values = [int(fields.get(name, 0)) for name in command.fields]
+        return cls(command, cluster.send_command(int(command), *values))
+
+
+class Endpoint:
+    """Runs commands on one rank: down collective, the local computation, up collective."""
+
+    def __init__(self, cluster, local):
+        self.cluster = cluster
+        self.local = local
+        self.commands = {}
+        for enum_ in local.COMMANDS:
+            for c in enum_:
+                if int(c) in self.commands:
+                    raise ValueError(f"command id {int(c)} declared twice: {self.commands[int(c)]!r} and {c!r}")
+                self.commands[int(c)] = c
+
+    def execute(self, ctrl, payload=None):
+        """Run ``ctrl.command`` here; returns what the up collective delivers (on the server), else None."""
+        cmd, cluster = ctrl.command, self.cluster
+        if cmd.down is Down.SCATTER_ROWS:
+            inputs = cluster.scatter_block_rows(payload, ctrl.width)
+        elif cmd.down is Down.SCATTER_VECTORS:
+            inputs = cluster.scatter_variable(payload)
+        elif cmd.down is Down.BCAST:
+            inputs = cluster.bcast_array(payload, (ctrl.width,))
+        else:
+            inputs = payload
+        out = getattr(self.local, cmd.compute)(ctrl, inputs)
+        if cmd.up is Up.NOTHING or (cmd.up_if is not None and not getattr(ctrl, cmd.up_if)):
+            return None
+        if cmd.up is Up.GATHER_ROWS:
+            return cluster.gather_block_rows(out, out.shape[1])
+        if cmd.up is Up.GATHER_VECTORS:
+            return cluster.gather_variable(out)
+        if cmd.up is Up.GATHER_OBJECTS:
+            return cluster.gather_objects(out)
+        cluster.agree(out)              # Up.AGREE
+        return None
+
+    def serve(self):
+        """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""
+        while True:
+            raw = self.cluster.receive_command()
+            if raw[0] == STOP:
+                return int(raw[1]), int(raw[2])
+            self.execute(Control(self.commands[int(raw[0])], raw))
 
 
 # ---------------------------------------------------------------------------
@@ -129,15 +264,25 @@ def check_finite_rows(values, round_, names, what, outer=None):
 # Worker side
 # ---------------------------------------------------------------------------
 class LocalBase:
-    """A rank's task blocks, their current w columns and the shared handlers."""
+    """A rank's task blocks, their current w and the computations of the shared commands.
+
+    Subclasses list their command enums in ``COMMANDS`` and give each command a
+    method ``(ctrl, inputs) -> rows`` (named by the command's ``compute``) that
+    works on the blocks only: the collectives are the :class:`Endpoint`'s.
+    ``config.loss`` is read when the config has one (online configs do not).
+    """
+
+    COMMANDS = (EngineCommand,)
 
     def __init__(self, cluster, blocks, config, test_blocks=None):
-        self.cluster = cluster
+        self.cluster = cluster          # for the rank (fault hooks, worker index); computations never call it
         self.blocks = blocks
         self.test_blocks = test_blocks or {}
         self.config = config
-        self.loss = get_loss(config.loss)
+        self.loss = get_loss(config.loss) if hasattr(config, "loss") else None
         self.d = blocks[0].n_features if blocks else 0
+        # m_local x d, one row per block (not d x m): a block's w is a contiguous row for the kernels and for the
+        # per-block Scatterv/Gatherv rows
         self.w = np.zeros((len(blocks), self.d))
 
     @contextlib.contextmanager
@@ -150,27 +295,17 @@ class LocalBase:
             exc.hpcmtl_task = block.name
             raise
 
-    def handlers(self) -> dict:
-        """Command id -> handler(ctrl, payload, width); subclasses add theirs."""
-        return {CMD_TEST: self.on_test}
-
-    def register(self):
-        self.cluster.handlers.update(self.handlers())
-
-    def on_test(self, ctrl, payload, width):
-        regression = not self.loss.binary_labels
+    def test_metrics(self, ctrl, inputs):
+        """TEST: {task: metrics} of the test rows of this rank's first block of each task."""
         local = {}
+        if not self.test_blocks:
+            return local
+        regression = not self.loss.binary_labels
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)
             if test is not None and blk.part == 0:
                 local[blk.task] = task_metrics(test.y, test.decision(self.w[k]), regression)
-        gathered = self.cluster.gather_objects(local)
-        if gathered is None:
-            return None
-        merged = {}
-        for part in gathered:
-            merged.update(part)
-        return merged
+        return local
 
     def extra_bytes(self) -> int:
         """Per-rank state beyond the data (dual variables, ...), for the memory report."""
@@ -186,13 +321,9 @@ class LocalBase:
         return total / 2 ** 20
 
 
-def serve(cluster):
+def serve(cluster, local):
     """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""
-    while True:
-        ctrl = cluster.receive_command()
-        if ctrl[0] == STOP:
-            return int(ctrl[1]), int(ctrl[2])
-        cluster.handlers[int(ctrl[0])](ctrl, None, int(ctrl[2]))
+    return Endpoint(cluster, local).serve()
 
 
 # ---------------------------------------------------------------------------
@@ -215,9 +346,12 @@ class ServerBase:
         self.t0 = time.perf_counter()
         self.seconds_before = 0.0     # time spent before a resume
 
-    def command(self, cmd, a=0, payload=None, width=0):
-        ctrl = self.cluster.send_command(cmd, a, width)
-        return self.cluster.handlers[cmd](ctrl, payload, width)
+    endpoint = None       # set by :func:`run`: this rank's Endpoint (its local state: blocks only when P = 1)
+
+    def command(self, cmd, payload=None, **fields):
+        """Broadcast ``cmd`` with its named control fields, run it here like every worker does, return what
+        its up collective delivers (rows in plan order, per-rank vectors or objects, or None)."""
+        return self.endpoint.execute(Control.send(self.cluster, cmd, **fields), payload)
 
     def elapsed(self):
         return self.seconds_before + time.perf_counter() - self.t0
@@ -242,7 +376,9 @@ class ServerBase:
                             f"continue with --resume")
 
     def test_metrics(self, regression):
-        per_task = self.command(CMD_TEST)
+        per_task = {}
+        for part in self.command(EngineCommand.TEST):
+            per_task.update(part)
         tasks = [dict(name=self.names[t], **per_task[t]) for t in sorted(per_task)]
         return {"tasks": tasks, "summary": summarize(tasks, regression)} if tasks else None
 
@@ -278,10 +414,10 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
     and None on workers.  However the server ends (done, preempted, failed), it
     tells the workers, so no rank is left waiting in a collective.
     """
-    local.register()
+    endpoint = Endpoint(cluster, local)
     stats = lambda: (rss_before_data, local.partition_mb(), peak_rss_mb())  # noqa: E731
     if not cluster.is_server:
-        reason, code = serve(cluster)
+        reason, code = endpoint.serve()
         if reason == STOP_PREEMPTED:
             raise Preempted("stopped for a checkpoint")
         if reason == STOP_FAILED:
@@ -289,6 +425,7 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
         cluster.gather_objects(stats())
         return None
     server = make_server()
+    server.endpoint = endpoint
     try:
         outcome = server.run(resume)
     except Preempted:
@@ -302,3 +439,62 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
         raise
     server.stop(STOP_DONE)
     return server, outcome, np.array(cluster.gather_objects(stats()))
+
+
+def train(cluster, make_local, make_server, build_result, resume=None):
+    """What every method's ``train`` does around its own classes, on every rank.
+
+    ``make_local()`` reads this rank's data and returns its :class:`LocalBase`
+    (the RSS before it is the "before data" figure); ``make_server()`` builds
+    the server (rank 0 only); ``resume`` is a zero-argument checkpoint reader
+    (called on the server, inside the run) or None; ``build_result(server,
+    outcome, extra)`` makes the server's result, ``extra`` holding the
+    per-rank memory figures.  Returns that result on the server, None on workers.
+    """
+    rss_before_data = peak_rss_mb()
+    local = make_local()
+    state = resume if resume is not None and cluster.is_server else None
+    outcome = run(cluster, local, make_server, rss_before_data, state)
+    if outcome is None:
+        return None
+    server, value, ranks = outcome
+    extra = {"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1], "peak_rss_mb": ranks[:, 2]}
+    return build_result(server, value, extra)
+
+
+# ---------------------------------------------------------------------------
+# A block's dual state, as checkpoints hold it
+# ---------------------------------------------------------------------------
+SHRINK_SIZE = 5       # the shrinking state of a block (_kernels.new_shrink_state)
+
+
+@dataclass
+class BlockState:
+    """One task block's dual state: what a checkpoint saves and a resume restores (DMTRL).
+
+    ``alpha`` (n_rows) the dual variables, ``order`` (n_rows, int32) the
+    coordinate order the local solver continues from, ``shrink`` (5) the
+    shrinking state.  :meth:`pack` / :meth:`unpack` are the one wire layout
+    (per block, concatenated: alpha, order as float64, shrink), used by the
+    workers (GET_STATE / SET_STATE), the server and
+    :func:`hpcmtl.checkpoint.block_payloads`.
+    """
+    alpha: np.ndarray
+    order: np.ndarray
+    shrink: np.ndarray
+
+    def pack(self) -> list:
+        return [self.alpha, np.asarray(self.order, dtype=np.float64), self.shrink]
+
+    @classmethod
+    def unpack(cls, data, pos, n_rows):
+        """The state of a block of ``n_rows`` rows at ``data[pos:]``, and the position after it."""
+        end = pos + 2 * n_rows + SHRINK_SIZE
+        return cls(data[pos:pos + n_rows].copy(), data[pos + n_rows:pos + 2 * n_rows].astype(np.int32),
+                   data[pos + 2 * n_rows:end].copy()), end
+
+    @staticmethod
+    def pack_all(states) -> np.ndarray:
+        """One rank's blocks, concatenated in plan order (an empty vector for none)."""
+        parts = [p for s in states for p in s.pack()]
+        return np.concatenate(parts) if parts else np.zeros(0)

@@ -19,14 +19,20 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import engine
-from .engine import LocalBase, RunResult, ServerBase, check_finite_rows, load_blocks, nan_fault, peak_rss_mb
+from .engine import (Command, Down, EngineCommand, LocalBase, RunResult, ServerBase, Up, check_finite_rows,
+                     load_blocks, nan_fault)
 from .errors import InputError
 from .losses import LOSSES, check_choice, loss_and_derivative
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
 
 PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l2_columns}
 
-CMD_SUBGRADIENT = 21     # Scatterv w columns; Gatherv per block [loss sum, subgradient sum (d)]
+
+
+class JointSparseCommand(Command):
+    """The projected-subgradient messages: ``ID = id, down, up, control fields, computation``."""
+    # every block's w column (width = d) -> per block [loss sum, subgradient sum (d)]
+    SUBGRADIENT = 21, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width"), "subgradient"
 
 
 @dataclass
@@ -63,21 +69,21 @@ class JointSparseConfig:
 class LocalGradients(LocalBase):
     """Worker side: loss and subgradient sums of the rank's blocks."""
 
-    def handlers(self):
-        return {**super().handlers(), CMD_SUBGRADIENT: self.on_subgradient}
+    COMMANDS = (EngineCommand, JointSparseCommand)
 
-    def on_subgradient(self, ctrl, payload, width):
-        self.w = self.cluster.scatter_block_rows(payload, width - 1)
-        out = np.zeros((len(self.blocks), width))
+    def subgradient(self, ctrl, rows):
+        """SUBGRADIENT: set every block's w, return per block [loss sum, sum_j l'(z_j) x_j] (n_blocks x (d + 1))."""
+        self.w = rows
+        out = np.zeros((len(self.blocks), ctrl.width + 1))
         for k, blk in enumerate(self.blocks):
-            with self.working_on(blk, int(ctrl[1])):
+            with self.working_on(blk, ctrl.round):
                 values, dz = loss_and_derivative(self.config.loss, blk.decision(self.w[k]), blk.y,
                                                  self.config.gamma)
                 out[k, 0] = values.sum()
                 out[k, 1:] = np.asarray(blk.X.T @ dz).ravel()      # sum_j l'(z_j) x_j
-                if nan_fault(int(ctrl[1]), blk.task):
+                if nan_fault(ctrl.round, blk.task):
                     out[k, 0] = np.nan
-        return self.cluster.gather_block_rows(out, width)
+        return out
 
 
 class SubgradientHistory:
@@ -121,8 +127,8 @@ class Server(ServerBase):
 
     def evaluate(self):
         """Objective and subgradient at the current W (one round trip)."""
-        rows = self.per_task(self.command(CMD_SUBGRADIENT, self.round, payload=self.W.T[self.block_task],
-                                          width=self.d + 1))
+        rows = self.per_task(self.command(JointSparseCommand.SUBGRADIENT, payload=self.W.T[self.block_task],
+                                          round=self.round, width=self.d))
         # before any comparison with the best objective (every comparison with NaN is false)
         check_finite_rows(rows[:, :1], self.round, self.names, "loss sum", None)
         check_finite_rows(rows[:, 1:], self.round, self.names, "subgradient", None)
@@ -214,22 +220,20 @@ def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None,
     config.validate()
     if radii is not None and (len(radii) == 0 or any(not (float(r) > 0) for r in radii)):
         raise InputError(f"the regularization path needs radii > 0, got {list(radii)}")
-    rss_before_data = peak_rss_mb()
-    blocks, tests = load_blocks(cluster, source, config, test_source)
-    local = LocalGradients(cluster, blocks, config, tests)
+
+    def make_local():
+        blocks, tests = load_blocks(cluster, source, config, test_source)
+        return LocalGradients(cluster, blocks, config, tests)
 
     def make_server():
         return Server(cluster, source, config, W0, progress, checkpointer, test=test_source is not None,
                       radii=radii)
 
-    state = (lambda: read_compatible(resume, config, source)) if resume is not None and cluster.is_server else None
-    outcome = engine.run(cluster, local, make_server, rss_before_data, state)
-    if outcome is None:
-        return None
-    server, _, ranks = outcome
-    return JointSparseResult(W=server.W.copy(), history=server.history.arrays(), config=config.to_dict(),
-                             task_names=server.names, n_rounds=server.round, seconds=server.elapsed(),
-                             bytes_moved=cluster.bytes_moved, test=server.test,
-                             path={k: np.asarray(v) for k, v in server.path.items()},
-                             extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
-                                    "peak_rss_mb": ranks[:, 2]})
+    def result(server, _, extra):
+        return JointSparseResult(W=server.W.copy(), history=server.history.arrays(), config=config.to_dict(),
+                                 task_names=server.names, n_rounds=server.round, seconds=server.elapsed(),
+                                 bytes_moved=cluster.bytes_moved, test=server.test,
+                                 path={k: np.asarray(v) for k, v in server.path.items()}, extra=extra)
+
+    state = None if resume is None else (lambda: read_compatible(resume, config, source))
+    return engine.train(cluster, make_local, make_server, result, state)

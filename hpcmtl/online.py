@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _online, engine
 from .cluster import fault_point
-from .engine import RunResult, ServerBase, peak_rss_mb
+from .engine import Command, Down, EngineCommand, LocalBase, RunResult, ServerBase, Up
 from .errors import InputError
 from .metrics import RunningMetrics, error_rates, mistakes, multiclass_mistakes
 from .online_rules import auto_C, make_rule, tau  # noqa: F401 (auto_C, tau: see below)
@@ -37,11 +37,20 @@ from .taskdata import rows_of
 # ---------------------------------------------------------------------------
 # Distributed: workers own task columns, the server computes tau once per round
 # ---------------------------------------------------------------------------
-CMD_MARGINS = 31      # Gatherv: base margins of a block of rounds (+ the Gram matrix from worker 0)
-CMD_UPDATE = 32       # Scatterv: tau of the block's rounds for the rank's tasks
-CMD_GET_W = 33        # Gatherv of the w columns (checkpoint, result)
-CMD_SET_W = 34        # Scatterv of the w columns (resume)
-CMD_LOAD = 35         # every rank reads its part of the next chunk; all fail together on bad data
+class OnlineCommand(Command):
+    """The distributed online run's messages: ``ID = id, down, up, control fields, computation (a LocalColumns
+    method)``.  ``rounds``: the rounds of the block (B) starting at round ``start``."""
+    # per rank: base margins X_b W of its tasks (B x k_local), worker 0 also the Gram matrix X_b X_b^T (B x B)
+    MARGINS = 31, Down.NOTHING, Up.GATHER_VECTORS, ("start", "rounds"), "margins"
+    # per rank: tau of the block's rounds for its tasks (B x k_local); every rank applies them
+    UPDATE = 32, Down.SCATTER_VECTORS, Up.NOTHING, ("start", "rounds"), "update"
+    # every task's w as one row per task (checkpoint, result)
+    GET_W = 33, Down.NOTHING, Up.GATHER_ROWS, (), "get_w"
+    # the same, back (resume; width = d)
+    SET_W = 34, Down.SCATTER_ROWS, Up.NOTHING, ("width",), "set_w"
+    # every rank reads its part of the chunk at round start; all fail together on bad data (the server's own
+    # reading error is its input)
+    LOAD = 35, Down.NOTHING, Up.AGREE, ("start",), "load_chunk"
 
 
 @dataclass
@@ -121,23 +130,27 @@ class StreamTasks:
         self.stream.close()
 
 
-class LocalColumns:
-    """Worker side: the rank's task columns of W (d x k_local) and the current chunk of the stream."""
+class LocalColumns(LocalBase):
+    """Worker side: the rank's task columns of W (d x k_local) and the current chunk of the stream.
+
+    Its plan blocks are whole tasks over the stream, not rows read in advance:
+    the base's ``blocks`` stay empty and each computation reads the chunk it needs.
+    """
+
+    COMMANDS = (EngineCommand, OnlineCommand)
 
     def __init__(self, cluster, source, config):
-        self.cluster = cluster
+        super().__init__(cluster, [], config)
         self.source = source
-        self.config = config
+        self.d = source.n_features
         self.tasks = np.array([b.task for b in cluster.my_blocks], dtype=np.int64)
+        # d x k_local (not per-task rows like LocalBase.w): every round updates all the rank's tasks from one
+        # shared instance row, and _online's kernels take W's columns
         self.W = np.zeros((source.n_features, len(self.tasks)))
         self.sends_gram = cluster.my_worker == 0
         self.scratch = np.zeros(source.n_features) if self.sends_gram else None
         self.chunk = (-1, -1)
         self.rows = self.Y = None
-
-    def register(self):
-        self.cluster.handlers.update({CMD_LOAD: self.on_load, CMD_MARGINS: self.on_margins, CMD_UPDATE: self.on_update,
-                                      CMD_GET_W: self.on_get_w, CMD_SET_W: self.on_set_w})
 
     def load(self, start):
         """Make sure the chunk holding round ``start`` is in memory (chunks are aligned to chunk_rounds)."""
@@ -151,18 +164,19 @@ class LocalColumns:
         self.Y = np.ascontiguousarray(Yt[:, self.tasks])
         self.chunk = (lo, hi)
 
-    def on_load(self, ctrl, payload, width):
-        """Read the chunk starting at round ctrl[1]; ``payload`` is the server's own reading error."""
-        error = payload
+    def load_chunk(self, ctrl, server_error):
+        """LOAD: read the chunk starting at round ctrl.start; returns the error to agree on (or None)."""
+        error = server_error
         if error is None and (len(self.tasks) or self.sends_gram):
             try:
-                self.load(int(ctrl[1]))
+                self.load(ctrl.start)
             except InputError as exc:
                 error = str(exc)
-        self.cluster.agree(error)
+        return error
 
-    def on_margins(self, ctrl, payload, width):
-        start, B = int(ctrl[1]), int(ctrl[2])
+    def margins(self, ctrl, inputs):
+        """MARGINS: base margins of the rank's tasks over the block (+ the Gram matrix on worker 0), one vector."""
+        start, B = ctrl.start, ctrl.rounds
         fault_point(self.cluster.rank, start // self.config.block_rounds)
         pieces = []
         if len(self.tasks) or self.sends_gram:
@@ -174,24 +188,25 @@ class LocalColumns:
                 G = np.empty((B, B))
                 _online.online_block_gram(self.rows, offset, G, self.scratch)
                 pieces.append(G.ravel())
-        local = np.concatenate(pieces) if pieces else np.zeros(0)
-        return self.cluster.gather_variable(local)
+        return np.concatenate(pieces) if pieces else np.zeros(0)
 
-    def on_update(self, ctrl, payload, width):
-        start, B = int(ctrl[1]), int(ctrl[2])
-        tau_local = self.cluster.scatter_variable(payload).reshape(B, len(self.tasks))
+    def update(self, ctrl, tau):
+        """UPDATE: apply the block's tau (B x k_local) to the rank's columns."""
+        start, B = ctrl.start, ctrl.rounds
+        tau_local = tau.reshape(B, len(self.tasks))
         if len(self.tasks):
             offset = start - self.chunk[0]
             _online.online_block_apply(self.rows, offset, np.ascontiguousarray(self.Y[offset:offset + B]),
                                        np.ascontiguousarray(tau_local), self.W)
         return None
 
-    def on_get_w(self, ctrl, payload, width):
-        return self.cluster.gather_block_rows(self.W.T, self.source.n_features)
+    def get_w(self, ctrl, inputs):
+        """GET_W: the rank's columns as rows, one per task (k_local x d)."""
+        return self.W.T
 
-    def on_set_w(self, ctrl, payload, width):
-        self.W = np.ascontiguousarray(self.cluster.scatter_block_rows(payload, self.source.n_features).T)
-        return None
+    def set_w(self, ctrl, rows):
+        """SET_W: one row per task (k_local x d) becomes the rank's columns."""
+        self.W = np.ascontiguousarray(rows.T)
 
     def partition_mb(self):
         total = self.W.nbytes
@@ -221,7 +236,7 @@ class OnlineServer(ServerBase):
                 "bytes": self.cluster.bytes_moved}
 
     def block(self, start, B, Y, classes):
-        pieces = self.command(CMD_MARGINS, start, width=B)
+        pieces = self.command(OnlineCommand.MARGINS, start=start, rounds=B)
         M0 = np.empty((B, self.m))
         for rank, tasks in enumerate(self.rank_tasks):
             if tasks:
@@ -232,7 +247,8 @@ class OnlineServer(ServerBase):
         gloss = np.empty(B)
         _online.online_block_solve(M0, np.ascontiguousarray(G), Y, *self.rule.args(), tau_b, margins, gloss)
         self.metrics.add(Y, margins, gloss, self.source.code, classes)
-        self.command(CMD_UPDATE, start, payload=[tau_b[:, tasks].ravel() for tasks in self.rank_tasks], width=B)
+        self.command(OnlineCommand.UPDATE, payload=[tau_b[:, tasks].ravel() for tasks in self.rank_tasks], start=start,
+                     rounds=B)
         self.round = start + B
 
     def run(self, resume=None):
@@ -247,7 +263,7 @@ class OnlineServer(ServerBase):
                 Yc, classes = self.source.labels(self.source.stream.read_labels(lo, hi), lo)
             except InputError as exc:
                 error = str(exc)
-            self.command(CMD_LOAD, lo, payload=error)
+            self.command(OnlineCommand.LOAD, payload=error, start=lo)
             while self.round < hi:
                 start = self.round
                 B = min(cfg.block_rounds, hi - start)
@@ -262,7 +278,7 @@ class OnlineServer(ServerBase):
         return True
 
     def gather_W(self):
-        rows = self.command(CMD_GET_W, width=self.source.n_features)
+        rows = self.command(OnlineCommand.GET_W)
         W = np.zeros((self.source.n_features, self.m))
         W[:, self.block_task] = rows.T
         return W
@@ -279,7 +295,8 @@ class OnlineServer(ServerBase):
         if a["W"].shape != (self.source.n_features, self.m):
             raise InputError(f"{ck['path']}: cannot resume: W has shape {a['W'].shape}, expected "
                              f"{(self.source.n_features, self.m)}")
-        self.command(CMD_SET_W, payload=np.ascontiguousarray(a["W"].T[self.block_task]), width=self.source.n_features)
+        self.command(OnlineCommand.SET_W, payload=np.ascontiguousarray(a["W"].T[self.block_task]),
+                     width=self.source.n_features)
         self.metrics.extend({k: a[f"metrics_{k}"] for k in RunningMetrics.COLUMNS})
         for k in self.trace:
             self.trace[k] = list(a[f"trace_{k}"])
@@ -309,26 +326,23 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
     from .checkpoint import read_compatible
     from .cluster import plan_blocks
     rule = config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)
-    rss_before_data = peak_rss_mb()
-    cluster.set_plan(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
-                                 cluster.n_workers))
-    local = LocalColumns(cluster, source, config)
+
+    def make_local():
+        cluster.set_plan(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
+                                     cluster.n_workers))
+        return LocalColumns(cluster, source, config)
 
     def make_server():
         return OnlineServer(cluster, source, config, rule, progress, checkpointer)
 
-    state = (lambda: read_compatible(resume, config, source)) if resume is not None and cluster.is_server else None
-    outcome = engine.run(cluster, local, make_server, rss_before_data, state)
-    if outcome is None:
-        return None
-    server, _, ranks = outcome
-    result = OnlineResult(W=server.final_W, history=server.metrics.arrays(), config=dict(config.to_dict(), C=rule.C),
-                          task_names=source.names, n_rounds=server.round, seconds=server.elapsed(),
-                          bytes_moved=cluster.bytes_moved, summary=server.metrics.summary(source.n_tasks),
-                          trace={k: np.asarray(v) for k, v in server.trace.items()}, code=source.code,
-                          extra={"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1],
-                                 "peak_rss_mb": ranks[:, 2]})
-    return result
+    def result(server, _, extra):
+        return OnlineResult(W=server.final_W, history=server.metrics.arrays(), config=dict(config.to_dict(), C=rule.C),
+                            task_names=source.names, n_rounds=server.round, seconds=server.elapsed(),
+                            bytes_moved=cluster.bytes_moved, summary=server.metrics.summary(source.n_tasks),
+                            trace={k: np.asarray(v) for k, v in server.trace.items()}, code=source.code, extra=extra)
+
+    state = None if resume is None else (lambda: read_compatible(resume, config, source))
+    return engine.train(cluster, make_local, make_server, result, state)
 
 
 def evaluate_stream(W, test_source, chunk=4096):
