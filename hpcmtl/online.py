@@ -45,6 +45,7 @@ from .cluster import fault_point
 from .engine import RunResult, ServerBase, peak_rss_mb
 from .errors import InputError
 from .losses import check_choice
+from .params import validate as check_params
 from .taskdata import rows_of
 
 UPDATES = {"perceptron": UpdateId.PERCEPTRON, "infinite": UpdateId.INFINITE_HORIZON, "implicit": UpdateId.IMPLICIT}
@@ -572,10 +573,8 @@ class OnlineConfig:
 
     def validate(self, k, max_row_norm, typical=None, owner="train online"):
         """The rule for k tasks; ``typical`` (active tasks a round, mean ||x||^2) is read only for C=auto."""
-        for name in ("block_rounds", "chunk_rounds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, np.integer)) and value >= 1):
-                raise InputError(f"The '{name}' parameter of {owner} must be an integer >= 1. Got {value!r} instead.")
+        checked = check_params({"block_rounds": self.block_rounds, "chunk_rounds": self.chunk_rounds}, owner)
+        self.block_rounds, self.chunk_rounds = checked["block_rounds"], checked["chunk_rounds"]
         self.chunk_rounds = -(-self.chunk_rounds // self.block_rounds) * self.block_rounds
         if self.R is None:
             self.R = float(max_row_norm) if max_row_norm > 0 else 1.0

@@ -17,6 +17,7 @@ import sys
 
 from .. import __version__
 from ..errors import InputError
+from ..params import POSITIVE, Interval, number_type
 
 
 class Parser(argparse.ArgumentParser):
@@ -64,28 +65,14 @@ def _all_options(parser):
     return sorted(set(out))
 
 
-def _positive_float(name):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-    return parse
+def _positive_float(flag):
+    """argparse type: a number > 0 (one-line message naming ``flag``)."""
+    return number_type(flag, POSITIVE)
 
 
-def _count(name, minimum=1):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
-        return value
-    return parse
+def _count(flag, minimum=1):
+    """argparse type: an integer >= ``minimum``."""
+    return number_type(flag, Interval(int, minimum))
 
 
 def build_parser():
