@@ -20,7 +20,7 @@ from hpcmtl.baselines import mtrl_central
 from hpcmtl.dmtrl import DMTRLConfig, train
 from hpcmtl.cluster import Cluster
 
-from hpcmtl.cli import evaluate_arrays
+from hpcmtl.metrics import evaluate_arrays
 
 from common import SHARED_DATA, hpcmtl, need_shared, setup
 

@@ -346,6 +346,12 @@ class Cluster:
     def abort(self, code: int):
         self.comm.Abort(code)
 
+    @classmethod
+    def serial(cls):
+        """A cluster of one process over ``MPI.COMM_SELF``: the P = 1 path the estimators' ``fit`` runs."""
+        from mpi4py import MPI
+        return cls(MPI.COMM_SELF)
+
 
 # ---------------------------------------------------------------------------
 # Running a command on every rank with shared failure handling

@@ -34,7 +34,7 @@ def correlation_of(Sigma):
 
 def run_demo(out_dir: str, ranks: int = 5) -> int:
     from . import store
-    from .cli import evaluate_arrays
+    from .metrics import evaluate_arrays
     os.makedirs(out_dir, exist_ok=True)
     train, test = os.path.join(out_dir, "synthetic1-train.h5"), os.path.join(out_dir, "synthetic1-test.h5")
     py = [sys.executable, "-m", "hpcmtl"]

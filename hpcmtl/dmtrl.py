@@ -70,11 +70,9 @@ from .checkpoint import read_compatible
 from .engine import (BlockState, Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows,
                      load_blocks, nan_fault)
 from .errors import ConvergenceError, InputError
-from .losses import LOSSES, check_choice, conjugate_reference, get_loss
-
-RELATIONSHIPS = ("learned", "identity", "fixed")
-AGGREGATIONS = ("qp", "adaptive", "line", "safe")
-LOCAL_SOLVERS = ("auto", "sdca", "exact")
+from .losses import conjugate_reference, get_loss
+from .params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - the choices, named here too
+from .params import validate as check_params
 EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 
 
@@ -130,36 +128,24 @@ class DMTRLConfig:
     method: str = "dmtrl"
 
     def validate(self, owner="DMTRL"):
+        """Every field against :data:`hpcmtl.params.PARAMS`, then the rules coupling two fields."""
         def bad(name, rule, value):
             raise InputError(f"The '{name}' parameter of {owner} must be {rule}. Got {value!r} instead.")
-        check_choice("loss", self.loss, LOSSES, owner)
-        check_choice("relationship", self.relationship, RELATIONSHIPS, owner)
-        check_choice("aggregation", self.aggregation, AGGREGATIONS, owner)
-        check_choice("local_solver", self.local_solver, LOCAL_SOLVERS, owner)
+        self._check(("loss", "relationship", "aggregation", "local_solver"), owner)
         if self.local_solver == "exact" and self.aggregation == "safe":
             bad("local_solver", "'sdca' or 'auto' with the safe aggregation (the paper's local SDCA)", self.local_solver)
         if self.local_solver == "exact" and self.loss != "squared":
             bad("local_solver", "'sdca' or 'auto' for the " + self.loss + " loss ('exact' solves squared-loss "
                 "subproblems)", self.local_solver)
-        for name in ("lam", "tol", "local_iters", "eta", "gamma", "eig_floor"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
-                bad(name, "> 0", value)
-        if self.eta > 1:
-            bad("eta", "in (0, 1]", self.eta)
-        if not (self.outer_tol >= 0):
-            bad("outer_tol", ">= 0", self.outer_tol)
-        for name in ("max_rounds", "outer", "gap_every"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, np.integer)) and value >= 1):
-                bad(name, "an integer >= 1", value)
-        if not (isinstance(self.rff_dim, (int, np.integer)) and self.rff_dim >= 0):
-            bad("rff_dim", "an integer >= 0", self.rff_dim)
-        if self.rff_dim and not self.rff_gamma > 0:
-            bad("rff_gamma", "> 0", self.rff_gamma)
-        if not (isinstance(self.seed, (int, np.integer)) and self.seed >= 0):
-            bad("seed", "an integer >= 0", self.seed)
+        self._check(("lam", "tol", "local_iters", "eta", "gamma", "eig_floor", "outer_tol", "max_rounds", "outer",
+                     "gap_every", "rff_dim") + (("rff_gamma",) if self.rff_dim else ())
+                    + ("seed", "split_tasks", "shrinking"), owner)
         return self
+
+    def _check(self, names, owner):
+        """validate() these fields; NumPy scalars become Python numbers."""
+        for name, value in check_params({n: getattr(self, n) for n in names}, owner).items():
+            setattr(self, name, value)
 
     def to_dict(self):
         return asdict(self)

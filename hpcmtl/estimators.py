@@ -14,6 +14,7 @@ from .errors import InputError
 from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
+from .params import validate
 from .taskdata import TaskBlock, dense_or_csr, rows_of
 
 
@@ -160,13 +161,11 @@ class DMTRL(_MultiTaskLinear):
 
     def fit(self, X, y, tasks=None):
         """Fit on stacked rows with a task-id array, or on lists of per-task arrays."""
-        from mpi4py import MPI
-
         from .cluster import Cluster
         from .dmtrl import train
         config = self._config()
         source, ids = _as_source(X, y, tasks)
-        result = train(Cluster(MPI.COMM_SELF), source, config, sigma_fixed=self.sigma)
+        result = train(Cluster.serial(), source, config, sigma_fixed=self.sigma)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.Sigma_ = result.Sigma
         self.history_ = result.history
@@ -202,15 +201,15 @@ class JointSparseMTL(_MultiTaskLinear):
         self.rff_gamma = rff_gamma
 
     def fit(self, X, y, tasks=None):
-        from mpi4py import MPI
-
         from .cluster import Cluster
         from .joint_sparse import JointSparseConfig, train
+        for radius in np.atleast_1d(self.radius):              # every radius of a path, as the last one
+            validate({"radius": radius}, type(self).__name__)
         radii = list(np.atleast_1d(self.radius).astype(float))
         params = dict(self.get_params(), radius=radii[-1])
         config = JointSparseConfig(**params).validate(type(self).__name__)
         source, ids = _as_source(X, y, tasks)
-        result = train(Cluster(MPI.COMM_SELF), source, config, radii=radii)
+        result = train(Cluster.serial(), source, config, radii=radii)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.history_ = result.history
         self.path_ = result.path
@@ -264,11 +263,12 @@ class GraphMTL(_MultiTaskLinear):
             return {"gamma": self.gamma, "degree": self.degree, "coef0": self.coef0}
         if self.kernel == "linear":
             return {}
-        from .losses import check_choice
-        check_choice("kernel", self.kernel, ("rbf", "linear", "poly"), type(self).__name__)
+        validate({"kernel": self.kernel}, type(self).__name__)
 
     def fit(self, X, y, tasks=None):
         from .task_graph import graph_adjacency, task_kernel
+        validate({name: getattr(self, name) for name in ("kernel", "normalize", "exact", "gamma", "degree", "coef0")},
+                 type(self).__name__)
         params = self._kernel_params()
         source, ids = _as_source(X, y, tasks)
         self.K_ = task_kernel(graph_adjacency(self.graph, source.names), self.alpha, self.normalize, source.names)
@@ -285,8 +285,6 @@ class GraphMTL(_MultiTaskLinear):
             self.svc_ = SVC(kernel="precomputed", C=self.C).fit(gram, np.concatenate([r.y for r in rows]))
             self.tasks_, self.n_features_in_, self._feature_map = ids, source.n_features, None
             return self
-        from mpi4py import MPI
-
         from .cluster import Cluster
         from .dmtrl import DMTRLConfig, train
         if self.kernel not in ("rbf", "linear"):
@@ -294,7 +292,7 @@ class GraphMTL(_MultiTaskLinear):
         config = DMTRLConfig(loss=self.loss, lam=self.lam, relationship="fixed", tol=self.tol, seed=self.seed,
                              rff_dim=self.rff_dim if self.kernel == "rbf" else 0, rff_gamma=self.gamma,
                              max_rounds=2000).validate(type(self).__name__)
-        result = train(Cluster(MPI.COMM_SELF), source, config, sigma_fixed=self.K_)
+        result = train(Cluster.serial(), source, config, sigma_fixed=self.K_)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.history_ = result.history
         return self

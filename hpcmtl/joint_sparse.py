@@ -22,7 +22,8 @@ from . import engine
 from .engine import (Command, Down, EngineCommand, LocalBase, RunResult, ServerBase, Up, check_finite_rows,
                      load_blocks, nan_fault)
 from .errors import InputError
-from .losses import LOSSES, check_choice, loss_and_derivative
+from .losses import LOSSES, loss_and_derivative
+from .params import validate as check_params
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
 
 PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l2_columns}
@@ -51,15 +52,11 @@ class JointSparseConfig:
     method: str = "l1inf"
 
     def validate(self, owner="JointSparseMTL"):
-        check_choice("loss", self.loss, LOSSES, owner)
-        check_choice("projection", self.projection, PROJECTIONS, owner)
-        for name in ("radius", "eta0", "gamma"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
-                raise InputError(f"The '{name}' parameter of {owner} must be > 0. Got {value!r} instead.")
-        if not (isinstance(self.max_rounds, (int, np.integer)) and self.max_rounds >= 1):
-            raise InputError(f"The 'max_rounds' parameter of {owner} must be an integer >= 1. "
-                             f"Got {self.max_rounds!r} instead.")
+        """Every field against :data:`hpcmtl.params.PARAMS` (NumPy scalars become Python numbers)."""
+        names = ("loss", "projection", "radius", "eta0", "gamma", "max_rounds", "seed", "rff_dim")
+        names += (("rff_gamma",) if self.rff_dim else ()) + ("split_tasks",)
+        for name, value in check_params({n: getattr(self, n) for n in names}, owner).items():
+            setattr(self, name, value)
         return self
 
     def to_dict(self):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import InputError
 from .output_codes import hamming_decode
 
 # per-task columns shown in tables, by kind
@@ -181,3 +182,58 @@ def error_rates(n_rounds, k, inf_errors, task_errors, multiclass_errors=None):
         out["multiclass_error_rate"] = float(multiclass_errors / n)
     return out
 
+
+# ---------------------------------------------------------------------------
+# a model on a test task source
+# ---------------------------------------------------------------------------
+def match_tasks(model_names, test_source, model_path=None, what="task"):
+    """Pairs (model column, test task index) matched by task name; refuses a different task set.
+
+    ``what`` names the test file's columns in the message (``label`` for a stream).
+    """
+    names = list(test_source.names)
+    model_names = list(model_names)
+    if set(names) != set(model_names) or len(names) != len(model_names):
+        def listed(items):
+            shown = ", ".join(f"'{n}'" for n in items[:3])
+            return shown + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+        test_set, model_set = set(names), set(model_names)
+        missing = [n for n in model_names if n not in test_set]
+        extra = [n for n in names if n not in model_set]
+        many, some = (what + "es", what + "(es)") if what.endswith("s") else (what + "s", what + "(s)")
+        parts = ([f"missing the model's {some} {listed(missing)}"] if missing else []) + \
+                ([f"{some} {listed(extra)} not in the model"] if extra else [])
+        counts = f" ({len(names)} {many}, the model has {len(model_names)})" if len(names) != len(model_names) else ""
+        raise InputError(f"{test_source.path}: its {many} differ from the model's"
+                         + (f" ({model_path})" if model_path else "") + ": " + "; ".join(parts) + counts)
+    where = {n: i for i, n in enumerate(names)}
+    return [(j, where[n]) for j, n in enumerate(model_names)]
+
+
+def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
+    """Per-task and summary metrics of a model on a test task source.
+
+    With the model's ``task_names`` test tasks are matched to model columns by
+    name (a test file in another task order gives the same metrics; another
+    task set is refused); without, by position.
+    """
+    from .features import feature_map_from_config
+    from .losses import get_loss
+    loss = get_loss(config["loss"])
+    n_features = int(config.get("n_features", W.shape[0]))
+    if test_source.n_features != n_features:
+        raise InputError(f"{test_source.path}: has {test_source.n_features} features, the model was trained on {n_features}")
+    phi = feature_map_from_config(config, n_features)
+    if task_names is not None and len(task_names) == W.shape[1]:
+        pairs = match_tasks(task_names, test_source, model_path)
+    elif test_source.n_tasks != W.shape[1]:
+        raise InputError(f"{test_source.path}: has {test_source.n_tasks} tasks, the model has {W.shape[1]}")
+    else:
+        pairs = [(i, i) for i in range(W.shape[1])]
+    tasks = []
+    for column, i in pairs:
+        blk = test_source.read_task(i)
+        X = phi(blk.X) if phi is not None else blk.X
+        scores = np.asarray(X @ W[:, column]).ravel()
+        tasks.append(dict(name=blk.name, **task_metrics(blk.y, scores, not loss.binary_labels)))
+    return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}

@@ -28,6 +28,7 @@ from .errors import InputError
 from .metrics import RunningMetrics, error_rates, mistakes, multiclass_mistakes
 from .online_rules import auto_C, make_rule, tau  # noqa: F401 (auto_C, tau: see below)
 from .output_codes import classes_from_onehot, code_distance, exhaustive_code, get_code  # noqa: F401
+from .params import validate as check_params
 from .taskdata import rows_of
 
 # auto_C, tau, code_distance and exhaustive_code stay importable from here for one release: docs/math.md
@@ -69,10 +70,8 @@ class OnlineConfig:
 
     def validate(self, k, max_row_norm, typical=None, owner="train online"):
         """The rule for k tasks; ``typical`` (active tasks a round, mean ||x||^2) is read only for C=auto."""
-        for name in ("block_rounds", "chunk_rounds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, np.integer)) and value >= 1):
-                raise InputError(f"The '{name}' parameter of {owner} must be an integer >= 1. Got {value!r} instead.")
+        checked = check_params({"block_rounds": self.block_rounds, "chunk_rounds": self.chunk_rounds}, owner)
+        self.block_rounds, self.chunk_rounds = checked["block_rounds"], checked["chunk_rounds"]
         self.chunk_rounds = -(-self.chunk_rounds // self.block_rounds) * self.block_rounds
         if self.R is None:
             self.R = float(max_row_norm) if max_row_norm > 0 else 1.0

@@ -1,0 +1,364 @@
+"""``hpcmtl data convert | split | standardize | info | inspect | synth``."""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import InputError
+from . import Parser, _count, _positive_float
+
+
+SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
+
+
+def add_parser(sub):
+    """The ``data`` command and its sub-commands."""
+    data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    conv = dsub.add_parser("convert", help="convert a public format into a task dataset or a stream")
+    conv.add_argument("--format", required=True,
+                      choices=("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters", "tasks"),
+                      help="tasks: an hpcmtl task dataset (to relabel it, or with --stream)")
+    conv.add_argument("inputs", nargs="+", metavar="IN")
+    conv.add_argument("output", metavar="OUT.h5")
+    conv.add_argument("--test-out", metavar="TEST.h5", help="mnist/reuters: also write the test split")
+    conv.add_argument("--stream", action="store_true",
+                      help="write an online stream (train online --stream): a task dataset gives one label column "
+                           "a task; a file without task ids gives one column a class or a label")
+    conv.add_argument("--shuffle", action="store_true", help="--stream: rows in a random order drawn from --seed")
+    conv.add_argument("--positive-label", metavar="L", default=None,
+                      help="labels equal to L become +1, all others -1 (a number or text)")
+    conv.add_argument("--labels", metavar="MAP", default=None,
+                      help="a full label mapping LABEL:VALUE,... such as 0:-1,1:1 or spam:1,ham:-1 (write "
+                           "--labels=-1:1,... when it starts with a minus); an unmapped label is an error")
+    conv.add_argument("--features", metavar="COLS", default=None,
+                      help="csv: the feature columns: names or 0-based indices, ranges 3-7 or x1:x9, comma-separated")
+    conv.add_argument("--drop", metavar="COLS", default=None,
+                      help="csv: columns that are not features (as --features)")
+    conv.add_argument("--online", action="store_true", help="reuters --stream: one stream of every ModApte document "
+                      "in original order, hashed log-count features (paper 004)")
+    conv.add_argument("--single-label", type=_count("--single-label"), default=None, metavar="N",
+                      help="reuters --online: only documents whose one topic is among the N most frequent")
+    conv.add_argument("--min-docs", type=_count("--min-docs"), default=100, help="reuters: minimum training documents of a topic")
+    conv.add_argument("--n-features", type=_count("--n-features"), default=None,
+                      help="svmlight: number of features; mds: hashing dimension (10000); reuters: vocabulary size (20000)")
+    conv.add_argument("--task-column", default=None,
+                      help="csv: the task column (default 'task'; with --stream a file without it is single-label)")
+    conv.add_argument("--label-column", default="y", help="csv: the label column")
+    conv.add_argument("--seed", type=_count("--seed", 0), default=0,
+                      help="mnist: the negatives drawn; --shuffle: the order of the rounds")
+    conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
+
+    split = dsub.add_parser("split", help="split every task into train and test (stratified for +-1 labels)")
+    split.add_argument("input", metavar="IN.h5")
+    split.add_argument("train", metavar="TRAIN.h5")
+    split.add_argument("test", metavar="TEST.h5")
+    split.add_argument("--test-fraction", type=_positive_float("--test-fraction"), default=0.25)
+    split.add_argument("--seed", type=_count("--seed", 0), default=0)
+    split.add_argument("--force", action="store_true")
+
+    stdz = dsub.add_parser("standardize", help="scale features with statistics of the training file")
+    stdz.add_argument("train", metavar="TRAIN.h5")
+    stdz.add_argument("output", metavar="OUT_TRAIN.h5")
+    stdz.add_argument("--test", nargs=2, metavar=("TEST.h5", "OUT_TEST.h5"), help="apply the same scaling to a test file")
+    stdz.add_argument("--force", action="store_true")
+
+    info = dsub.add_parser("info", help="tasks, sizes, nnz, label balance")
+    info.add_argument("input", metavar="FILE.h5")
+    info.add_argument("--json", action="store_true")
+
+    insp = dsub.add_parser("inspect", help="what a .mat/.csv/.npz/.svm/.h5 file holds and how to convert it")
+    insp.add_argument("input", metavar="FILE")
+    insp.add_argument("--json", action="store_true", help="the same as one JSON object")
+
+    synth = dsub.add_parser("synth", help="generate the papers' synthetic data (with ground truth)")
+    synth.add_argument("name", choices=SYNTH_NAMES)
+    synth.add_argument("output", metavar="OUT.h5")
+    synth.add_argument("--test", metavar="OUT_TEST.h5")
+    synth.add_argument("--seed", type=_count("--seed", 0), default=0)
+    synth.add_argument("--scale", type=_positive_float("--scale"), default=1.0,
+                       help="size multiplier (mnist-scale / mds-scale: 1 = MNIST- / MDS-sized)")
+    synth.add_argument("--n-train", type=_count("--n-train"), default=100, help="joint-sparse: examples per task")
+    synth.add_argument("--force", action="store_true")
+
+
+def cmd_data(args):
+    from .. import store
+    store.check_outputs(*data_paths(args))          # before any work: no output may be an input
+    if args.data_command == "info":
+        stream = store.file_format(args.input) == store.STREAM_FORMAT
+        with (store.StreamFile if stream else store.TaskFile)(args.input) as f:
+            info = f.info()
+        if args.json:
+            print(json.dumps(info))
+        elif stream:
+            print(f"{info['path']}: stream of {info['n_rounds']} rounds, {info['n_features']} features, "
+                  f"{info['n_labels']} labels, {info['nnz'] / max(1, info['n_rounds']):.1f} non-zeros a round, "
+                  f"max ||x|| {info['max_row_norm']:.4g}, {info['positive_labels_per_round']:.2f} positive labels a round")
+            for t in info["labels"]:
+                print(f"  {t['name']:>20s}  +1 {t['positive']:<8d} -1 {t['negative']:<8d} dormant {t['dormant']}")
+        else:
+            print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
+                  f"{info['storage']}, {info['n_samples']} samples, density {info['density']:.4g}")
+            for t in info["tasks"]:
+                extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
+                         else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}")
+                print(f"  {t['name']:>20s}  n={t['n_samples']:<8d} nnz={t['nnz']:<10d} {extra}")
+        return 0
+    if args.data_command == "split":
+        return data_split(args)
+    if args.data_command == "standardize":
+        return data_standardize(args)
+    if args.data_command == "synth":
+        return data_synth(args)
+    if args.data_command == "inspect":
+        return data_inspect(args)
+    return data_convert(args)
+
+
+def data_paths(args):
+    """(outputs, inputs) of an ``hpcmtl data`` command (files inside an input directory count as inputs)."""
+    force = getattr(args, "force", False)
+    if args.data_command == "convert":
+        inputs = []
+        for path in args.inputs:
+            inputs.append(("input", path))
+            if os.path.isdir(path):
+                with os.scandir(path) as entries:
+                    inputs += [("input", e.path) for e in entries if e.is_file()]
+        return [("output", args.output, force), ("--test-out", args.test_out, force)], inputs
+    if args.data_command == "split":
+        return [("train output", args.train, force), ("test output", args.test, force)], [("input", args.input)]
+    if args.data_command == "standardize":
+        test_in, test_out = args.test or (None, None)
+        return ([("output", args.output, force), ("--test output", test_out, force)],
+                [("input", args.train), ("--test input", test_in)])
+    if args.data_command == "synth":
+        return [("output", args.output, force), ("--test", args.test, force)], []
+    return [], []
+
+
+def data_split(args):
+    import numpy as np
+    from sklearn.model_selection import train_test_split
+
+    from .. import store
+    if not args.test_fraction < 1:
+        raise InputError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
+    for path in (args.train, args.test):
+        store.check_writable(path, args.force)
+    with store.TaskFile(args.input) as tf:
+        blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+        truth, names = tf.read_truth(), tf.names
+    train, test = ([], []), ([], [])
+    for b in blocks:
+        binary = np.all(np.abs(b.y) == 1) and min(np.sum(b.y == 1), np.sum(b.y == -1)) >= 2
+        idx = np.arange(b.n_rows)
+        if b.n_rows < 2:
+            raise InputError(f"{args.input}: task '{b.name}': field 'y': {b.n_rows} sample(s) cannot be split")
+        tr_idx, te_idx = train_test_split(idx, test_size=args.test_fraction, random_state=args.seed,
+                                          stratify=b.y if binary else None)
+        for part, rows in ((train, np.sort(tr_idx)), (test, np.sort(te_idx))):
+            part[0].append(b.X[rows])
+            part[1].append(b.y[rows])
+    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force)
+    store.write_tasks(args.test, *test, names=names, force=args.force)
+    print(f"wrote {args.train} and {args.test}")
+    return 0
+
+
+def data_standardize(args):
+    from .. import converters, store
+    pairs = [(args.train, args.output)] + ([tuple(args.test)] if args.test else [])
+    for _, out in pairs:
+        store.check_writable(out, args.force)
+    with store.TaskFile(args.train) as tf:
+        blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+    mean, scale = converters.standardization(blocks)
+    for src, out in pairs:
+        with store.TaskFile(src) as tf:
+            if tf.n_features != mean.size:
+                raise InputError(f"{src}: has {tf.n_features} features, {args.train} has {mean.size}")
+            blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+            names, truth = tf.names, tf.read_truth()
+        Xs = [converters.apply_standardization(b.X, mean, scale) for b in blocks]
+        store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth,
+                          preprocessing={"mean": mean, "scale": scale}, force=args.force)
+    print("wrote " + " and ".join(out for _, out in pairs))
+    return 0
+
+
+def data_synth(args):
+    from .. import store, synthetic
+    outputs = [args.output] + ([args.test] if args.test else [])
+    for path in outputs:
+        store.check_writable(path, args.force)
+    name = args.name
+    if name in ("dmtrl1", "dmtrl2"):
+        train, test, truth = synthetic.dmtrl(int(name[-1]), args.seed, args.scale)
+    elif name == "joint-sparse":
+        train, test, truth = synthetic.joint_sparse(args.seed, n_train=args.n_train)
+    elif name in ("mnist-scale", "mds-scale"):
+        train, test, truth = synthetic.scaled(name.split("-")[0], args.seed, args.scale)
+    elif name == "seasonal":
+        full, truth = synthetic.seasonal(args.seed, n_per_month=int(470 * args.scale))
+        store.write_tasks(args.output, *full[:2], names=full[2], truth=truth, force=args.force)
+        if args.test:
+            raise InputError("seasonal: split it with 'hpcmtl data split' (the study needs train/validation/test)")
+        print(f"wrote {args.output}")
+        return 0
+    else:  # multilabel-stream
+        T = int(20000 * args.scale)
+        n_test = T // 4 if args.test else 0
+        X, Y, truth = synthetic.multilabel_stream(args.seed, n_rounds=T + n_test)
+        store.write_stream(args.output, X[:T], Y[:T], truth=truth, force=args.force)
+        if args.test:       # later rounds of the same stream
+            store.write_stream(args.test, X[T:], Y[T:], truth=truth, force=args.force)
+        print("wrote " + " and ".join(outputs))
+        return 0
+    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force)
+    if args.test:
+        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force)
+    print("wrote " + " and ".join(outputs))
+    return 0
+
+
+def _convert_rule(args, binary=False):
+    """The --positive-label / --labels rule of ``data convert`` (None when labels stay as read)."""
+    from .. import converters
+    return converters.label_rule(args.positive_label, args.labels, binary)
+
+
+def _convert_attrs(args, **extra):
+    attrs = {"source_format": args.format}
+    if args.positive_label is not None:
+        attrs["label_map"] = f"--positive-label {args.positive_label}"
+    elif args.labels is not None:
+        attrs["label_map"] = f"--labels {args.labels}"
+    attrs.update(extra)
+    return attrs
+
+
+def check_convert_options(args):
+    """Options of ``data convert`` that do not fit the format (one line, before reading anything)."""
+    fmt, inputs = args.format, args.inputs
+    if fmt in ("csv", "reuters", "tasks") and len(inputs) != 1:
+        raise InputError(f"{fmt} takes one input, got {len(inputs)}: {', '.join(inputs)}")
+    if args.test_out and fmt not in ("mnist", "reuters"):
+        raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
+    if args.test_out and args.stream and fmt != "reuters":
+        raise InputError("--test-out with --stream is only for reuters; split a stream's source first")
+    if args.shuffle and not args.stream:
+        raise InputError("--shuffle orders the rounds of a stream: add --stream (task datasets keep the file's order)")
+    for option, value in (("--features", args.features), ("--drop", args.drop)):
+        if value is not None and fmt != "csv":
+            raise InputError(f"{option} selects CSV columns; --format {fmt} has none")
+
+
+def data_convert(args):
+    from .. import converters, store
+    outputs = [args.output] + ([args.test_out] if args.test_out else [])
+    for path in outputs:
+        store.check_writable(path, args.force)
+    check_convert_options(args)
+    fmt, inputs = args.format, args.inputs
+    if args.stream:
+        return reuters_stream(args) if fmt == "reuters" else data_stream(args)
+    labels = _convert_rule(args)
+    test = None
+    attrs = _convert_attrs(args)
+    if fmt == "malsar":
+        train = converters.from_malsar(inputs, labels)
+    elif fmt == "svmlight":
+        train = converters.from_svmlight(inputs, args.n_features, labels)
+    elif fmt == "csv":
+        train = converters.from_csv(inputs[0], args.task_column or "task", args.label_column, args.features,
+                                    args.drop, labels, report=print)
+    elif fmt == "npz":
+        train = converters.from_npz(inputs, labels)
+    elif fmt == "tasks":
+        train = converters.from_task_file(inputs[0], labels)
+    elif fmt == "mnist":
+        if len(inputs) == 1 and os.path.isdir(inputs[0]):
+            d = inputs[0]
+            train = converters.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
+                                                os.path.join(d, "train-labels-idx1-ubyte.gz"), args.seed, labels)
+            if args.test_out:
+                test = converters.mnist_one_vs_all(os.path.join(d, "t10k-images-idx3-ubyte.gz"),
+                                                   os.path.join(d, "t10k-labels-idx1-ubyte.gz"), args.seed, labels)
+        else:
+            train = converters.from_mnist(inputs, args.seed, labels)
+    elif fmt == "mds":
+        train = converters.from_mds(inputs, args.n_features or 10000, labels)
+    else:  # reuters
+        train, test = converters.from_reuters(inputs[0], args.min_docs, args.n_features or 20000, labels)
+    if args.test_out and test is None:
+        raise InputError(f"{inputs[0]}: no ModApte TEST documents for --test-out" if fmt == "reuters"
+                         else "mnist --test-out needs the MNIST directory (the t10k files are read from it)")
+    if labels is not None:
+        labels.check_used(", ".join(inputs))
+    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force)
+    written = [args.output]
+    if args.test_out:
+        store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force)
+        written.append(args.test_out)
+    print("wrote " + " and ".join(written))
+    return 0
+
+
+def data_stream(args):
+    """``data convert --stream`` of every format but reuters: any task dataset or labeled file -> a stream."""
+    from .. import converters, store
+    labels = converters.LabelRule(args.positive_label, args.labels, binary=True)
+    X, Y, names, what = converters.stream_from(
+        args.format, args.inputs, labels, n_features=args.n_features, task_column=args.task_column,
+        label_column=args.label_column, features=args.features, drop=args.drop, seed=args.seed, report=print)
+    extra = {"order": "file"}
+    if args.shuffle:
+        X, Y = converters.shuffle_rows(X, Y, args.seed)
+        extra = {"order": "shuffled", "shuffle_seed": args.seed}
+    store.write_stream(args.output, X, Y, label_names=names, force=args.force, attrs=_convert_attrs(args, **extra))
+    print(f"wrote {args.output}: {X.shape[0]} rounds, {X.shape[1]} features, {len(names)} label column"
+          f"{'s' if len(names) > 1 else ''} ({what}{'; shuffled' if args.shuffle else ''}): "
+          f"{converters.short_list(names)}")
+    return 0
+
+
+def reuters_stream(args):
+    from .. import converters, store
+    labels = _convert_rule(args)
+    extra = {"order": "shuffled", "shuffle_seed": args.seed} if args.shuffle else {}
+
+    def write(path, X, Y, topics, split, **attrs):
+        Y = converters.map_stream_labels(Y, topics, f"{args.inputs[0]} ({split})", labels)
+        if args.shuffle:
+            X, Y = converters.shuffle_rows(X, Y, args.seed)
+        store.write_stream(path, X, Y, label_names=topics, force=args.force,
+                           attrs=_convert_attrs(args, **{**attrs, **extra}))
+
+    if args.online:
+        X, Y, topics = converters.reuters_online(args.inputs[0], args.n_features or 2 ** 16,
+                                                 args.min_docs, args.single_label)
+        write(args.output, X, Y, topics, "stream", order="NEWID")
+        print(f"wrote {args.output}: {X.shape[0]} rounds, {len(topics)} labels")
+        return 0
+    train, test = converters.read_reuters(args.inputs[0])
+    topics = converters.reuters_topics(train, args.min_docs)
+    Xtr, Xte = converters.reuters_features(train, test, args.n_features or 20000)
+    write(args.output, Xtr, converters.reuters_labels(train, topics), topics, "ModApte TRAIN")
+    written = [args.output]
+    if args.test_out:
+        write(args.test_out, Xte, converters.reuters_labels(test, topics), topics, "ModApte TEST")
+        written.append(args.test_out)
+    print("wrote " + " and ".join(written))
+    return 0
+
+
+def data_inspect(args):
+    from .. import converters
+    info = converters.inspect_file(args.input)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print("\n".join(converters.inspection_lines(info)))
+    return 0

@@ -1,0 +1,99 @@
+"""``hpcmtl evaluate RESULT.h5 TEST.h5``: test metrics of a result file."""
+from __future__ import annotations
+
+import json
+
+from ..errors import InputError
+from ..metrics import evaluate_arrays, match_tasks
+
+
+def add_parser(sub):
+    """The ``evaluate`` command."""
+    ev = sub.add_parser("evaluate", help="test metrics of a result file: per task, pooled_* and task_mean_*")
+    ev.add_argument("result", metavar="RESULT.h5")
+    ev.add_argument("test", metavar="TEST.h5", help="a task dataset, or a test stream for an online result")
+    ev.add_argument("--json", action="store_true", help="one JSON object {tasks, summary} with the same names")
+
+
+def open_test_stream(path, model, model_path):
+    """A test stream for an online model, checked against it, its labels in the model's order.
+
+    ``model`` is a result's ``/model`` dict (W, task_names, code, class_names).  The
+    stream must have the model's feature count and, without a code, the model's label
+    names (in any order); with a code, one label a class of the code's rows (matched
+    by name when the result names its classes, so Hamming ties break as in training).
+    One-line errors, before any rounds are read.
+    """
+    import numpy as np
+
+    from ..online import StreamTasks
+    W = np.asarray(model["W"])
+    code = model.get("code")
+    order = None
+    source = StreamTasks(path)                       # label columns; a code is applied after the checks
+    try:
+        if source.n_features != W.shape[0]:
+            raise InputError(f"{path}: has {source.n_features} features, the model ({model_path}) was trained on "
+                             f"{W.shape[0]}")
+        if code is not None and source.n_tasks != code.shape[0]:
+            raise InputError(f"{path}: has {source.n_tasks} labels, the model's output code ({model_path}) is over "
+                             f"{code.shape[0]} classes")
+        names = model.get("task_names") if code is None else model.get("class_names")
+        if names is not None:                        # code results before class_names: classes by position
+            pairs = match_tasks(names, source, model_path, what="label" if code is None else "class")
+            order = [i for _, i in sorted(pairs)]
+    finally:
+        source.close()
+    return StreamTasks(path, code, label_order=order)
+
+
+def evaluate_online(result, path, model_path):
+    """Test metrics of an online result on a test stream (read in chunks of the run's --chunk-rounds)."""
+    from ..online import evaluate_stream
+    source = open_test_stream(path, result["model"], model_path)
+    try:
+        return evaluate_stream(result["model"]["W"], source, chunk=int(result["config"].get("chunk_rounds") or 4096))
+    finally:
+        source.close()
+
+
+def metrics_text(metrics):
+    """The text table of ``hpcmtl evaluate``: one row a task, then one row a summary metric, by its JSON name."""
+    from ..metrics import TASK_COLUMNS, ordered_summary_keys
+    s = metrics["summary"]
+
+    def shown(v):
+        return f"{v:d}" if isinstance(v, int) else f"{v:.6f}"
+
+    kind = "regression" if "pooled_rmse" in s else "classification"
+    columns = ("n",) + TASK_COLUMNS[kind]
+    keys = ordered_summary_keys(s)
+    width = max([len("task")] + [len(str(t["name"])) for t in metrics["tasks"]] + [len(k) for k in keys])
+    lines = [f"{'task':<{width}s}  " + "  ".join(f"{c:>18s}" for c in columns)]
+    for t in metrics["tasks"]:
+        lines.append(f"{t['name']:<{width}s}  " + "  ".join(f"{shown(t[c]):>18s}" for c in columns))
+    lines.append("")
+    lines += [f"{k:<{width}s}  {shown(s[k]):>18s}" for k in keys]
+    return "\n".join(lines)
+
+
+def cmd_evaluate(args):
+    from .. import store
+    result = store.read_result(args.result)
+    fmt = store.file_format(args.test)
+    method = result["config"].get("method", "?")
+    if method == "online":
+        if fmt != store.STREAM_FORMAT:
+            what = "a task dataset" if fmt == store.TASKS_FORMAT else f"not a stream (format {fmt!r})"
+            raise InputError(f"{args.test}: is {what}, but {args.result} is an online result: evaluate it on a "
+                             f"test stream ('{store.STREAM_FORMAT}')")
+        metrics = evaluate_online(result, args.test, args.result)
+    else:
+        if fmt == store.STREAM_FORMAT:
+            raise InputError(f"{args.test}: is an online stream, but {args.result} is a '{method}' result: evaluate "
+                             f"it on a task dataset ('{store.TASKS_FORMAT}')")
+        with store.TaskFile(args.test) as test_source:
+            metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
+                                      result["model"].get("task_names"), args.result)
+    print(json.dumps(metrics) if args.json else metrics_text(metrics))
+    return 0

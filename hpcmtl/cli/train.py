@@ -1,0 +1,376 @@
+"""``hpcmtl train METHOD``: one sub-parser a method, built from one option table, and the training runs."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .. import __version__
+from ..errors import InputError
+from ..metrics import evaluate_arrays
+from ..params import (CHECKPOINTED, DISTRIBUTED_SDCA, METHOD_DEFAULTS, METHOD_HELP,  # noqa: F401
+                      SDCA_METHODS, TASK_METHODS, TRAIN_METHODS, train_option_groups, train_options_of)
+from . import Parser, _all_options
+from .evaluate import open_test_stream
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends every option's line with its default (or 'required')."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or "%(default)" in text or action.default is argparse.SUPPRESS:
+            return text
+        if action.required:
+            return text if "(required)" in text else text + " (required)"
+        if isinstance(action, argparse._StoreTrueAction):
+            return text + " (default: off)"
+        if action.default is None:
+            return text if "(required)" in text or "(none:" in text else text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+
+class MethodParser(Parser):
+    """``hpcmtl train METHOD``: an option of another method is an error that names the methods taking it."""
+
+    method = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: " + " ".join(extras))
+        return namespace, extras
+
+    def hint(self, message):
+        if self.method is not None and "unrecognized arguments" in message:
+            own = _all_options(self)
+            for word in message.split(":", 1)[1].split():
+                name = word.split("=")[0]
+                takers = [m for m in TRAIN_METHODS if name in train_options_of(m)]
+                if name.startswith("--") and takers and name not in own:
+                    return (f" '{name}' is an option of train {', '.join(takers)}, not of train {self.method} "
+                            f"(hpcmtl train {self.method} --help lists its options).")
+        return super().hint(message)
+
+
+def add_train_methods(train_parser):
+    """One sub-parser a method with the option groups it reads; options of other methods default as before."""
+    methods = train_parser.add_subparsers(dest="method", required=True, parser_class=MethodParser,
+                                          metavar="METHOD")
+    everything = {}
+    for name in TRAIN_METHODS:
+        everything.update(train_options_of(name))
+    for name in TRAIN_METHODS:
+        mp = methods.add_parser(name, help=METHOD_HELP[name], description=f"hpcmtl train {name}: "
+                                f"{METHOD_HELP[name]}", formatter_class=DefaultsFormatter)
+        mp.method = name
+        own = train_options_of(name)
+        for title, group_methods, options in train_option_groups():
+            flags_here = [flags for flags, kw in options if flags[0] in own]
+            if not flags_here:
+                continue
+            group = mp.add_argument_group(title)
+            for flags in flags_here:
+                group.add_argument(*flags, **own[flags[0]][1])
+        mp.set_defaults(**METHOD_DEFAULTS.get(name, {}))
+        # the namespace keeps every attribute the commands read: another method's option is its default
+        foreign = {}
+        for option, (flags, kw) in everything.items():
+            if option not in own:
+                off = False if kw.get("action") == "store_true" else None
+                foreign[option.lstrip("-").replace("-", "_")] = kw.get("default", off)
+        mp.set_defaults(**foreign)
+
+
+def train_method_first(argv):
+    """``train [OPTIONS] METHOD ...`` as ``train METHOD [OPTIONS] ...``: the one parser before accepted both orders."""
+    if len(argv) < 3 or argv[0] != "train" or not argv[1].startswith("-") or argv[1] in ("-h", "--help"):
+        return argv
+    takes_value = {}
+    for name in TRAIN_METHODS:
+        for option, (flags, kw) in train_options_of(name).items():
+            takes_value[option] = kw.get("action") != "store_true"
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv
+        if not word.startswith("-"):
+            return ["train", word] + argv[1:i] + argv[i + 1:]
+        i += 2 if takes_value.get(word, False) and "=" not in word else 1
+    return argv
+
+
+def add_parser(sub):
+    """The ``train`` command: one sub-parser a method."""
+    # -- train: one sub-parser a method, each with only the options that method reads --------------
+    tr = sub.add_parser("train", help="train a model (distributed under mpiexec)",
+                        description="hpcmtl train METHOD --help lists the options of one method")
+    add_train_methods(tr)
+
+
+def config_from_args(args):
+    from ..dmtrl import DMTRLConfig
+    if args.method == "l1inf":
+        from ..joint_sparse import JointSparseConfig
+        if args.radius is None and args.path is None:
+            raise InputError("method 'l1inf' needs --radius C (or --path C1,C2,...)")
+        return JointSparseConfig(radius=args.radius or 1.0, loss=args.loss, projection=args.projection,
+                                 eta0=args.eta0, max_rounds=args.max_rounds or 200, gamma=args.gamma,
+                                 seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
+                                 split_tasks=args.split_tasks).validate()
+    if args.lam is None:
+        raise InputError(f"method '{args.method}' needs --lam")
+    relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "graph": "fixed", "ssdca": "learned",
+                    "mtrl-central": "learned"}[args.method]
+    if args.sigma is not None and args.method in ("ssdca", "mtrl-central"):
+        relationship = "fixed"                      # the centralized baselines under a given Sigma
+    return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
+                       outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
+                       eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
+                       aggregation=args.aggregation,
+                       rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
+                       method=args.method).validate()
+
+
+def read_sigma(path):
+    """A task covariance from a result file (/model/Sigma) or a .npy file."""
+    import numpy as np
+
+    from .. import store
+    if path is None:
+        raise InputError("method 'fixed' needs --sigma RESULT.h5 or --sigma SIGMA.npy")
+    if path.endswith(".npy"):
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+        return np.load(path, allow_pickle=False)
+    return store.read_result(path)["model"]["Sigma"]
+
+
+def online_config(args):
+    from ..online import OnlineConfig
+    C = args.C
+    if C != "auto":
+        try:
+            C = float(C)
+        except ValueError:
+            raise InputError(f"--C must be a number > 0 or 'auto', got {args.C!r}") from None
+        if not C > 0 or C == float("inf"):
+            raise InputError(f"--C must be a number > 0 or 'auto', got {args.C!r}")
+    return OnlineConfig(update=args.update, norm=args.norm, r=args.r, p=args.p, C=C, R=args.R, code=args.code,
+                        block_rounds=args.block_rounds, chunk_rounds=args.chunk_rounds)
+
+
+def check_inputs(args):
+    """--train for the task-dataset methods, --stream for online (one-line errors)."""
+    if args.method == "online":
+        if args.stream is None:
+            raise InputError("method 'online' needs --stream STREAM.h5")
+        if args.train is not None:
+            raise InputError("method 'online' reads --stream, not --train")
+    elif args.train is None:
+        raise InputError(f"method '{args.method}' needs --train TRAIN.h5")
+
+
+def _existing_file(path):
+    return path if path is not None and os.path.isfile(path) else None
+
+
+def train_paths(args, checkpoint):
+    """(outputs, inputs) of ``hpcmtl train`` for :func:`hpcmtl.store.check_outputs`."""
+    inputs = [("--train", args.train), ("--stream", args.stream), ("--test", args.test),
+              ("--sigma", _existing_file(args.sigma)), ("--graph", _existing_file(args.graph)),
+              ("--code", _existing_file(args.code))]
+    outputs = [("--out", args.out, args.force), ("--checkpoint" if args.checkpoint else "checkpoint", checkpoint, True)]
+    return outputs, inputs
+
+
+def cmd_train_online(args, cluster, signals, checkpoint):
+    import numpy as np
+
+    from ..checkpoint import Checkpointer
+    from ..online import StreamTasks, evaluate_stream, train
+    config = online_config(args)
+    source = StreamTasks(args.stream, config.code)
+    if args.test:                                    # checked on every rank before any work, evaluated at the end
+        probe = open_test_stream(args.test, {"W": np.zeros((source.n_features, source.n_tasks)),
+                                                "task_names": source.names, "code": source.code,
+                                                "class_names": source.class_names}, args.stream)
+        probe.close()
+    config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)   # R, C settle here
+    progress = None
+    if cluster.is_server:
+        from ..progress import Progress
+        progress = Progress(args.log_level, args.progress_seconds, max_rounds=source.n_rounds)
+    checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
+                                config.to_dict(), source) if cluster.is_server else None
+    result = train(cluster, source, config, progress=progress, checkpointer=checkpointer,
+                   resume=checkpoint if args.resume else None)
+    progress and progress.close()
+    if result is None:
+        return None
+    if args.test:
+        test_source = open_test_stream(args.test, {"W": result.W, "task_names": result.task_names,
+                                                   "code": result.code, "class_names": source.class_names}, args.stream)
+        try:
+            result.test = evaluate_stream(result.W, test_source, chunk=config.chunk_rounds)
+        finally:
+            test_source.close()
+    s = result.summary
+    headline = (f"{s['rounds']} rounds: cumulative loss {s['cumulative_loss']:.6g}, inf-error rate "
+                f"{s['inf_error_rate']:.4f}, 1-error rate {s['one_error_rate']:.4f}"
+                + (f", multiclass error rate {s['multiclass_error_rate']:.4f}" if "multiclass_error_rate" in s else ""))
+    model = {"C": result.config["C"]}
+    if result.code is not None:
+        model["code"] = result.code
+        model["class_names"] = list(source.class_names)      # the code's rows: evaluate matches test classes by name
+    config_out = dict(result.config, n_features=source.n_features, stream=os.path.abspath(args.stream),
+                      test=os.path.abspath(args.test) if args.test else None, summary=s)
+    from .. import store
+    store.write_result(args.out, result.W, None, result.history, config_out, cluster.size, __version__,
+                       task_names=result.task_names, extra=model, test=result.test, ranks=result.extra,
+                       groups={"trace": result.trace}, force=args.force)
+    if args.log_level != "error":
+        print(summary_table(args, result, headline))
+    return result
+
+
+def cmd_train(args, cluster):
+    from .. import store
+    from ..baselines import mtrl_central, ssdca
+    from ..checkpoint import Checkpointer
+    from ..cluster import SignalFlag
+    from ..dmtrl import train
+    signals = SignalFlag().install()                # before anything slow: no rank dies on SIGTERM
+    check_inputs(args)
+    if args.quiet:
+        args.log_level = "error"
+    config = config_from_args(args) if args.method != "online" else None   # identical on every rank
+    checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
+    error = None
+    try:                                            # before any work; every rank fails together
+        store.check_outputs(*train_paths(args, checkpoint))
+        if args.resume and not os.path.exists(checkpoint):
+            raise InputError(f"{checkpoint}: no checkpoint to resume from")
+    except InputError as exc:
+        error = str(exc)
+    cluster.agree(error)
+    if args.method == "online":
+        return cmd_train_online(args, cluster, signals, checkpoint)
+    source = store.TaskFile(args.train)
+    test_source = store.TaskFile(args.test) if args.test else None
+    sigma = None
+    if args.method == "graph":
+        from ..task_graph import graph_adjacency, task_kernel
+        if args.graph is None:
+            raise InputError("method 'graph' needs --graph (a topology name or an edge-list CSV)")
+        sigma = task_kernel(graph_adjacency(args.graph, source.names), args.alpha, not args.unnormalized,
+                            source.names)
+    elif getattr(config, "relationship", None) == "fixed":
+        sigma = read_sigma(args.sigma)
+    if args.quiet:
+        args.log_level = "error"
+    progress = None
+    if cluster.is_server:
+        from ..progress import Progress
+        progress = Progress(args.log_level, args.progress_seconds, tol=getattr(config, "tol", None),
+                            max_rounds=None if getattr(config, "tol", None) else config.max_rounds)
+    if args.method in ("ssdca", "mtrl-central"):
+        if args.resume or args.checkpoint_every or args.checkpoint_seconds:
+            raise InputError(f"checkpoints are for the distributed methods, not '{args.method}'")
+        if not cluster.is_server:
+            return None                             # centralized baselines run on rank 0 only
+        result = (ssdca if args.method == "ssdca" else mtrl_central)(source, config, sigma, progress=progress,
+                                                                     warn=warn_line(args))
+        if test_source is not None:
+            result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source,
+                                          result.task_names)
+    else:
+        checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
+                                    config.to_dict(), source, sigma) if cluster.is_server else None
+        resume = checkpoint if args.resume else None
+        if args.method == "l1inf":
+            from ..joint_sparse import train as train_l1inf
+            radii = parse_radii(args.path) if args.path else None
+            result = train_l1inf(cluster, source, config, test_source, progress=progress,
+                                 checkpointer=checkpointer, resume=resume, radii=radii)
+            progress and progress.close()
+            return write_l1inf_result(args, cluster, source, result)
+        result = train(cluster, source, config, test_source, sigma_fixed=sigma, progress=progress,
+                       checkpointer=checkpointer, resume=resume, warn=warn_line(args, progress))
+    progress and progress.close()
+    if result is None:
+        return None
+    h, steps = result.history, result.wsteps
+    n_bad = int(len(steps["converged"]) - steps["converged"].sum()) if len(steps.get("converged", [])) else 0
+    if result.converged:
+        summary = f"converged: every W-step certified, relative gap {h['rel_gap'][-1]:.3e}"
+    else:
+        summary = (f"NOT converged: {n_bad} of {len(steps['converged'])} W-steps reached max rounds "
+                   f"(worst relative gap {float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}); "
+                   f"last relative gap {h['rel_gap'][-1]:.3e}")
+    result = save_result(args, cluster, source, result, result.Sigma,
+                         {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps},
+                         summary)
+    if not result.converged:             # at every --log-level, --quiet included: the model is not certified
+        print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
+              f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
+              f"raise --max-rounds", file=sys.stderr, flush=True)
+    return result
+
+
+def warn_line(args, progress=None):
+    """Rank 0's one stderr line per W-step that ended unconverged (kept at every --log-level but error)."""
+    def warn(message):
+        if args.log_level == "error":
+            return
+        if progress is not None and getattr(progress, "tty", False) and progress.show:
+            print(file=progress.stream, flush=True)          # end the live progress line first
+        print(f"hpcmtl: warning: {message}", file=sys.stderr, flush=True)
+    return warn
+
+
+def save_result(args, cluster, source, result, sigma, groups, summary):
+    """Write the result file (rank 0) and print a summary table unless --log-level error."""
+    from .. import store
+    config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
+                      test=os.path.abspath(args.test) if args.test else None)
+    groups = dict(groups)
+    model_extra = groups.pop("model", None)
+    store.write_result(args.out, result.W, sigma, result.history, config_out, cluster.size, __version__,
+                       task_names=result.task_names, extra=model_extra, test=result.test,
+                       ranks=result.extra or None, groups=groups, force=args.force)
+    if args.log_level != "error":
+        print(summary_table(args, result, summary))
+    return result
+
+
+def summary_table(args, result, headline):
+    """The final summary: what ran, how far it got, what it cost, how it tests."""
+    rows = [("method", result.config.get("method")), ("status", headline),
+            ("rounds", result.n_rounds), ("seconds", f"{result.seconds:.2f}"),
+            ("MB moved", f"{result.bytes_moved / 1e6:.3f}")]
+    if result.test:
+        rows += [(f"test {k}", f"{v:.6g}" if isinstance(v, float) else v) for k, v in result.test["summary"].items()]
+    rows.append(("result file", args.out))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def parse_radii(text):
+    try:
+        radii = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--path must be comma-separated numbers, got {text!r}") from None
+    if not radii or any(not (r > 0) for r in radii):
+        raise InputError(f"--path radii must be > 0, got {text!r}")
+    return radii
+
+
+def write_l1inf_result(args, cluster, source, result):
+    if result is None:
+        return None
+    path = dict(result.path)
+    summary = (f"{result.config['projection']} ball: best objective {result.history['best_objective'][-1]:.6g}, "
+               f"{int(path['selected'][-1])} of {result.W.shape[0]} features selected")
+    return save_result(args, cluster, source, result, None, {"path": path}, summary)
