@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -149,8 +150,7 @@ def share_fingerprints(cluster, source):
 
 
 def block_payloads(ck, blocks, cluster):
-    """Per rank, the packed :class:`~hpcmtl.engine.BlockState` of its blocks under the current plan (SET_STATE)."""
-    from .engine import BlockState
+    """Per rank, the packed :class:`BlockState` of its blocks under the current plan (SET_STATE)."""
     saved = {(b["task"], b["part"]): b for b in ck["blocks"]}
     by_task = {}
     for b in ck["blocks"]:
@@ -167,3 +167,41 @@ def block_payloads(ck, blocks, cluster):
                                _kernels.new_shrink_state(b.n_rows, enabled))
         pieces[cluster.worker_rank(b.worker)].append(state)
     return [BlockState.pack_all(p) for p in pieces]
+
+
+# ---------------------------------------------------------------------------
+# A block's dual state, as checkpoints hold it
+# ---------------------------------------------------------------------------
+SHRINK_SIZE = 5       # the shrinking state of a block (_kernels.new_shrink_state)
+
+
+@dataclass
+class BlockState:
+    """One task block's dual state: what a checkpoint saves and a resume restores (DMTRL).
+
+    ``alpha`` (n_rows) the dual variables, ``order`` (n_rows, int32) the
+    coordinate order the local solver continues from, ``shrink`` (5) the
+    shrinking state.  :meth:`pack` / :meth:`unpack` are the one wire layout
+    (per block, concatenated: alpha, order as float64, shrink), used by the
+    workers (GET_STATE / SET_STATE), the server and
+    :func:`hpcmtl.checkpoint.block_payloads`.
+    """
+    alpha: np.ndarray
+    order: np.ndarray
+    shrink: np.ndarray
+
+    def pack(self) -> list:
+        return [self.alpha, np.asarray(self.order, dtype=np.float64), self.shrink]
+
+    @classmethod
+    def unpack(cls, data, pos, n_rows):
+        """The state of a block of ``n_rows`` rows at ``data[pos:]``, and the position after it."""
+        end = pos + 2 * n_rows + SHRINK_SIZE
+        return cls(data[pos:pos + n_rows].copy(), data[pos + n_rows:pos + 2 * n_rows].astype(np.int32),
+                   data[pos + 2 * n_rows:end].copy()), end
+
+    @staticmethod
+    def pack_all(states) -> np.ndarray:
+        """One rank's blocks, concatenated in plan order (an empty vector for none)."""
+        parts = [p for s in states for p in s.pack()]
+        return np.concatenate(parts) if parts else np.zeros(0)

@@ -66,8 +66,8 @@ import numpy as np
 
 from . import _kernels
 from . import engine
-from .checkpoint import read_compatible
-from .engine import (BlockState, Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows,
+from .checkpoint import BlockState, block_payloads, read_compatible
+from .engine import (Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows,
                      load_blocks, nan_fault)
 from .errors import ConvergenceError, InputError
 from .losses import conjugate_reference, get_loss
@@ -981,7 +981,6 @@ class Server(ServerBase):
 
     def restore(self, ck):
         """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
-        from .checkpoint import block_payloads
         for key, default in (("aggregation", "safe"), ("local_solver", "auto")):
             saved, now = ck["config"].get(key, default), getattr(self.config, key)
             if saved != now:

@@ -22,8 +22,8 @@ This module also does the rest, identically for every algorithm: plan and read
 the blocks (each rank only its own, failing together on bad data), run the
 worker loop, end every rank with the server's exit code, take checkpoints at
 safe points and react to termination signals, gather test metrics and per-rank
-memory figures (:func:`run`, :func:`train`), and pack a DMTRL block's
-checkpoint state (:class:`BlockState`).
+memory figures (:func:`run`, :func:`train`).  A DMTRL block's checkpoint
+state is :class:`hpcmtl.checkpoint.BlockState`.
 """
 from __future__ import annotations
 
@@ -460,41 +460,3 @@ def train(cluster, make_local, make_server, build_result, resume=None):
     server, value, ranks = outcome
     extra = {"rss_before_data_mb": ranks[:, 0], "partition_mb": ranks[:, 1], "peak_rss_mb": ranks[:, 2]}
     return build_result(server, value, extra)
-
-
-# ---------------------------------------------------------------------------
-# A block's dual state, as checkpoints hold it
-# ---------------------------------------------------------------------------
-SHRINK_SIZE = 5       # the shrinking state of a block (_kernels.new_shrink_state)
-
-
-@dataclass
-class BlockState:
-    """One task block's dual state: what a checkpoint saves and a resume restores (DMTRL).
-
-    ``alpha`` (n_rows) the dual variables, ``order`` (n_rows, int32) the
-    coordinate order the local solver continues from, ``shrink`` (5) the
-    shrinking state.  :meth:`pack` / :meth:`unpack` are the one wire layout
-    (per block, concatenated: alpha, order as float64, shrink), used by the
-    workers (GET_STATE / SET_STATE), the server and
-    :func:`hpcmtl.checkpoint.block_payloads`.
-    """
-    alpha: np.ndarray
-    order: np.ndarray
-    shrink: np.ndarray
-
-    def pack(self) -> list:
-        return [self.alpha, np.asarray(self.order, dtype=np.float64), self.shrink]
-
-    @classmethod
-    def unpack(cls, data, pos, n_rows):
-        """The state of a block of ``n_rows`` rows at ``data[pos:]``, and the position after it."""
-        end = pos + 2 * n_rows + SHRINK_SIZE
-        return cls(data[pos:pos + n_rows].copy(), data[pos + n_rows:pos + 2 * n_rows].astype(np.int32),
-                   data[pos + 2 * n_rows:end].copy()), end
-
-    @staticmethod
-    def pack_all(states) -> np.ndarray:
-        """One rank's blocks, concatenated in plan order (an empty vector for none)."""
-        parts = [p for s in states for p in s.pack()]
-        return np.concatenate(parts) if parts else np.zeros(0)

@@ -4,7 +4,8 @@ import pytest
 
 from hpcmtl import engine
 from hpcmtl.dmtrl import DMTRLCommand, LocalBlocks
-from hpcmtl.engine import BlockState, Control, Down, EngineCommand, Up
+from hpcmtl.checkpoint import BlockState
+from hpcmtl.engine import Control, Down, EngineCommand, Up
 from hpcmtl.joint_sparse import JointSparseCommand, LocalGradients
 from hpcmtl.online import LocalColumns, OnlineCommand
 

@@ -1,0 +1,157 @@
+"""The package's layering, checked mechanically on the source (docs/architecture.md draws the same map).
+
+* mpi4py is imported only in ``cluster.py`` and h5py only in ``store.py``;
+* every module of ``hpcmtl`` has a layer in :data:`LAYERS`, and imports only
+  modules of its own layer or below (a new module must be placed here first);
+* the import graph has no cycle (within a layer too).
+
+Imports are read with :mod:`ast`, including the ones inside functions, so a
+lazy import cannot hide a dependency.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
+
+# lowest first; a module may import its own layer and the layers before it
+LAYERS = [
+    # arithmetic and plain values: no MPI, no HDF5, no algorithm
+    ("foundations", {"errors", "_rows", "_kernels", "_online", "features", "progress"}),
+    ("math", {"losses", "projection", "taskdata", "metrics", "params", "synthetic", "task_graph",
+              "online_rules", "output_codes"}),
+    # the only modules that talk to MPI and to HDF5
+    ("io", {"cluster", "store"}),
+    ("files", {"checkpoint", "converters", "results"}),
+    ("engine", {"engine"}),
+    ("methods", {"dmtrl", "joint_sparse", "online", "baselines"}),
+    ("front ends", {"estimators", "jobs", "demo"}),
+    ("command line", {"cli", "__main__", "__init__"}),
+]
+LAYER_OF = {name: k for k, (_, names) in enumerate(LAYERS) for name in names}
+ONLY_IN = {"mpi4py": "cluster", "h5py": "store"}
+
+
+def module_name(path: pathlib.Path) -> str:
+    """The first component below hpcmtl/ (a subpackage counts as one module) or the file's stem."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def sources():
+    return sorted(p for p in PACKAGE.rglob("*.py") if "build" not in p.relative_to(PACKAGE).parts)
+
+
+def imports_of(path: pathlib.Path):
+    """(kind, name, line): kind 'hpcmtl' for a package module, 'external' for a top-level third-party package."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    rel = path.relative_to(PACKAGE)
+    depth = len(rel.parts) - 1            # 0 for hpcmtl/x.py, 1 for hpcmtl/cli/x.py
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "hpcmtl":
+                    if len(parts) > 1:
+                        yield "hpcmtl", parts[1], node.lineno
+                else:
+                    yield "external", parts[0], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                parts = (node.module or "").split(".")
+                if parts[0] != "hpcmtl":
+                    yield "external", parts[0], node.lineno
+                    continue
+                rest = parts[1:]
+            else:
+                up = node.level - 1           # levels above the file's own package
+                if up > depth:
+                    raise AssertionError(f"{rel}:{node.lineno}: relative import leaves the package")
+                base = list(rel.parts[:-1])[:len(rel.parts) - 1 - up]
+                rest = base + (node.module.split(".") if node.module else [])
+            if rest:
+                yield "hpcmtl", rest[0], node.lineno
+            else:                              # from . import a, b
+                for alias in node.names:
+                    yield "hpcmtl", alias.name, node.lineno
+
+
+def graph():
+    edges = {}
+    for path in sources():
+        me = module_name(path)
+        for kind, name, line in imports_of(path):
+            if kind == "hpcmtl" and name != me:
+                edges.setdefault(me, {}).setdefault(name, f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return edges
+
+
+def test_mpi_and_hdf5_each_imported_in_one_module():
+    wrong = []
+    for path in sources():
+        me = module_name(path)
+        for kind, name, line in imports_of(path):
+            if kind == "external" and name in ONLY_IN and ONLY_IN[name] != me:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name} "
+                             f"(only {ONLY_IN[name]}.py may)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_has_a_layer():
+    names = {module_name(p) for p in sources()}
+    names |= {p.name.split(".")[0] for p in PACKAGE.glob("*.pyx")}
+    missing = sorted(names - set(LAYER_OF))
+    assert not missing, f"place these modules in tests/test_layering.py LAYERS (and docs/architecture.md): {missing}"
+
+
+def test_no_module_imports_a_module_above_it():
+    wrong = []
+    for me, targets in sorted(graph().items()):
+        for name, where in sorted(targets.items()):
+            if name not in LAYER_OF or me not in LAYER_OF:
+                continue                       # reported by test_every_module_has_a_layer
+            if LAYER_OF[name] > LAYER_OF[me]:
+                wrong.append(f"{where}: {me} ({LAYERS[LAYER_OF[me]][0]}) imports {name} "
+                             f"({LAYERS[LAYER_OF[name]][0]}), a layer above it")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_import_graph_has_no_cycle():
+    edges = graph()
+    state = {}
+    stack = []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, {})):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle) + " (at " + edges[node][nxt] + ")")
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
+    """The reader itself: imports inside functions and both relative forms are found."""
+    pkg = tmp_path / "hpcmtl"
+    (pkg / "sub").mkdir(parents=True)
+    f = pkg / "sub" / "x.py"
+    f.write_text("def f():\n    import h5py\n    from ..store import a\n    from . import y\n    from .. import cluster\n")
+    global PACKAGE
+    saved = PACKAGE
+    PACKAGE = pkg
+    try:
+        found = sorted((k, n) for k, n, _ in imports_of(f))
+    finally:
+        PACKAGE = saved
+    assert found == [("external", "h5py"), ("hpcmtl", "cluster"), ("hpcmtl", "store"), ("hpcmtl", "sub")]
