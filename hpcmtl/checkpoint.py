@@ -193,10 +193,15 @@ class BlockState:
     def pack(self) -> list:
         return [self.alpha, np.asarray(self.order, dtype=np.float64), self.shrink]
 
+    @staticmethod
+    def packed_size(n_rows) -> int:
+        """The length of a packed block of ``n_rows`` rows."""
+        return 2 * n_rows + SHRINK_SIZE
+
     @classmethod
     def unpack(cls, data, pos, n_rows):
         """The state of a block of ``n_rows`` rows at ``data[pos:]``, and the position after it."""
-        end = pos + 2 * n_rows + SHRINK_SIZE
+        end = pos + cls.packed_size(n_rows)
         return cls(data[pos:pos + n_rows].copy(), data[pos + n_rows:pos + 2 * n_rows].astype(np.int32),
                    data[pos + 2 * n_rows:end].copy()), end
 

@@ -67,8 +67,7 @@ import numpy as np
 from . import _kernels
 from . import engine
 from .checkpoint import BlockState, block_payloads, read_compatible
-from .engine import (Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows,
-                     load_blocks, nan_fault)
+from .engine import Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows, nan_fault
 from .errors import ConvergenceError, InputError
 from .losses import conjugate_reference, get_loss
 from .params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - the choices, named here too
@@ -918,15 +917,23 @@ class Server(ServerBase):
         """Every task's previous step (momentum state) as one vector of all rows, tasks in file order."""
         pieces = self.command(DMTRLCommand.GET_PREVIOUS)
         full = [np.zeros(int(n)) for n in self.n]
+        for b, rows in self.block_slices(pieces, lambda b: b.n_rows):
+            full[b.task][b.start:b.stop] = rows
+        return np.concatenate(full) if full else np.zeros(0)
+
+    def block_slices(self, pieces, size):
+        """``(block, its slice)`` of per-rank vectors concatenating each rank's blocks in plan order.
+
+        ``size(block)`` is the length of a block's slice; yields rank by rank.
+        """
         by_rank = {}
         for b in self.blocks:
             by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
         for rank, blocks in sorted(by_rank.items()):
             pos = 0
             for b in blocks:
-                full[b.task][b.start:b.stop] = pieces[rank][pos:pos + b.n_rows]
-                pos += b.n_rows
-        return np.concatenate(full) if full else np.zeros(0)
+                yield b, pieces[rank][pos:pos + size(b)]
+                pos += size(b)
 
     def previous_payloads(self, full):
         """Per rank, its blocks' slices of ``full`` (zeros when None), under the current plan."""
@@ -968,16 +975,8 @@ class Server(ServerBase):
     def gather_state(self):
         """Every block's (plan block, :class:`BlockState`), in plan order."""
         pieces = self.command(DMTRLCommand.GET_STATE)
-        out = []
-        by_rank = {}
-        for b in self.blocks:
-            by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
-        for rank, blocks in sorted(by_rank.items()):
-            pos = 0
-            for b in blocks:
-                state, pos = BlockState.unpack(pieces[rank], pos, b.n_rows)
-                out.append((b, state))
-        return out
+        return [(b, BlockState.unpack(data, 0, b.n_rows)[0])
+                for b, data in self.block_slices(pieces, lambda b: BlockState.packed_size(b.n_rows))]
 
     def restore(self, ck):
         """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
@@ -1026,9 +1025,7 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     if config.relationship == "fixed":
         sigma_fixed = check_sigma(sigma_fixed, source.n_tasks)
 
-    def make_local():
-        blocks, tests = load_blocks(cluster, source, config, test_source)
-        return LocalBlocks(cluster, blocks, config, tests)
+    make_local = engine.local_reader(LocalBlocks, cluster, source, config, test_source)
 
     def make_server():
         return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,

@@ -441,6 +441,14 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
     return server, outcome, np.array(cluster.gather_objects(stats()))
 
 
+def local_reader(local_class, cluster, source, config, test_source=None):
+    """``make_local`` for :func:`train` when the local state is ``local_class(cluster, blocks, config, tests)``."""
+    def make_local():
+        blocks, tests = load_blocks(cluster, source, config, test_source)
+        return local_class(cluster, blocks, config, tests)
+    return make_local
+
+
 def train(cluster, make_local, make_server, build_result, resume=None):
     """What every method's ``train`` does around its own classes, on every rank.
 

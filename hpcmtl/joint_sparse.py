@@ -20,7 +20,7 @@ import numpy as np
 
 from . import engine
 from .engine import (Command, Down, EngineCommand, LocalBase, RunResult, ServerBase, Up, check_finite_rows,
-                     load_blocks, nan_fault)
+                     nan_fault)
 from .errors import InputError
 from .losses import LOSSES, loss_and_derivative
 from .params import validate as check_params
@@ -218,9 +218,7 @@ def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None,
     if radii is not None and (len(radii) == 0 or any(not (float(r) > 0) for r in radii)):
         raise InputError(f"the regularization path needs radii > 0, got {list(radii)}")
 
-    def make_local():
-        blocks, tests = load_blocks(cluster, source, config, test_source)
-        return LocalGradients(cluster, blocks, config, tests)
+    make_local = engine.local_reader(LocalGradients, cluster, source, config, test_source)
 
     def make_server():
         return Server(cluster, source, config, W0, progress, checkpointer, test=test_source is not None,
