@@ -67,6 +67,17 @@ def _as_source(X, y, tasks):
     return MemoryTasks.from_task_ids(X, y, tasks)
 
 
+def keep_params(estimator, arguments):
+    """Store an estimator's ``__init__`` arguments unchanged, as scikit-learn's contract asks (validation is in fit).
+
+    ``arguments`` is ``locals()`` at the top of ``__init__``; ``get_params``
+    reads the same names back from the signature.
+    """
+    for name, value in arguments.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 class _MultiTaskLinear(BaseEstimator):
     """Prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``."""
 
@@ -135,23 +146,7 @@ class DMTRL(_MultiTaskLinear):
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
                  sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp"):
-        self.loss = loss
-        self.lam = lam
-        self.gamma = gamma
-        self.tol = tol
-        self.max_rounds = max_rounds
-        self.outer = outer
-        self.outer_tol = outer_tol
-        self.local_iters = local_iters
-        self.seed = seed
-        self.eta = eta
-        self.gap_every = gap_every
-        self.relationship = relationship
-        self.sigma = sigma
-        self.rff_dim = rff_dim
-        self.rff_gamma = rff_gamma
-        self.shrinking = shrinking
-        self.aggregation = aggregation
+        keep_params(self, locals())
 
     def _config(self):
         from .dmtrl import DMTRLConfig
@@ -190,15 +185,7 @@ class JointSparseMTL(_MultiTaskLinear):
 
     def __init__(self, loss="hinge", radius=1.0, projection="l1inf", eta0=1.0, max_rounds=200, gamma=1.0,
                  seed=0, rff_dim=0, rff_gamma=1.0):
-        self.loss = loss
-        self.radius = radius
-        self.projection = projection
-        self.eta0 = eta0
-        self.max_rounds = max_rounds
-        self.gamma = gamma
-        self.seed = seed
-        self.rff_dim = rff_dim
-        self.rff_gamma = rff_gamma
+        keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
         from .cluster import Cluster
@@ -241,20 +228,7 @@ class GraphMTL(_MultiTaskLinear):
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
                  gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4):
-        self.kernel = kernel
-        self.graph = graph
-        self.alpha = alpha
-        self.normalize = normalize
-        self.exact = exact
-        self.C = C
-        self.gamma = gamma
-        self.degree = degree
-        self.coef0 = coef0
-        self.lam = lam
-        self.loss = loss
-        self.rff_dim = rff_dim
-        self.seed = seed
-        self.tol = tol
+        keep_params(self, locals())
 
     def _kernel_params(self):
         if self.kernel == "rbf":
@@ -378,12 +352,7 @@ class OnlineMultitask(BaseEstimator):
     """
 
     def __init__(self, update="implicit", norm="rmax", r=1, p=2.0, C=1.0, R=None):
-        self.update = update
-        self.norm = norm
-        self.r = r
-        self.p = p
-        self.C = C
-        self.R = R
+        keep_params(self, locals())
 
     def _rule(self, k, typical):
         return make_rule(k, self.C, self.update, self.norm, self.p, self.r, self.R, owner=type(self).__name__,

@@ -61,11 +61,11 @@ def test_configs_and_estimators_read_the_table():
 
 
 def test_the_table_knows_every_choice_the_methods_accept():
-    from hpcmtl import dmtrl, joint_sparse, losses, online
+    from hpcmtl import dmtrl, joint_sparse, losses, online_rules
     assert params.RELATIONSHIPS == dmtrl.RELATIONSHIPS and params.AGGREGATIONS == dmtrl.AGGREGATIONS
     assert params.LOCAL_SOLVERS == dmtrl.LOCAL_SOLVERS
     assert params.PROJECTIONS == tuple(joint_sparse.PROJECTIONS)
-    assert set(params.UPDATES) == set(online.UPDATES) and set(params.NORMS) == set(online.NORMS)
+    assert set(params.UPDATES) == set(online_rules.UPDATES) and set(params.NORMS) == set(online_rules.NORMS)
     assert PARAMS["loss"].constraint == tuple(losses.LOSSES)
 
 
@@ -112,3 +112,20 @@ def test_no_module_imports_the_command_line():
                 module = node.module or ""
                 assert not (node.level == 1 and module.split(".")[0] == "cli"), path.name
                 assert not (node.level == 0 and module.startswith("hpcmtl.cli")), path.name
+
+
+def test_every_estimator_keeps_its_init_arguments_as_given():
+    """scikit-learn's contract: __init__ stores each argument unchanged under its own name (clone relies on it)."""
+    import inspect
+
+    from sklearn.base import clone
+
+    from hpcmtl import estimators
+    for cls in (estimators.DMTRL, estimators.JointSparseMTL, estimators.GraphMTL, estimators.OnlineMultitask,
+                estimators.OnlineECOC):
+        names = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        given = {name: object() for name in names}          # sentinels: no validation, no copy in __init__
+        est = cls(**given)
+        assert all(getattr(est, name) is given[name] for name in names), cls.__name__
+        assert set(est.get_params(deep=False)) == set(names)
+        assert all(clone(cls(), safe=True).get_params()[n] == cls().get_params()[n] for n in names)
