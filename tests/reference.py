@@ -258,6 +258,8 @@ def implicit_l2_brentq(loss, sq, C):
     pos = loss > 0                      # a task with no loss takes tau = 0 (and 0 / 0 when ||x||^2 = 0 too)
     phi = lambda th: np.sum((loss[pos] / (sq[pos] + th)) ** 2) - C * C  # noqa: E731
     hi = np.sqrt(np.sum(loss ** 2)) / C + 1.0
+    while phi(hi) >= 0:                 # at hi the root can sit within rounding (huge losses): widen the bracket
+        hi *= 2.0
     theta = brentq(phi, 1e-300 if np.any(sq[pos] == 0) else 0.0, hi, xtol=1e-15, rtol=1e-15, maxiter=500)
     return np.where(pos, loss / np.where(pos, sq + theta, 1.0), 0.0)
 
