@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 from numpy.testing import assert_allclose
 
 from hpcmtl import store
@@ -19,7 +18,7 @@ LOSSES = ["hinge", "smoothed-hinge", "squared", "logistic"]
 
 
 def run(Xs, ys, sigma=None, **kw):
-    return train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys), DMTRLConfig(**kw), sigma_fixed=sigma)
+    return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw), sigma_fixed=sigma)
 
 
 # --- the server's arithmetic -------------------------------------------------------------------------
@@ -135,7 +134,7 @@ def test_faster_than_the_safe_rule_on_coupled_tasks():
 def test_unconverged_w_steps_are_reported_each_and_in_the_result():
     Xs, ys = random_tasks(seed=15, loss="hinge", m=4)
     heard = []
-    r = train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys),
+    r = train(Cluster.serial(), MemoryTasks(Xs, ys),
               DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0), warn=heard.append)
     assert not r.converged
     assert len(heard) == 3 and all("ended unconverged" in h for h in heard)

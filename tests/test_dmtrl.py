@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 import scipy.linalg
-from mpi4py import MPI
 from numpy.testing import assert_allclose
 
 from hpcmtl.baselines import mtrl_central, ssdca
@@ -18,7 +17,7 @@ LOSSES = ["hinge", "smoothed-hinge", "squared", "logistic"]
 
 
 def run(Xs, ys, **kw):
-    return train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+    return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
 
 
 def primal_numpy(Xs, ys, W, Sigma, lam, loss, gamma=1.0):
@@ -152,16 +151,16 @@ def test_stl_logistic_matches_sklearn():
 def test_fixed_sigma_and_eta():
     Xs, ys = random_tasks(seed=9, loss="squared")
     Sigma = np.full((4, 4), 0.1) + np.eye(4) * 0.3
-    a = train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys),
+    a = train(Cluster.serial(), MemoryTasks(Xs, ys),
               DMTRLConfig(loss="squared", lam=0.05, tol=1e-9, max_rounds=5000, relationship="fixed"),
               sigma_fixed=Sigma)
     assert_allclose(a.Sigma, Sigma)
-    b = train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys),
+    b = train(Cluster.serial(), MemoryTasks(Xs, ys),
               DMTRLConfig(loss="squared", lam=0.05, tol=1e-9, max_rounds=20000, relationship="fixed", eta=0.5),
               sigma_fixed=Sigma)
     assert b.converged and b.history["primal"][-1] == pytest.approx(a.history["primal"][-1], rel=1e-7)
     with pytest.raises(InputError, match="positive definite"):
-        train(Cluster(MPI.COMM_SELF), MemoryTasks(Xs, ys), DMTRLConfig(relationship="fixed"),
+        train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(relationship="fixed"),
               sigma_fixed=-np.eye(4))
 
 

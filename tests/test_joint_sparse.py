@@ -1,7 +1,6 @@
 """Joint-sparse projected subgradient: correctness, distribution, path, checkpoints."""
 import numpy as np
 import pytest
-from mpi4py import MPI
 from numpy.testing import assert_allclose
 
 from hpcmtl import JointSparseMTL, store, synthetic
@@ -45,7 +44,7 @@ def test_hinge_subgradient_is_a_subgradient():
 def test_iterates_stay_feasible_and_the_objective_drops(problem, projection):
     src, _, truth = problem
     C = float(truth["l1inf_norm"]) if projection == "l1inf" else 2.0
-    r = train(Cluster(MPI.COMM_SELF), src, JointSparseConfig(radius=C, projection=projection, eta0=10.0,
+    r = train(Cluster.serial(), src, JointSparseConfig(radius=C, projection=projection, eta0=10.0,
                                                              max_rounds=60))
     h = r.history
     assert h["best_objective"][-1] < h["objective"][0] * 0.9
@@ -62,7 +61,7 @@ def test_warm_started_path_never_gets_worse(problem):
     src, _, truth = problem
     C = float(truth["l1inf_norm"])
     radii = [0.1 * C, 0.3 * C, C, 3 * C]
-    r = train(Cluster(MPI.COMM_SELF), src, JointSparseConfig(eta0=10.0, max_rounds=40), radii=radii)
+    r = train(Cluster.serial(), src, JointSparseConfig(eta0=10.0, max_rounds=40), radii=radii)
     p = r.path
     assert list(p["radius"]) == radii and p["W"].shape == (4, 40, 8)
     assert np.all(np.diff(p["objective"]) <= 1e-12)           # each start is feasible in the next ball
