@@ -22,7 +22,6 @@ command on raw School at lam 1e-2 (defaults for every stopping rule) against
 the exact MTRL objective with the same defaults.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 
 import numpy as np
+
+from timing import save_json
 
 from hpcmtl import store
 
@@ -173,9 +174,7 @@ def main():
         if exact is not None:
             print(f"{case:<15s} {'exact':<9s} {'':>9s} {'':>7s} {'':>9s} {'':>7s} {'':>10s} {exact[1]:9.1e} "
                   f"{exact[0]:15.10g}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(everything, f, indent=1)
+    save_json(args.json, everything)
 
 
 if __name__ == "__main__":

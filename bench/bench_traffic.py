@@ -21,15 +21,15 @@ mds-scale --scale 0.1``: 22 tasks, 10,000 features at 0.9 % density), ``dense``
 (``data synth dmtrl1``: 16 dense tasks, d = 100).
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from timing import median_time, save_json
 
 from hpcmtl import store, synthetic
 
@@ -97,9 +97,7 @@ def estimator_seconds(case, method, args, work):
     tasks, _, _ = store.read_all_tasks(dataset(case, work))
     model = DMTRL(loss=loss, lam=lam, tol=args.tol, max_rounds=args.max_rounds,
                   relationship="identity" if method == "stl" else "learned")
-    t0 = time.perf_counter()
-    model.fit([t.X for t in tasks], [t.y for t in tasks])
-    return time.perf_counter() - t0
+    return median_time(lambda: model.fit([t.X for t in tasks], [t.y for t in tasks]), args.repeats)[0]
 
 
 def main():
@@ -135,15 +133,13 @@ def main():
                       f"{med['seconds_per_round']:9.4f} {mark + str(int(med['rounds'])):>7s} {med['seconds']:8.2f} "
                       f"{med['peak_rss_mb']:8.1f} {med['partition_mb']:8.1f}", flush=True)
             if args.estimator:
-                secs = statistics.median(estimator_seconds(case, method, args, work) for _ in range(args.repeats))
+                secs = estimator_seconds(case, method, args, work)
                 everything[f"{case}/{method}/estimator"] = secs
                 print(f"{case:<7s} {method:<6s} {'est':>2s} {'':>11s} {'':>8s} {'':>7s} {'':>9s} {'':>7s} "
                       f"{secs:8.2f}", flush=True)
         print(f"{case:<7s} supports: 2*8*sum|S_i| = {on_support:.4g} B, dense 2*8*d*m = {dense:.4g} B "
               f"({dense / on_support:.1f}x)", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(everything, f, indent=1)
+    save_json(args.json, everything)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Timing shared by the benchmarks: the median of several runs (the machines are shared and noisy)."""
+import json
 import statistics
 import time
 
@@ -11,3 +12,10 @@ def median_time(fn, repeats):
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times), times
+
+
+def save_json(path, everything):
+    """Every run's numbers, for a later look (``--json``); nothing when ``path`` is None."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(everything, f, indent=1)
