@@ -260,6 +260,15 @@ def test_row_kernels_check_the_row_structure(kernels, online_kernels):
         kernels.ssdca_epoch(rows, np.ones(2), np.zeros(2), np.array([0, 1], np.int32),
                             np.ones(1), np.zeros((1, 2)), np.zeros((1, 2)), np.eye(1), np.ones(2),
                             np.zeros(2, np.int32), 0, 1.0, 1.0, 3, 0)
+    # the block-length checks both SDCA kernels share (check_dual_rows): alpha and sq_norms against the rows
+    with pytest.raises(ValueError, match="sq_norms has length 1, expected 2"):
+        kernels.sdca_local(rows, np.ones(2), np.zeros(2), np.zeros(2), np.zeros(2), np.ones(1),
+                           np.arange(2, dtype=np.int32), kernels.new_shrink_state(2, True), 0, 1.0, 1.0, 2.0, 1.0, 0)
+    for alpha, sq, message in ((np.zeros(3), np.ones(2), "alpha has length 3"),
+                               (np.zeros(2), np.ones(0), "sq_norms has length 0")):
+        with pytest.raises(ValueError, match=message):
+            kernels.ssdca_epoch(rows, np.ones(2), alpha, np.zeros(2, np.int32), np.ones(1), np.zeros((1, 2)),
+                                np.zeros((1, 2)), np.eye(1), sq, np.zeros(2, np.int32), 0, 1.0, 1.0, 3, 0)
     with pytest.raises(ValueError, match="r >= 1"):
         online_kernels.tau_rounds(np.ones((1, 2)), np.ones((1, 2)), 2, 1, 0.0, 0, 1.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="W has shape"):
