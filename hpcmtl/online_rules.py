@@ -40,13 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _online
+from . import _online, params
 from ._online import NormId, UpdateId
 from .errors import InputError
 from .losses import check_choice
 
-UPDATES = {"perceptron": UpdateId.PERCEPTRON, "infinite": UpdateId.INFINITE_HORIZON, "implicit": UpdateId.IMPLICIT}
-NORMS = ("linf", "l1", "l2", "p", "rmax")
+_UPDATE_IDS = {"perceptron": UpdateId.PERCEPTRON, "infinite": UpdateId.INFINITE_HORIZON, "implicit": UpdateId.IMPLICIT}
+UPDATES = {name: _UPDATE_IDS[name] for name in params.UPDATES}     # the names once, in params.py
+NORMS = params.NORMS
 
 
 # ---------------------------------------------------------------------------
