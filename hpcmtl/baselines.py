@@ -24,7 +24,7 @@ from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, alternate,
                     omega_step, primal_dual)
 from .engine import check_finite_rows, check_scale
 from .features import rff_map
-from .losses import check_labels, get_loss
+from .losses import get_loss, signed_labels
 
 
 class _Centralized:
@@ -37,7 +37,7 @@ class _Centralized:
         blocks = []
         for i in range(source.n_tasks):
             blk = source.read_task(i)
-            check_labels(self.loss, blk.y, f"{source.path}: task '{blk.name}' (#{i})")
+            blk.y = signed_labels(self.loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{i})")
             blk = blk.transformed(phi) if phi is not None else blk
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{i})", self.loss)
             blocks.append(blk)

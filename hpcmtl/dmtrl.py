@@ -71,7 +71,7 @@ from .engine import Command, Down, EngineCommand, LocalBase, ServerBase, Up, che
 from .errors import ConvergenceError, InputError
 from .losses import conjugate_reference, get_loss
 from .params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - the choices, named here too
-from .params import validate as check_params
+from .params import check_positive_label, validate as check_params
 EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 
 
@@ -125,6 +125,7 @@ class DMTRLConfig:
     aggregation: str = "qp"         # qp | adaptive | line | safe (Lemma 6.7, the paper's rule)
     local_solver: str = "auto"      # sdca | exact (squared loss: the local subproblem solved exactly) | auto
     method: str = "dmtrl"
+    positive_label: float | None = None     # classification: this label is +1, the other class -1
 
     def validate(self, owner="DMTRL"):
         """Every field against :data:`hpcmtl.params.PARAMS`, then the rules coupling two fields."""
@@ -139,6 +140,7 @@ class DMTRLConfig:
         self._check(("lam", "tol", "local_iters", "eta", "gamma", "eig_floor", "outer_tol", "max_rounds", "outer",
                      "gap_every", "rff_dim") + (("rff_gamma",) if self.rff_dim else ())
                     + ("seed", "split_tasks", "shrinking"), owner)
+        self.positive_label = check_positive_label(self.positive_label, self.loss, owner)
         return self
 
     def _check(self, names, owner):

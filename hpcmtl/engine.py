@@ -39,7 +39,7 @@ from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED
                       fault_point, plan_blocks)
 from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
-from .losses import check_labels, get_loss
+from .losses import get_loss, signed_labels
 from .metrics import summarize, task_metrics
 
 
@@ -167,8 +167,9 @@ class Endpoint:
 def load_blocks(cluster, source, config, test_source=None):
     """Plan the blocks, read this rank's rows (and test rows) and validate them.
 
-    ``config`` needs ``loss``, ``split_tasks``, ``rff_dim``, ``rff_gamma`` and
-    ``seed``.  Rank-local problems (a corrupt group, NaN, bad labels) are
+    ``config`` needs ``loss``, ``positive_label``, ``split_tasks``, ``rff_dim``,
+    ``rff_gamma`` and ``seed``; with a ``positive_label`` the labels of two classes
+    become -1/+1 as they are read (``losses.signed_labels``), test labels too.  Rank-local problems (a corrupt group, NaN, bad labels) are
     collected and raised on every rank through :meth:`Cluster.agree` before any
     data collective starts.
     """
@@ -187,14 +188,15 @@ def load_blocks(cluster, source, config, test_source=None):
                 raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
         for b in cluster.my_blocks:
             blk = source.read_block(b.task, b.start, b.stop, b.part)
-            check_labels(loss, blk.y, f"{source.path}: task '{blk.name}' (#{b.task})")
+            blk.y = signed_labels(loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
             mine.append(blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
-                check_labels(loss, test.y, f"{test_source.path}: task '{test.name}' (#{b.task})")
+                test.y = signed_labels(loss, test.y, config.positive_label,
+                                       f"{test_source.path}: task '{test.name}' (#{b.task})")
                 tests[b.task] = test.transformed(phi) if phi is not None else test
                 check_scale(tests[b.task], f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
     except InputError as exc:

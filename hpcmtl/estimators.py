@@ -8,9 +8,15 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils import ClassifierTags, RegressorTags
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from . import _online
 from .errors import InputError
+from .losses import LOSSES
 from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
@@ -44,27 +50,38 @@ class MemoryTasks:
     def read_task(self, i):
         return self.read_block(i)
 
-    @classmethod
-    def from_task_ids(cls, X, y, tasks):
-        """Split stacked rows by a task-id array (task order = sorted unique ids)."""
-        tasks = np.asarray(tasks)
-        y = np.asarray(y)
-        if tasks.shape[0] != X.shape[0] or y.shape[0] != X.shape[0]:
-            raise InputError(f"X has {X.shape[0]} rows, y has {y.shape[0]}, tasks has {tasks.shape[0]}")
-        ids = np.unique(tasks)
-        Xc = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
-        Xs = [Xc[tasks == t] for t in ids]
-        ys = [y[tasks == t] for t in ids]
-        return cls(Xs, ys, names=[str(t) for t in ids]), ids
+
+def two_class_labels(ys, owner):
+    """Each task's two classes and its labels as -1/+1 (the second class, in sorted order, is +1).
+
+    As scikit-learn's binary classifiers do, any two label values work (0/1, 1/2,
+    strings); continuous labels are refused as scikit-learn refuses them.  When the
+    labels of all tasks together take two values, every task uses that pair (a task
+    may then hold one class only); otherwise every task must hold exactly two.
+    Returns ``(classes (m x 2), signed label vectors)``.
+    """
+    everything = np.concatenate([np.asarray(y).reshape(-1) for y in ys])
+    check_classification_targets(everything)
+    everything = np.unique(everything)
+    if everything.size < 2:
+        raise InputError(f"{owner}: a classification loss needs two classes; the labels hold only one class: "
+                         f"{everything[0]!r}" if everything.size else f"{owner}: no labels")
+    pairs = []
+    for i, y in enumerate(ys):
+        pair = everything if everything.size == 2 else np.unique(np.asarray(y))
+        if pair.size != 2:
+            raise InputError(f"{owner}: task #{i}: field 'y': Only binary classification is supported: a task "
+                             f"needs two classes, found {pair.size} ({', '.join(map(repr, pair[:5].tolist()))}"
+                             f"{', ...' if pair.size > 5 else ''}); all tasks together hold {everything.size}")
+        pairs.append(pair)
+    signed = [np.where(np.asarray(y) == pair[1], 1.0, -1.0) for y, pair in zip(ys, pairs)]
+    return np.array(pairs), signed
 
 
-def _as_source(X, y, tasks):
-    """Lists of per-task arrays, or stacked rows with a task-id array (no ids: one task)."""
-    if tasks is None:
-        if isinstance(X, (list, tuple)):
-            return MemoryTasks(list(X), list(y)), np.arange(len(X))
-        tasks = np.zeros(np.shape(y)[0], dtype=np.int64)
-    return MemoryTasks.from_task_ids(X, y, tasks)
+def is_task_list(X) -> bool:
+    """A list of per-task matrices (each 2-D or sparse), not a list of rows."""
+    return (isinstance(X, (list, tuple)) and len(X) > 0
+            and all(sp.issparse(x) or np.ndim(x) == 2 for x in X))
 
 
 def keep_params(estimator, arguments):
@@ -79,54 +96,140 @@ def keep_params(estimator, arguments):
 
 
 class _MultiTaskLinear(BaseEstimator):
-    """Prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``."""
+    """Input checks, labels and prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``.
+
+    ``fit`` takes lists of per-task arrays, or stacked rows with a task-id array
+    (no ids: one task, so every estimator is also a plain scikit-learn estimator).
+    With a classification loss any two label values work: ``task_classes_`` (m x 2)
+    holds each task's pair (the second one is the positive class, score >= 0),
+    ``classes_`` the pair when every task has the same one (as scikit-learn's binary
+    classifiers), and ``predict`` returns them.  A classifier (with
+    ``decision_function``) or a regressor by its loss (scikit-learn tags).
+    """
+
+    def _is_classifier(self):
+        return self.loss in LOSSES and LOSSES[self.loss].binary_labels
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        if self._is_classifier():
+            tags.estimator_type = "classifier"
+            tags.classifier_tags = ClassifierTags(multi_class=False)
+        else:
+            tags.estimator_type = "regressor"
+            tags.regressor_tags = RegressorTags()
+        tags.target_tags.required = True
+        return tags
+
+    def _fit_source(self, X, y, tasks):
+        """``(MemoryTasks, task ids)`` of fit's input: checked, labels -1/+1 for a classification loss.
+
+        Sets ``n_features_in_`` and, for classification, ``task_classes_`` (and ``classes_``).
+        """
+        owner = type(self).__name__
+        for name in ("classes_", "task_classes_"):
+            self.__dict__.pop(name, None)
+        validate({"loss": self.loss}, owner)
+        if is_task_list(X) and tasks is None:
+            if not isinstance(y, (list, tuple)) or len(X) != len(y):
+                raise InputError(f"{owner}: lists of per-task arrays need one label vector per task and at "
+                                 "least one task")
+            Xs = [check_array(Xi, accept_sparse="csr", dtype=np.float64) for Xi in X]
+            ys = [np.asarray(yi).reshape(-1) for yi in y]
+            if len({Xi.shape[1] for Xi in Xs}) != 1:
+                raise InputError(f"{owner}: every task needs the same number of features")
+            ids = np.arange(len(Xs))
+            self.n_features_in_ = Xs[0].shape[1]
+        else:
+            X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
+                                 y_numeric=not self._is_classifier())
+            tasks = np.zeros(X.shape[0], dtype=np.int64) if tasks is None else np.asarray(tasks).reshape(-1)
+            if tasks.shape[0] != X.shape[0]:
+                raise InputError(f"{owner}: X has {X.shape[0]} rows, tasks has {tasks.shape[0]}")
+            ids = np.unique(tasks)
+            Xs = [X[tasks == t] for t in ids]
+            ys = [y[tasks == t] for t in ids]
+        if self._is_classifier():
+            self.task_classes_, ys = two_class_labels(ys, owner)
+            self.classes_ = self.task_classes_[0]
+            if not all(np.array_equal(pair, self.classes_) for pair in self.task_classes_):
+                del self.classes_                   # tasks with their own pairs: task_classes_ only
+        elif not all(np.issubdtype(np.asarray(yi).dtype, np.number) for yi in ys):
+            raise InputError(f"{owner}: the {self.loss} loss needs numeric labels")
+        return MemoryTasks(Xs, ys, names=[str(t) for t in ids]), ids
 
     def _fitted(self, W, source, ids, feature_map=None):
         self.W_ = W
         self.tasks_ = ids
-        self.n_features_in_ = source.n_features
         self._feature_map = feature_map
 
-    def decision_function(self, X, tasks=None):
-        """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
-        if isinstance(X, (list, tuple)) and tasks is None:
-            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+    def _columns(self, X, tasks):
+        """(checked X, the model column of every row)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=False)
         if tasks is None:
             if len(self.tasks_) != 1:
                 raise InputError(f"the model has {len(self.tasks_)} tasks: pass the task id of every row")
-            tasks = np.full(X.shape[0], self.tasks_[0])
-        tasks = np.asarray(tasks)
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}")
+            return X, np.zeros(X.shape[0], dtype=np.int64)
+        tasks = np.asarray(tasks).reshape(-1)
+        if tasks.shape[0] != X.shape[0]:
+            raise InputError(f"X has {X.shape[0]} rows, tasks has {tasks.shape[0]}")
         column = {t: k for k, t in enumerate(self.tasks_)}
-        unknown = set(np.unique(tasks)) - set(column)
+        unknown = set(np.unique(tasks).tolist()) - set(column)
         if unknown:
             raise InputError(f"unknown task ids {sorted(unknown)[:5]}")
+        return X, np.array([column[t] for t in tasks.tolist()], dtype=np.int64)
+
+    def _scores(self, X, cols):
         Z = self._feature_map(X) if self._feature_map is not None else X
-        cols = np.array([column[t] for t in tasks])
         if sp.issparse(Z):
             Z = sp.csr_matrix(Z)
             return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
         return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
 
+    def _per_task(self, method, X, tasks):
+        """Lists in (one array a task, no ids), list out."""
+        if is_task_list(X) and tasks is None:
+            check_is_fitted(self)
+            if len(X) != len(self.tasks_):
+                raise InputError(f"the model has {len(self.tasks_)} tasks, got {len(X)} arrays")
+            return [method(Xi, np.full(np.shape(Xi)[0], self.tasks_[i])) for i, Xi in enumerate(X)]
+        return None
+
+    @available_if(lambda self: self._is_classifier())
+    def decision_function(self, X, tasks=None):
+        """Scores ``w_task . phi(x)`` of each row (lists in, list out); >= 0 predicts ``task_classes_[task, 1]``.
+
+        Classification losses only (a regressor's scores are ``predict``'s).
+        """
+        listed = self._per_task(self.decision_function, X, tasks)
+        if listed is not None:
+            return listed
+        X, cols = self._columns(X, tasks)
+        return self._scores(X, cols)
+
     def predict(self, X, tasks=None):
-        scores = self.decision_function(X, tasks)
-        if self.loss == "squared":
+        """Scores for the squared loss; each row's class (from its task's ``task_classes_``) otherwise."""
+        listed = self._per_task(self.predict, X, tasks)
+        if listed is not None:
+            return listed
+        X, cols = self._columns(X, tasks)
+        scores = self._scores(X, cols)
+        if not self._is_classifier():
             return scores
-        if isinstance(scores, list):
-            return [np.where(s >= 0, 1.0, -1.0) for s in scores]
-        return np.where(scores >= 0, 1.0, -1.0)
+        return self.task_classes_[cols, (scores >= 0).astype(np.int64)]
 
     def score(self, X, y, tasks=None):
         """Accuracy for classification losses, R^2 (pooled) for the squared loss."""
         pred = self.predict(X, tasks)
         if isinstance(pred, list):
             pred = np.concatenate(pred)
-            y = np.concatenate([np.asarray(v) for v in y])
-        y = np.asarray(y, float)
-        if self.loss == "squared":
-            return float(1.0 - np.mean((pred - y) ** 2) / np.var(y))
-        return float(np.mean(pred == y))
+            y = np.concatenate([np.asarray(v).reshape(-1) for v in y])
+        y = np.asarray(y)
+        if not self._is_classifier():
+            return float(r2_score(y, pred))
+        return float(accuracy_score(y, pred))
 
 
 class DMTRL(_MultiTaskLinear):
@@ -159,7 +262,7 @@ class DMTRL(_MultiTaskLinear):
         from .cluster import Cluster
         from .dmtrl import train
         config = self._config()
-        source, ids = _as_source(X, y, tasks)
+        source, ids = self._fit_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.sigma)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.Sigma_ = result.Sigma
@@ -195,7 +298,7 @@ class JointSparseMTL(_MultiTaskLinear):
         radii = list(np.atleast_1d(self.radius).astype(float))
         params = dict(self.get_params(), radius=radii[-1])
         config = JointSparseConfig(**params).validate(type(self).__name__)
-        source, ids = _as_source(X, y, tasks)
+        source, ids = self._fit_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, radii=radii)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.history_ = result.history
@@ -227,8 +330,12 @@ class GraphMTL(_MultiTaskLinear):
     """
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
-                 gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4):
+                 gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4,
+                 max_rounds=2000):
         keep_params(self, locals())
+
+    def _is_classifier(self):
+        return self.exact or super()._is_classifier()      # exact: an SVM, whatever the loss
 
     def _kernel_params(self):
         if self.kernel == "rbf":
@@ -241,10 +348,11 @@ class GraphMTL(_MultiTaskLinear):
 
     def fit(self, X, y, tasks=None):
         from .task_graph import graph_adjacency, task_kernel
-        validate({name: getattr(self, name) for name in ("kernel", "normalize", "exact", "gamma", "degree", "coef0")},
+        validate({name: getattr(self, name) for name in ("kernel", "normalize", "exact", "gamma", "degree", "coef0",
+                                                         "lam", "tol", "max_rounds", "seed", "rff_dim")},
                  type(self).__name__)
         params = self._kernel_params()
-        source, ids = _as_source(X, y, tasks)
+        source, ids = self._fit_source(X, y, tasks)
         self.K_ = task_kernel(graph_adjacency(self.graph, source.names), self.alpha, self.normalize, source.names)
         if self.exact:
             import scipy.sparse as sp
@@ -257,7 +365,7 @@ class GraphMTL(_MultiTaskLinear):
             self.task_index_fit_ = np.repeat(np.arange(source.n_tasks), source.n_samples)
             gram = product_gram(self.X_fit_, self.task_index_fit_, self.K_, self.kernel, **params)
             self.svc_ = SVC(kernel="precomputed", C=self.C).fit(gram, np.concatenate([r.y for r in rows]))
-            self.tasks_, self.n_features_in_, self._feature_map = ids, source.n_features, None
+            self._fitted(None, source, ids)
             return self
         from .cluster import Cluster
         from .dmtrl import DMTRLConfig, train
@@ -265,21 +373,17 @@ class GraphMTL(_MultiTaskLinear):
             raise InputError("exact=False supports the rbf (random Fourier features) and linear base kernels")
         config = DMTRLConfig(loss=self.loss, lam=self.lam, relationship="fixed", tol=self.tol, seed=self.seed,
                              rff_dim=self.rff_dim if self.kernel == "rbf" else 0, rff_gamma=self.gamma,
-                             max_rounds=2000).validate(type(self).__name__)
+                             max_rounds=self.max_rounds).validate(type(self).__name__)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.K_)
         self._fitted(result.W, source, ids, _feature_map(config, source))
         self.history_ = result.history
         return self
 
-    def decision_function(self, X, tasks=None):
-        if not self.exact:
-            return super().decision_function(X, tasks)
+    def _scores(self, X, cols):
+        if self.W_ is not None:                     # exact=False: linear in the features
+            return super()._scores(X, cols)
         from .task_graph import product_gram
-        if isinstance(X, (list, tuple)) and tasks is None:
-            return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
-        column = {t: k for k, t in enumerate(self.tasks_)}
-        index = np.array([column[t] for t in np.asarray(tasks)])
-        gram = product_gram(X, index, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
+        gram = product_gram(X, cols, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
                             **self._kernel_params())
         return self.svc_.decision_function(gram)
 
@@ -411,8 +515,7 @@ class OnlineMultitask(BaseEstimator):
 
     def decision_function(self, X):
         """Margins ``w_j . x`` ((T x k) for shared instances, per task for (T, k, d))."""
-        if not hasattr(self, "W_"):
-            raise InputError(f"this {type(self).__name__} instance is not fitted yet; call partial_fit first")
+        check_is_fitted(self, "W_")
         k = self.W_.shape[1]
         if isinstance(X, (list, tuple)):
             return np.column_stack([np.asarray(X[j] @ self.W_[:, j]).ravel() for j in range(k)])

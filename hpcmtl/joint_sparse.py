@@ -23,7 +23,7 @@ from .engine import (Command, Down, EngineCommand, LocalBase, RunResult, ServerB
                      nan_fault)
 from .errors import InputError
 from .losses import LOSSES, loss_and_derivative
-from .params import validate as check_params
+from .params import check_positive_label, validate as check_params
 from .projection import l1inf_norm, project_l1_columns, project_l1inf, project_l2_columns
 
 PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l2_columns}
@@ -50,6 +50,7 @@ class JointSparseConfig:
     rff_gamma: float = 1.0
     split_tasks: bool = False
     method: str = "l1inf"
+    positive_label: float | None = None     # classification: this label is +1, the other class -1
 
     def validate(self, owner="JointSparseMTL"):
         """Every field against :data:`hpcmtl.params.PARAMS` (NumPy scalars become Python numbers)."""
@@ -57,6 +58,7 @@ class JointSparseConfig:
         names += (("rff_gamma",) if self.rff_dim else ()) + ("split_tasks",)
         for name, value in check_params({n: getattr(self, n) for n in names}, owner).items():
             setattr(self, name, value)
+        self.positive_label = check_positive_label(self.positive_label, self.loss, owner)
         return self
 
     def to_dict(self):

@@ -58,12 +58,33 @@ def check_choice(name: str, value, choices, owner: str):
 
 
 def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
-    """Hinge-type and logistic losses need labels exactly -1 or +1."""
+    """Hinge-type and logistic losses need labels exactly -1 or +1 (see :func:`signed_labels` for others)."""
     if loss.binary_labels:
         bad = ~((y == 1.0) | (y == -1.0))
         if np.any(bad):
             value = float(y[np.argmax(bad)])
-            raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}")
+            hint = (f" (two other classes: pass --positive-label, e.g. --positive-label {value:g} if {value:g} is "
+                    f"the positive class)") if np.unique(y).size <= 2 else ""
+            raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}{hint}")
+
+
+def signed_labels(loss: Loss, y: np.ndarray, positive_label, where: str) -> np.ndarray:
+    """Labels as the solvers read them: ``y == positive_label`` -> +1, the other class -> -1.
+
+    ``positive_label`` None leaves ``y`` as it is (-1/+1 files, or the squared loss).
+    A block may hold at most two label values (the positive one and one other);
+    anything else is an :class:`InputError` naming ``where`` and the field.
+    Then :func:`check_labels`.
+    """
+    if positive_label is None or not loss.binary_labels:
+        check_labels(loss, y, where)
+        return y
+    others = np.unique(y[y != positive_label])
+    if others.size > 1:
+        raise InputError(f"{where}: field 'y': --positive-label {positive_label:g} needs two classes, found "
+                         f"{np.unique(y).size} label values ({', '.join(f'{v:g}' for v in np.unique(y)[:5])}"
+                         f"{', ...' if np.unique(y).size > 5 else ''})")
+    return np.where(y == positive_label, 1.0, -1.0)
 
 
 def loss_and_derivative(name: str, z, y, gamma: float = 1.0):

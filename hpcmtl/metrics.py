@@ -218,7 +218,7 @@ def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
     task set is refused); without, by position.
     """
     from .features import feature_map_from_config
-    from .losses import get_loss
+    from .losses import get_loss, signed_labels
     loss = get_loss(config["loss"])
     n_features = int(config.get("n_features", W.shape[0]))
     if test_source.n_features != n_features:
@@ -233,7 +233,9 @@ def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
     tasks = []
     for column, i in pairs:
         blk = test_source.read_task(i)
+        y = signed_labels(loss, blk.y, config.get("positive_label"),
+                          f"{test_source.path}: task '{blk.name}' (#{i})") if loss.binary_labels else blk.y
         X = phi(blk.X) if phi is not None else blk.X
         scores = np.asarray(X @ W[:, column]).ravel()
-        tasks.append(dict(name=blk.name, **task_metrics(blk.y, scores, not loss.binary_labels)))
+        tasks.append(dict(name=blk.name, **task_metrics(y, scores, not loss.binary_labels)))
     return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}

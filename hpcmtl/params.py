@@ -124,6 +124,8 @@ PARAMS = {
     "rff_dim": Param(NONNEGATIVE_INT, 0, "random Fourier features (0: the features as they are)"),
     "rff_gamma": Param(POSITIVE, 1.0, "RBF kernel width of the random features"),
     "split_tasks": Param(bool, False, "split tasks larger than a worker's share"),
+    "positive_label": Param(Interval(float), None, "classification losses: the label value of the positive "
+                                                   "class; the other class becomes -1 (none: labels are -1/+1)"),
     # dual coordinate ascent (DMTRL and the engines sharing it)
     "lam": Param(POSITIVE, 1e-3, "regularization (required)"),
     "tol": Param(POSITIVE, 1e-6, "relative duality gap of a W-step"),
@@ -167,6 +169,17 @@ PARAMS = {
     "degree": Param(NONNEGATIVE_INT, 3, "degree of the poly base kernel"),
     "coef0": Param(Interval(float), 1.0, "constant term of the poly base kernel"),
 }
+
+
+def check_positive_label(value, loss: str, owner: str):
+    """``positive_label``: None, or a finite number with a classification loss; returned as a Python float."""
+    if value is None:
+        return None
+    value = validate({"positive_label": value}, owner)["positive_label"]
+    if not LOSSES[loss].binary_labels:
+        raise InputError(f"The 'positive_label' parameter of {owner} is for classification losses; the {loss} "
+                         f"loss reads the labels as numbers. Got {value!r} instead.")
+    return float(value)
 
 
 def validate(params: dict, owner: str) -> dict:
@@ -287,6 +300,7 @@ def train_option_groups():
             param("--rff-dim"),
             param("--rff-gamma"),
             param("--split-tasks", methods=DISTRIBUTED_SDCA + ("l1inf",)),
+            param("--positive-label", metavar="LABEL", default=None),
         ]),
         ("dual coordinate ascent", SDCA_METHODS, [
             param("--lam", default=None, help="regularization (required)"),

@@ -217,7 +217,7 @@ def test_estimator_interfaces():
     est2 = DMTRL(loss="hinge", lam=0.04, tol=1e-5).fit(X, y, tasks)
     assert_allclose(est2.W_, est.W_)
     assert est2.score(X, y, tasks) == pytest.approx(est.score(Xs, ys)) and est.score(Xs, ys) > 0.7
-    with pytest.raises(InputError, match="X has 3 features, the model was fitted on 6"):
+    with pytest.raises(ValueError, match="X has 3 features, but DMTRL is expecting 6 features as input"):
         est2.predict(np.ones((2, 3)), np.array([10, 11]))
     with pytest.raises(InputError, match="the model has 4 tasks: pass the task id of every row"):
         est2.predict(X)

@@ -118,7 +118,7 @@ def config_from_args(args):
         return JointSparseConfig(radius=args.radius or 1.0, loss=args.loss, projection=args.projection,
                                  eta0=args.eta0, max_rounds=args.max_rounds or 200, gamma=args.gamma,
                                  seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
-                                 split_tasks=args.split_tasks).validate()
+                                 split_tasks=args.split_tasks, positive_label=args.positive_label).validate()
     if args.lam is None:
         raise InputError(f"method '{args.method}' needs --lam")
     relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "graph": "fixed", "ssdca": "learned",
@@ -130,7 +130,7 @@ def config_from_args(args):
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        aggregation=args.aggregation,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
-                       method=args.method).validate()
+                       method=args.method, positive_label=args.positive_label).validate()
 
 
 def read_sigma(path):
