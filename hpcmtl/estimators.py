@@ -15,7 +15,7 @@ from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
 from .params import validate
-from .taskdata import TaskBlock, dense_or_csr, rows_of
+from .taskdata import TaskBlock, dense_or_csr, rows_of, task_means
 
 
 class MemoryTasks:
@@ -43,6 +43,10 @@ class MemoryTasks:
 
     def read_task(self, i):
         return self.read_block(i)
+
+    def task_means(self, i, feature_map=None):
+        """``(mu, ybar)`` of task ``i`` (the same chunked sums as ``store.TaskFile.task_means``)."""
+        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map)
 
     @classmethod
     def from_task_ids(cls, X, y, tasks):
@@ -79,16 +83,17 @@ def keep_params(estimator, arguments):
 
 
 class _MultiTaskLinear(BaseEstimator):
-    """Prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``."""
+    """Prediction for fitted per-task linear models ``W_`` (d x m) and intercepts ``intercept_`` (m) over ``phi(x)``."""
 
-    def _fitted(self, W, source, ids, feature_map=None):
+    def _fitted(self, W, source, ids, feature_map=None, intercept=None):
         self.W_ = W
+        self.intercept_ = np.zeros(W.shape[1]) if intercept is None else np.asarray(intercept, dtype=np.float64)
         self.tasks_ = ids
         self.n_features_in_ = source.n_features
         self._feature_map = feature_map
 
     def decision_function(self, X, tasks=None):
-        """Scores ``w_task . phi(x)`` of each row (lists in, list out)."""
+        """Scores ``w_task . phi(x) + b_task`` of each row (lists in, list out)."""
         if isinstance(X, (list, tuple)) and tasks is None:
             return [self.decision_function(Xi, np.full(Xi.shape[0], self.tasks_[i])) for i, Xi in enumerate(X)]
         if tasks is None:
@@ -106,8 +111,8 @@ class _MultiTaskLinear(BaseEstimator):
         cols = np.array([column[t] for t in tasks])
         if sp.issparse(Z):
             Z = sp.csr_matrix(Z)
-            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
-        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
+            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel() + self.intercept_[cols]
+        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols]) + self.intercept_[cols]
 
     def predict(self, X, tasks=None):
         scores = self.decision_function(X, tasks)
@@ -137,7 +142,9 @@ class DMTRL(_MultiTaskLinear):
     ``tr(Sigma) = 1``, by the primal-dual W-step / Omega-step alternation.
 
     Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig` (``aggregation='safe'``:
-    paper 001's Lemma 6.7 rho).  Fitted attributes: ``W_`` (d x m), ``Sigma_``
+    paper 001's Lemma 6.7 rho; ``fit_intercept``: per-task intercepts, exact and
+    unpenalized for the squared loss, liblinear's augmented feature of value
+    ``intercept_scaling`` otherwise).  Fitted attributes: ``W_`` (d x m), ``intercept_`` (m), ``Sigma_``
     (m x m), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
     order), ``converged_`` (every W-step reached ``tol``), ``wsteps_`` (per
     W-step: outer, round, rel_gap, converged).
@@ -145,7 +152,8 @@ class DMTRL(_MultiTaskLinear):
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
-                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp"):
+                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp", fit_intercept=True,
+                 intercept_scaling=1.0):
         keep_params(self, locals())
 
     def _config(self):
@@ -161,7 +169,7 @@ class DMTRL(_MultiTaskLinear):
         config = self._config()
         source, ids = _as_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.sigma)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.Sigma_ = result.Sigma
         self.history_ = result.history
         self.converged_ = result.converged
@@ -179,12 +187,14 @@ class JointSparseMTL(_MultiTaskLinear):
     regularization path, warm-started in order; ``path_`` then holds per radius
     the objective, the number of selected features and the solution.
 
-    Fitted attributes: ``W_`` (d x m, at the last radius), ``history_``,
+    ``fit_intercept``: an unpenalized per-task intercept, not projected.
+
+    Fitted attributes: ``W_`` (d x m, at the last radius), ``intercept_``, ``history_``,
     ``path_``, ``selected_features_`` (rows of W_ that are not zero), ``tasks_``.
     """
 
     def __init__(self, loss="hinge", radius=1.0, projection="l1inf", eta0=1.0, max_rounds=200, gamma=1.0,
-                 seed=0, rff_dim=0, rff_gamma=1.0):
+                 seed=0, rff_dim=0, rff_gamma=1.0, fit_intercept=True):
         keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
@@ -197,7 +207,7 @@ class JointSparseMTL(_MultiTaskLinear):
         config = JointSparseConfig(**params).validate(type(self).__name__)
         source, ids = _as_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, radii=radii)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.history_ = result.history
         self.path_ = result.path
         self.selected_features_ = np.flatnonzero(np.abs(result.W).max(axis=1))
@@ -227,7 +237,8 @@ class GraphMTL(_MultiTaskLinear):
     """
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
-                 gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4):
+                 gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4,
+                 fit_intercept=True, intercept_scaling=1.0):
         keep_params(self, locals())
 
     def _kernel_params(self):
@@ -265,9 +276,10 @@ class GraphMTL(_MultiTaskLinear):
             raise InputError("exact=False supports the rbf (random Fourier features) and linear base kernels")
         config = DMTRLConfig(loss=self.loss, lam=self.lam, relationship="fixed", tol=self.tol, seed=self.seed,
                              rff_dim=self.rff_dim if self.kernel == "rbf" else 0, rff_gamma=self.gamma,
-                             max_rounds=2000).validate(type(self).__name__)
+                             max_rounds=2000, fit_intercept=self.fit_intercept,
+                             intercept_scaling=self.intercept_scaling).validate(type(self).__name__)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.K_)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.history_ = result.history
         return self
 

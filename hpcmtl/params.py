@@ -124,6 +124,10 @@ PARAMS = {
     "rff_dim": Param(NONNEGATIVE_INT, 0, "random Fourier features (0: the features as they are)"),
     "rff_gamma": Param(POSITIVE, 1.0, "RBF kernel width of the random features"),
     "split_tasks": Param(bool, False, "split tasks larger than a worker's share"),
+    "fit_intercept": Param(bool, True, "a per-task intercept b_i (squared loss and joint-sparse: unpenalized; "
+                                       "hinge and logistic losses: liblinear's augmented feature, docs/math.md)"),
+    "intercept_scaling": Param(POSITIVE, 1.0, "value of the augmented intercept feature (hinge and logistic "
+                                              "losses; larger: a weaker penalty on the intercept)"),
     # dual coordinate ascent (DMTRL and the engines sharing it)
     "lam": Param(POSITIVE, 1e-3, "regularization (required)"),
     "tol": Param(POSITIVE, 1e-6, "relative duality gap of a W-step"),
@@ -287,6 +291,8 @@ def train_option_groups():
             param("--rff-dim"),
             param("--rff-gamma"),
             param("--split-tasks", methods=DISTRIBUTED_SDCA + ("l1inf",)),
+            (("--no-intercept",), dict(action="store_true", help="no per-task intercept (fit_intercept=False)")),
+            param("--intercept-scaling", methods=SDCA_METHODS),
         ]),
         ("dual coordinate ascent", SDCA_METHODS, [
             param("--lam", default=None, help="regularization (required)"),
