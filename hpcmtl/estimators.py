@@ -233,7 +233,14 @@ class GraphMTL(_MultiTaskLinear):
 
     ``graph``: a topology name (cycle, chain, complete, star, 'grid RxC', empty),
     an edge-list CSV path, or a weight matrix; ``alpha``: scalar or per task.
-    Fitted: ``K_`` (task kernel), ``tasks_``, and ``svc_`` or ``W_``.
+
+    Intercepts: ``exact=False`` as :class:`DMTRL` (``fit_intercept``,
+    ``intercept_scaling``).  ``exact=True``: libsvm has one shared unpenalized
+    bias; with ``fit_intercept`` the kernel also gets a per-task constant
+    ``intercept_scaling^2 [s == t]``, i.e. a per-task bias penalized like the
+    rest of f (``intercept_`` holds each task's total bias: its own plus the
+    shared one).
+    Fitted: ``K_`` (task kernel), ``tasks_``, ``intercept_``, and ``svc_`` or ``W_``.
     """
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
@@ -266,9 +273,17 @@ class GraphMTL(_MultiTaskLinear):
             Xs = [r.X for r in rows]
             self.X_fit_ = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
             self.task_index_fit_ = np.repeat(np.arange(source.n_tasks), source.n_samples)
+            validate({"fit_intercept": self.fit_intercept, "intercept_scaling": self.intercept_scaling},
+                     type(self).__name__)
             gram = product_gram(self.X_fit_, self.task_index_fit_, self.K_, self.kernel, **params)
+            gram = gram + self._task_constant(self.task_index_fit_, self.task_index_fit_)
             self.svc_ = SVC(kernel="precomputed", C=self.C).fit(gram, np.concatenate([r.y for r in rows]))
             self.tasks_, self.n_features_in_, self._feature_map = ids, source.n_features, None
+            # each task's bias: s^2 sum of its rows' dual coefficients (the per-task constant) + libsvm's shared one
+            coef = np.zeros(source.n_tasks)
+            np.add.at(coef, self.task_index_fit_[self.svc_.support_], self.svc_.dual_coef_.ravel())
+            scale = self.intercept_scaling ** 2 if self.fit_intercept else 0.0
+            self.intercept_ = scale * coef + float(self.svc_.intercept_[0])
             return self
         from .cluster import Cluster
         from .dmtrl import DMTRLConfig, train
@@ -293,7 +308,13 @@ class GraphMTL(_MultiTaskLinear):
         index = np.array([column[t] for t in np.asarray(tasks)])
         gram = product_gram(X, index, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
                             **self._kernel_params())
-        return self.svc_.decision_function(gram)
+        return self.svc_.decision_function(gram + self._task_constant(index, self.task_index_fit_))
+
+    def _task_constant(self, tasks_a, tasks_b):
+        """``intercept_scaling^2 [s == t]``: the per-task bias term of the exact kernel (0 without fit_intercept)."""
+        if not self.fit_intercept:
+            return 0.0
+        return self.intercept_scaling ** 2 * (np.asarray(tasks_a)[:, None] == np.asarray(tasks_b)[None, :])
 
 
 # ---------------------------------------------------------------------------

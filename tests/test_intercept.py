@@ -328,3 +328,19 @@ def test_intercept_runs_are_bitwise_identical_across_ranks(tmp_path, sparse):
     assert split["history"]["rel_gap"][-1] <= 1e-11
     assert_allclose(split["model"]["intercept"], models[1]["intercept"], rtol=1e-5)
     assert_allclose(split["model"]["W"], models[1]["W"], atol=1e-5 * np.abs(models[1]["W"]).max())
+
+
+def test_graph_mtl_exact_has_a_per_task_bias_in_its_kernel():
+    from hpcmtl.estimators import GraphMTL
+    Xs, ys = offset_tasks(seed=11, loss="hinge", m=3, d=4, sizes=(30, 25, 35))
+    zeros = [np.zeros((1, 4))] * 3
+    est = GraphMTL(kernel="linear", graph="chain", alpha=0.5, C=1.0, intercept_scaling=2.0).fit(Xs, ys)
+    # at x = 0 the linear product kernel vanishes: the score is the task's bias, own plus shared
+    at_zero = np.array([s[0] for s in est.decision_function(zeros)])
+    assert np.all(np.isfinite(est.intercept_))
+    assert_allclose(at_zero, est.intercept_, atol=1e-10)
+    assert np.ptp(est.intercept_) > 0.1                        # tasks get biases of their own
+    off = GraphMTL(kernel="linear", graph="chain", alpha=0.5, C=1.0, fit_intercept=False).fit(Xs, ys)
+    at_zero = np.array([s[0] for s in off.decision_function(zeros)])
+    assert_allclose(at_zero, off.svc_.intercept_[0], atol=1e-10)   # libsvm's one shared bias only
+    assert_allclose(off.intercept_, off.svc_.intercept_[0])
