@@ -344,3 +344,26 @@ def test_graph_mtl_exact_has_a_per_task_bias_in_its_kernel():
     at_zero = np.array([s[0] for s in off.decision_function(zeros)])
     assert_allclose(at_zero, off.svc_.intercept_[0], atol=1e-10)   # libsvm's one shared bias only
     assert_allclose(off.intercept_, off.svc_.intercept_[0])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_test_metrics_during_training_match_evaluate_with_intercept(tmp_path, loss):
+    """The workers score test rows with the training block's intercept (centered: ybar - mu . w; augmented: the
+    extra feature); evaluate reads /model/intercept: the same metrics."""
+    Xs, ys = offset_tasks(seed=12, loss=loss, sparse=True, m=4, d=5, sizes=(50, 40, 45, 35))
+    tr, te, out = tmp_path / "tr.h5", tmp_path / "te.h5", tmp_path / "r.h5"
+    store.write_tasks(tr, [X[:30] for X in Xs], [y[:30] for y in ys])
+    store.write_tasks(te, [X[30:] for X in Xs], [y[30:] for y in ys])
+    r = run_hpcmtl(["train", "stl", "--train", tr, "--test", te, "--out", out, "--loss", loss, "--lam", "1e-3",
+                    "--tol", "1e-8", "--quiet"], n_ranks=3)
+    assert r.returncode == 0, r.stderr
+    during = store.read_result(out)["test"]["summary"]
+    ev = run_hpcmtl(["evaluate", out, te, "--json"])
+    assert ev.returncode == 0, ev.stderr
+    after = json.loads(ev.stdout)["summary"]
+    key = "pooled_rmse" if loss == "squared" else "task_mean_auc"
+    assert np.isfinite(during[key]) and np.isfinite(after[key])
+    assert during[key] == pytest.approx(after[key], rel=1e-10)
+    if loss == "squared":
+        assert after["pooled_explained_variance"] > 0.9        # the offsets 8, 11, 14, 17 are fitted
