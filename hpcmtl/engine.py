@@ -168,7 +168,8 @@ def load_blocks(cluster, source, config, test_source=None):
     """Plan the blocks, read this rank's rows (and test rows) and validate them.
 
     ``config`` needs ``loss``, ``split_tasks``, ``rff_dim``, ``rff_gamma`` and
-    ``seed``.  Rank-local problems (a corrupt group, NaN, bad labels) are
+    ``seed``; with ``fit_intercept`` the training blocks are centered or
+    augmented (:func:`with_intercept`), the test blocks augmented alike.  Rank-local problems (a corrupt group, NaN, bad labels) are
     collected and raised on every rank through :meth:`Cluster.agree` before any
     data collective starts.
     """
