@@ -367,3 +367,20 @@ def test_test_metrics_during_training_match_evaluate_with_intercept(tmp_path, lo
     assert during[key] == pytest.approx(after[key], rel=1e-10)
     if loss == "squared":
         assert after["pooled_explained_variance"] > 0.9        # the offsets 8, 11, 14, 17 are fitted
+
+
+def test_report_shows_the_intercepts(tmp_path):
+    from hpcmtl.results import report
+    Xs, ys = offset_tasks(seed=13)
+    paths = []
+    for fit in (True, False):
+        r = stl(Xs, ys, loss="squared", lam=1e-3, tol=1e-9, fit_intercept=fit)
+        path = tmp_path / f"fit{fit}.h5"
+        store.write_result(path, r.W, r.Sigma, r.history, dict(r.config, n_features=5), 1, "test",
+                           intercept=r.intercept)
+        paths.append((path, r.intercept))
+    report([p for p, _ in paths], tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    b = paths[0][1]
+    assert np.all(np.isfinite(b)) and b.min() > 5.0
+    assert f"| {b.min():.4g} .. {b.max():.4g} |" in md and "| none |" in md
