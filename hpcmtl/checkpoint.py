@@ -107,7 +107,8 @@ def read_compatible(path, config, source, sigma=None) -> dict:
     ck = store.read_checkpoint(path)
     now = config.to_dict()
     for key in MUST_MATCH:
-        saved = ck["config"].get(key, OLD_DEFAULTS.get(key))
+        # a setting the method has, missing from an older checkpoint: what runs did before it existed
+        saved = ck["config"].get(key, OLD_DEFAULTS.get(key) if key in now else None)
         if key == "intercept_scaling" and not now.get("fit_intercept"):
             continue                                   # no augmented feature: the scaling is not used
         if saved != now.get(key):
