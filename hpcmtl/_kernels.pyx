@@ -15,7 +15,8 @@ from libc.math cimport exp, log, log1p, fabs, INFINITY
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport malloc, free, qsort
 
-from hpcmtl._rows cimport RowView, Rows, get_row, sparse_dot, cptr, mptr2, check_rows, check_length, check_shape
+from hpcmtl._rows cimport (RowView, Rows, get_row, sparse_dot, cptr, mptr2, check_rows, check_length, check_shape,
+                           hpcmtl_no_doubles)
 
 import numpy as np                 # output arrays only, allocated before a kernel runs
 
@@ -265,7 +266,8 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                const double[::1] w, double[::1] delta_b,
                const double[::1] sq_norms, int[::1] order, double[::1] shrink_state,
                int loss, double gamma, double rho_sigma_over_lam,
-               double n_task, double local_iters, uint64_t seed):
+               double n_task, double local_iters, uint64_t seed,
+               const double[::1] mu=None, const double[::1] x_mu=None):
     """Local SDCA (paper 001, Algorithm 2) on one task block, in place.
 
     Parameters
@@ -285,6 +287,12 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     n_task : n_i, the size of the whole task (a split block keeps its task's n_i)
     local_iters : H as a multiple of the active coordinates (1 = one pass)
     seed : 64-bit seed of this block's stream for this round
+    mu, x_mu : implicit centering (the per-task intercept of the squared loss on
+        CSR rows, docs/math.md): the rows are read as ``x~_j = x_j - mu`` without
+        forming them; ``x_mu[j] = x_j . mu`` per row, ``sq_norms`` must then be
+        ``||x~_j||^2``.  The dense u is kept lazily as ``u = u_s - t mu`` with the
+        scalar ``mu . u`` maintained, so a step costs O(nnz of its row):
+        ``x~_j . u = x_j . u_s - t x_mu[j] - mu . u``.  None: the rows as they are.
 
     Shrinking (hinge and smoothed hinge, liblinear's rule; ignored for the
     other losses): a coordinate at a bound whose gradient points out of the box
@@ -313,10 +321,21 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef double inv_n
     cdef double* u
     cdef bint shrinking, in_pass = False
+    cdef bint centered = mu is not None
+    cdef const double* mup = hpcmtl_no_doubles
+    cdef const double* xmup = hpcmtl_no_doubles
+    cdef double t_mu = 0.0, mu_u = 0.0, mu_sq = 0.0    # u = u_s - t_mu mu; mu_u = mu . u; mu_sq = ||mu||^2
     cdef Shrink sh
     check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0])
     check_length("order", order.shape[0], n)
     check_length("w", w.shape[0], d)
+    if centered != (x_mu is not None):
+        raise ValueError("mu and x_mu come together (implicit centering) or not at all")
+    if centered:
+        check_length("mu", mu.shape[0], d)
+        check_length("x_mu", x_mu.shape[0], n)
+        mup = cptr(mu)
+        xmup = cptr(x_mu)
     check_length("delta_b", delta_b.shape[0], d)
     check_length("shrink_state", shrink_state.shape[0], 5)
     check_loss(loss)
@@ -360,6 +379,10 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     with nogil:
         for k in range(d):
             u[k] = wp[k]          # u = w + (rho sigma / lam) delta_b
+        if centered:
+            for k in range(d):
+                mu_u += mup[k] * wp[k]           # mu . u
+                mu_sq += mup[k] * mup[k]
         # Each iteration either takes a step or shrinks one coordinate (n_active
         # >= pos + 1 before it, so >= 0 after); a pass that shrank every coordinate
         # ends with n_active = 0 and the next one restarts with all n and no
@@ -383,6 +406,8 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
             j = order[pos]
             nnz = get_row(&view, j, &vals, &idx)
             ux = sparse_dot(vals, idx, nnz, u)
+            if centered:                              # (x_j - mu) . (u_s - t mu)
+                ux = ux - t_mu * xmup[j] - mu_u
             if shrinking:
                 b = y[j] * alpha[j]
                 G = box_gradient(loss, y[j], b, ux, gamma)
@@ -419,6 +444,12 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
             c_u = rho_sigma_over_lam * delta * inv_n
             for k in range(nnz):
                 u[idx[k]] += c_u * vals[k]           # u += (rho sigma / lam) delta x_j / n_i
+            if centered:                              # u += c_u (x_j - mu): the -c_u mu part kept in t_mu
+                t_mu += c_u
+                mu_u += c_u * (xmup[j] - mu_sq)
+        if centered:
+            for k in range(d):
+                u[k] -= t_mu * mup[k]                # u = u_s - t mu
         # delta_b = (u - w) lam / (rho sigma): one axpy per step instead of two; the
         # rounding error is about eps |b_i| per round whatever rho sigma / lam is
         c_b = 1.0 / rho_sigma_over_lam
@@ -444,8 +475,11 @@ def new_shrink_state(Py_ssize_t n, bint enabled):
 
 
 def objective_terms(Rows rows not None, const double[::1] y, const double[::1] alpha,
-                    const double[::1] w, int loss, double gamma):
-    """Return ``(sum_j l(w.x_j, y_j), sum_j l*(-alpha_j))`` over a block."""
+                    const double[::1] w, int loss, double gamma, double z_shift=0.0):
+    """Return ``(sum_j l(w.x_j - z_shift, y_j), sum_j l*(-alpha_j))`` over a block.
+
+    ``z_shift = mu . w`` scores implicitly centered rows ``x_j - mu`` (the
+    squared loss's intercept on CSR rows); 0 for the rows as they are."""
     cdef Py_ssize_t n = y.shape[0], j
     cdef RowView view
     cdef const double* vals
@@ -462,7 +496,7 @@ def objective_terms(Rows rows not None, const double[::1] y, const double[::1] a
     with nogil:
         for j in range(n):
             nnz = get_row(&view, j, &vals, &idx)
-            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, wp), y[j], gamma)
+            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, wp) - z_shift, y[j], gamma)
             conj_sum += conjugate_neg(loss, alpha[j], y[j], gamma)
     return loss_sum, conj_sum
 

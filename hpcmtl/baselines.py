@@ -9,6 +9,9 @@
   both alternate with the same Omega-step as DMTRL.
 
 These are centralized on purpose: they run on rank 0 and read every task.
+Per-task intercepts follow the engine's formulations (``engine.with_intercept``):
+squared loss centered by the same task means (CSR tasks are densified here, where
+every task is in memory anyway), other losses with the augmented feature.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import scipy.sparse as sp
 from . import _kernels
 from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, alternate, block_seed, check_sigma,
                     omega_step, primal_dual)
-from .engine import check_finite_rows, check_scale
+from .engine import check_finite_rows, check_scale, intercept_mode, split_intercept, with_intercept
 from .features import rff_map
 from .losses import get_loss, signed_labels
+from .taskdata import TaskBlock
 
 
 class _Centralized:
@@ -32,6 +36,7 @@ class _Centralized:
 
     def __init__(self, source, config: DMTRLConfig, sigma_fixed=None):
         self.config = config
+        self.source = source
         self.loss = get_loss(config.loss)
         phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
         blocks = []
@@ -40,7 +45,9 @@ class _Centralized:
             blk.y = signed_labels(self.loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{i})")
             blk = blk.transformed(phi) if phi is not None else blk
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{i})", self.loss)
-            blocks.append(blk)
+            if intercept_mode(config) == "center" and blk.sparse:      # one stacked matrix for ssdca_epoch
+                blk = TaskBlock(blk.task, blk.name, blk.n_task, blk.row_start, blk.X.toarray(), blk.y, blk.part)
+            blocks.append(with_intercept(blk, config, source, phi))
         self.blocks = blocks
         self.names = list(source.names)
         self.m = len(blocks)
@@ -77,7 +84,8 @@ class _Centralized:
 
     def result(self, converged, method):
         config = dict(self.config.to_dict(), method=method)
-        return TrainResult(W=self.WT.T.copy(), Sigma=self.Sigma.copy(), history=self.history.arrays(),
+        W, intercept = split_intercept(self.WT.T, self.config, self.source)
+        return TrainResult(W=W, intercept=intercept, Sigma=self.Sigma.copy(), history=self.history.arrays(),
                            config=config, task_names=self.names, converged=converged, n_rounds=self.round,
                            seconds=time.perf_counter() - self.t0, bytes_moved=0, rho=1.0,
                            wsteps=self.outer_state.wstep_arrays())
@@ -89,7 +97,6 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=Non
     state = _Centralized(source, config, sigma_fixed)
     rows = [b.X for b in state.blocks]
     X = sp.vstack(rows, format="csr") if any(sp.issparse(r) for r in rows) else np.vstack(rows)
-    from .taskdata import TaskBlock
     stacked = TaskBlock(-1, "all", X.shape[0], 0, X, np.concatenate([b.y for b in state.blocks]))
     task_of_row = np.repeat(np.arange(state.m, dtype=np.int32), state.n.astype(np.int64))
     perm = np.empty(X.shape[0], dtype=np.int32)

@@ -121,6 +121,8 @@ class DMTRLConfig:
     rff_dim: int = 0                # random Fourier features (0 = linear)
     rff_gamma: float = 1.0
     split_tasks: bool = False       # split tasks larger than a worker's share over several workers
+    fit_intercept: bool = True      # per-task intercepts (squared: centering, exact; others: augmented feature)
+    intercept_scaling: float = 1.0  # the augmented feature's value (hinge, smoothed hinge, logistic)
     shrinking: bool = True          # liblinear-style shrinking in local SDCA (hinge, smoothed hinge)
     aggregation: str = "qp"         # qp | adaptive | line | safe (Lemma 6.7, the paper's rule)
     local_solver: str = "auto"      # sdca | exact (squared loss: the local subproblem solved exactly) | auto
@@ -139,7 +141,7 @@ class DMTRLConfig:
                 "subproblems)", self.local_solver)
         self._check(("lam", "tol", "local_iters", "eta", "gamma", "eig_floor", "outer_tol", "max_rounds", "outer",
                      "gap_every", "rff_dim") + (("rff_gamma",) if self.rff_dim else ())
-                    + ("seed", "split_tasks", "shrinking"), owner)
+                    + ("seed", "split_tasks", "shrinking", "fit_intercept", "intercept_scaling"), owner)
         self.positive_label = check_positive_label(self.positive_label, self.loss, owner)
         return self
 
@@ -154,7 +156,7 @@ class DMTRLConfig:
 
 @dataclass
 class TrainResult:
-    W: np.ndarray                   # d x m
+    W: np.ndarray                   # d x m (without the augmented intercept row)
     Sigma: np.ndarray               # m x m
     history: dict
     config: dict
@@ -167,6 +169,7 @@ class TrainResult:
     test: dict | None = None        # {"tasks": [...], "summary": {...}}
     extra: dict = field(default_factory=dict)
     wsteps: dict = field(default_factory=dict)   # per W-step: outer, round (last), rel_gap, converged
+    intercept: np.ndarray | None = None          # m per-task intercepts (zeros without fit_intercept)
 
 
 # ---------------------------------------------------------------------------
@@ -479,7 +482,7 @@ class LocalBlocks(LocalBase):
                 _kernels.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out[k], blk.sq_norms,
                                     st.order, st.shrink, self.loss.kernel_id, cfg.gamma,
                                     self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
-                                    block_seed(cfg.seed, blk.task, blk.part, round_))
+                                    block_seed(cfg.seed, blk.task, blk.part, round_), blk.mu, blk.x_mu)
                 if old is not None:   # alpha <- alpha + eta delta_alpha
                     st.alpha = old + cfg.eta * (st.alpha - old)
                     out[k] *= cfg.eta
@@ -507,13 +510,13 @@ class LocalBlocks(LocalBase):
                 c = self.rho_block[k] * self.sigma_ii[k] / cfg.lam
                 if self.exact:
                     delta = self.exact_step(k, c)
-                    out[k, :d] = np.asarray(blk.X.T @ delta).ravel() / blk.n_task
+                    out[k, :d] = blk.rmatvec(delta) / blk.n_task
                 else:
                     trial = a.copy()
                     _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
                                         st.order, st.shrink, self.loss.kernel_id, cfg.gamma, c,
                                         float(blk.n_task), cfg.local_iters,
-                                        block_seed(cfg.seed, blk.task, blk.part, round_))
+                                        block_seed(cfg.seed, blk.task, blk.part, round_), blk.mu, blk.x_mu)
                     delta = trial - a
                 self.pending[k] = delta
                 c12 = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
@@ -525,7 +528,7 @@ class LocalBlocks(LocalBase):
                 elif self.momentum == "box":
                     q, beta_max = box_direction(a, self.previous[k], blk.y)
                     self.pending_q[k] = q
-                    out[k, d:2 * d] = np.asarray(blk.X.T @ q).ravel() / blk.n_task     # [dB, dQ, c1, c2, ...]
+                    out[k, d:2 * d] = blk.rmatvec(q) / blk.n_task     # [dB, dQ, c1, c2, ...]
                     out[k, 2 * d:] = (*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma),
                                       beta_max)
                 if nan_fault(round_, blk.task):
@@ -542,13 +545,12 @@ class LocalBlocks(LocalBase):
         """
         blk = self.blocks[k]
         if self.gram[k] is None:
-            G = blk.X.T @ blk.X
-            G = G.toarray() if hasattr(G, "toarray") else np.asarray(G)
+            G = blk.gram()
             self.gram[k] = np.linalg.eigh(0.5 * (G + G.T))
         s, Q = self.gram[k]
         n = float(blk.n_task)
         r = blk.y - self.state[k].alpha - blk.decision(self.w[k])
-        z = Q @ ((Q.T @ np.asarray(blk.X.T @ r).ravel()) / (n / c + np.maximum(s, 0.0)))
+        z = Q @ ((Q.T @ blk.rmatvec(r)) / (n / c + np.maximum(s, 0.0)))
         return r - blk.decision(z)
 
     def apply(self, ctrl, rows):
@@ -579,7 +581,7 @@ class LocalBlocks(LocalBase):
         terms = np.zeros((len(self.blocks), 2))
         for k, blk in enumerate(self.blocks):
             terms[k] = _kernels.objective_terms(blk.rows, blk.y, self.state[k].alpha, self.w[k],
-                                                self.loss.kernel_id, self.config.gamma)
+                                                self.loss.kernel_id, self.config.gamma, blk.z_shift(self.w[k]))
         return terms
 
     def set_w(self, ctrl, rows):
@@ -698,7 +700,7 @@ class Server(ServerBase):
         super().__init__(cluster, source, progress, checkpointer)
         self.config = config
         self.safe = config.aggregation == "safe"
-        self.d = config.rff_dim or source.n_features
+        self.d = engine.model_width(config, source.n_features)      # + 1: the augmented intercept feature
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
         # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
         # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
@@ -1034,7 +1036,8 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
                       warn=warn)
 
     def result(server, converged, extra):
-        return TrainResult(W=server.WT.T.copy(), Sigma=server.Sigma.copy(),
+        W, intercept = engine.split_intercept(server.WT.T, config, source)
+        return TrainResult(W=W, Sigma=server.Sigma.copy(), intercept=intercept,
                            history=server.history.arrays(),
                            config=config.to_dict(), task_names=server.names, converged=converged,
                            n_rounds=server.round, seconds=server.elapsed(), bytes_moved=cluster.bytes_moved,

@@ -169,7 +169,9 @@ def load_blocks(cluster, source, config, test_source=None):
 
     ``config`` needs ``loss``, ``positive_label``, ``split_tasks``, ``rff_dim``,
     ``rff_gamma`` and ``seed``; with a ``positive_label`` the labels of two classes
-    become -1/+1 as they are read (``losses.signed_labels``), test labels too.  Rank-local problems (a corrupt group, NaN, bad labels) are
+    become -1/+1 as they are read (``losses.signed_labels``), test labels too; with
+    ``fit_intercept`` the training blocks are centered or augmented
+    (:func:`with_intercept`), the test blocks augmented alike.  Rank-local problems (a corrupt group, NaN, bad labels) are
     collected and raised on every rank through :meth:`Cluster.agree` before any
     data collective starts.
     """
@@ -192,19 +194,71 @@ def load_blocks(cluster, source, config, test_source=None):
             if phi is not None:
                 blk = blk.transformed(phi)
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(blk)
+            mine.append(with_intercept(blk, config, source, phi))
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,
                                        f"{test_source.path}: task '{test.name}' (#{b.task})")
-                tests[b.task] = test.transformed(phi) if phi is not None else test
-                check_scale(tests[b.task], f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
+                test = test.transformed(phi) if phi is not None else test
+                check_scale(test, f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
+                # scored with the training block's intercept (LocalBase.test_metrics); augmented like it
+                tests[b.task] = test.augmented(config.intercept_scaling) if intercept_mode(config) == "augment" \
+                    else test
     except InputError as exc:
         error = str(exc)
     cluster.agree(error)
     from .checkpoint import share_fingerprints
     share_fingerprints(cluster, source)     # the server learns what was read (checkpoints, resume check)
     return mine, tests
+
+
+# ---------------------------------------------------------------------------
+# Per-task intercepts (docs/math.md): how a config fits them, the blocks' preparation, the model's split
+# ---------------------------------------------------------------------------
+def intercept_mode(config) -> str | None:
+    """How ``config`` fits per-task intercepts: None (``fit_intercept`` off), ``'center'`` (squared loss: the
+    exact unpenalized intercept by per-task centering), ``'augment'`` (other losses: liblinear's constant
+    feature ``intercept_scaling``, its weight regularized like the others) or ``'explicit'`` (the method keeps
+    b itself: ``config.explicit_intercept``, joint-sparse)."""
+    if not getattr(config, "fit_intercept", False):
+        return None
+    if getattr(config, "explicit_intercept", False):
+        return "explicit"
+    return "center" if config.loss == "squared" else "augment"
+
+
+def model_width(config, n_features: int) -> int:
+    """Rows of the W the solvers work on: the features (or random features), plus one augmented row."""
+    return (config.rff_dim or n_features) + (1 if intercept_mode(config) == "augment" else 0)
+
+
+def with_intercept(blk, config, source, phi=None):
+    """A training block prepared for the intercept: centered by its whole task's means (streamed from
+    ``source`` in fixed chunks: the same bits on every rank, whatever part of the task it holds), augmented,
+    or as it is."""
+    mode = intercept_mode(config)
+    if mode == "center":
+        return blk.centered(*source.task_means(blk.task, phi))
+    if mode == "augment":
+        return blk.augmented(config.intercept_scaling)
+    return blk
+
+
+def split_intercept(W, config, source):
+    """``(W, intercept)`` of the model from the solvers' W (d' x m): the augmented row taken off and scaled,
+    or ``b_i = ybar_i - mu_i . w_i`` of the centered problem (means read again on the server), or zeros."""
+    W = np.asarray(W)
+    mode = intercept_mode(config)
+    if mode == "augment":
+        return W[:-1].copy(), config.intercept_scaling * W[-1].copy()
+    if mode == "center":
+        phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
+        b = np.zeros(W.shape[1])
+        for i in range(W.shape[1]):
+            mu, ybar = source.task_means(i, phi)
+            b[i] = ybar - float(mu @ W[:, i])
+        return W.copy(), b
+    return W.copy(), np.zeros(W.shape[1])
 
 
 def check_scale(blk, where, loss=None):
@@ -286,6 +340,7 @@ class LocalBase:
         # m_local x d, one row per block (not d x m): a block's w is a contiguous row for the kernels and for the
         # per-block Scatterv/Gatherv rows
         self.w = np.zeros((len(blocks), self.d))
+        self.b = np.zeros(len(blocks))  # a method's own per-block intercept (joint-sparse), added to every score
 
     @contextlib.contextmanager
     def working_on(self, block, round_):
@@ -306,7 +361,8 @@ class LocalBase:
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)
             if test is not None and blk.part == 0:
-                local[blk.task] = task_metrics(test.y, test.decision(self.w[k]), regression)
+                scores = test.decision(self.w[k]) + blk.intercept(self.w[k]) + self.b[k]   # centered: + ybar - mu . w
+                local[blk.task] = task_metrics(test.y, scores, regression)
         return local
 
     def extra_bytes(self) -> int:

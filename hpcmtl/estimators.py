@@ -21,7 +21,7 @@ from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
 from .params import validate
-from .taskdata import TaskBlock, dense_or_csr, rows_of
+from .taskdata import TaskBlock, dense_or_csr, rows_of, task_means
 
 
 class MemoryTasks:
@@ -49,6 +49,10 @@ class MemoryTasks:
 
     def read_task(self, i):
         return self.read_block(i)
+
+    def task_means(self, i, feature_map=None):
+        """``(mu, ybar)`` of task ``i`` (the same chunked sums as ``store.TaskFile.task_means``)."""
+        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map)
 
 
 def two_class_labels(ys, owner):
@@ -96,7 +100,8 @@ def keep_params(estimator, arguments):
 
 
 class _MultiTaskLinear(BaseEstimator):
-    """Input checks, labels and prediction for fitted per-task linear models ``W_`` (d x m) over ``phi(x)``.
+    """Input checks, labels and prediction for fitted per-task linear models ``W_`` (d x m) and intercepts
+    ``intercept_`` (m) over ``phi(x)``.
 
     ``fit`` takes lists of per-task arrays, or stacked rows with a task-id array
     (no ids: one task, so every estimator is also a plain scikit-learn estimator).
@@ -159,8 +164,9 @@ class _MultiTaskLinear(BaseEstimator):
             raise InputError(f"{owner}: the {self.loss} loss needs numeric labels")
         return MemoryTasks(Xs, ys, names=[str(t) for t in ids]), ids
 
-    def _fitted(self, W, source, ids, feature_map=None):
+    def _fitted(self, W, source, ids, feature_map=None, intercept=None):
         self.W_ = W
+        self.intercept_ = np.zeros(W.shape[1]) if intercept is None else np.asarray(intercept, dtype=np.float64)
         self.tasks_ = ids
         self._feature_map = feature_map
 
@@ -185,8 +191,8 @@ class _MultiTaskLinear(BaseEstimator):
         Z = self._feature_map(X) if self._feature_map is not None else X
         if sp.issparse(Z):
             Z = sp.csr_matrix(Z)
-            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel()
-        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols])
+            return np.asarray(Z.multiply(self.W_[:, cols].T).sum(axis=1)).ravel() + self.intercept_[cols]
+        return np.einsum("ij,ji->i", np.asarray(Z), self.W_[:, cols]) + self.intercept_[cols]
 
     def _per_task(self, method, X, tasks):
         """Lists in (one array a task, no ids), list out."""
@@ -240,7 +246,9 @@ class DMTRL(_MultiTaskLinear):
     ``tr(Sigma) = 1``, by the primal-dual W-step / Omega-step alternation.
 
     Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig` (``aggregation='safe'``:
-    paper 001's Lemma 6.7 rho).  Fitted attributes: ``W_`` (d x m), ``Sigma_``
+    paper 001's Lemma 6.7 rho; ``fit_intercept``: per-task intercepts, exact and
+    unpenalized for the squared loss, liblinear's augmented feature of value
+    ``intercept_scaling`` otherwise).  Fitted attributes: ``W_`` (d x m), ``intercept_`` (m), ``Sigma_``
     (m x m), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
     order), ``converged_`` (every W-step reached ``tol``), ``wsteps_`` (per
     W-step: outer, round, rel_gap, converged).
@@ -248,7 +256,8 @@ class DMTRL(_MultiTaskLinear):
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
-                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp"):
+                 sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp", fit_intercept=True,
+                 intercept_scaling=1.0):
         keep_params(self, locals())
 
     def _config(self):
@@ -264,7 +273,7 @@ class DMTRL(_MultiTaskLinear):
         config = self._config()
         source, ids = self._fit_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.sigma)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.Sigma_ = result.Sigma
         self.history_ = result.history
         self.converged_ = result.converged
@@ -282,12 +291,14 @@ class JointSparseMTL(_MultiTaskLinear):
     regularization path, warm-started in order; ``path_`` then holds per radius
     the objective, the number of selected features and the solution.
 
-    Fitted attributes: ``W_`` (d x m, at the last radius), ``history_``,
+    ``fit_intercept``: an unpenalized per-task intercept, not projected.
+
+    Fitted attributes: ``W_`` (d x m, at the last radius), ``intercept_``, ``history_``,
     ``path_``, ``selected_features_`` (rows of W_ that are not zero), ``tasks_``.
     """
 
     def __init__(self, loss="hinge", radius=1.0, projection="l1inf", eta0=1.0, max_rounds=200, gamma=1.0,
-                 seed=0, rff_dim=0, rff_gamma=1.0):
+                 seed=0, rff_dim=0, rff_gamma=1.0, fit_intercept=True):
         keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
@@ -300,7 +311,7 @@ class JointSparseMTL(_MultiTaskLinear):
         config = JointSparseConfig(**params).validate(type(self).__name__)
         source, ids = self._fit_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, radii=radii)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.history_ = result.history
         self.path_ = result.path
         self.selected_features_ = np.flatnonzero(np.abs(result.W).max(axis=1))
@@ -326,12 +337,19 @@ class GraphMTL(_MultiTaskLinear):
 
     ``graph``: a topology name (cycle, chain, complete, star, 'grid RxC', empty),
     an edge-list CSV path, or a weight matrix; ``alpha``: scalar or per task.
-    Fitted: ``K_`` (task kernel), ``tasks_``, and ``svc_`` or ``W_``.
+
+    Intercepts: ``exact=False`` as :class:`DMTRL` (``fit_intercept``,
+    ``intercept_scaling``).  ``exact=True``: libsvm has one shared unpenalized
+    bias; with ``fit_intercept`` the kernel also gets a per-task constant
+    ``intercept_scaling^2 [s == t]``, i.e. a per-task bias penalized like the
+    rest of f (``intercept_`` holds each task's total bias: its own plus the
+    shared one).
+    Fitted: ``K_`` (task kernel), ``tasks_``, ``intercept_``, and ``svc_`` or ``W_``.
     """
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
                  gamma=1.0, degree=3, coef0=1.0, lam=1e-3, loss="hinge", rff_dim=500, seed=0, tol=1e-4,
-                 max_rounds=2000):
+                 max_rounds=2000, fit_intercept=True, intercept_scaling=1.0):
         keep_params(self, locals())
 
     def _is_classifier(self):
@@ -363,9 +381,16 @@ class GraphMTL(_MultiTaskLinear):
             Xs = [r.X for r in rows]
             self.X_fit_ = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
             self.task_index_fit_ = np.repeat(np.arange(source.n_tasks), source.n_samples)
+            validate({"fit_intercept": self.fit_intercept, "intercept_scaling": self.intercept_scaling},
+                     type(self).__name__)
             gram = product_gram(self.X_fit_, self.task_index_fit_, self.K_, self.kernel, **params)
+            gram = gram + self._task_constant(self.task_index_fit_, self.task_index_fit_)
             self.svc_ = SVC(kernel="precomputed", C=self.C).fit(gram, np.concatenate([r.y for r in rows]))
-            self._fitted(None, source, ids)
+            # each task's bias: s^2 sum of its rows' dual coefficients (the per-task constant) + libsvm's shared one
+            coef = np.zeros(source.n_tasks)
+            np.add.at(coef, self.task_index_fit_[self.svc_.support_], self.svc_.dual_coef_.ravel())
+            scale = self.intercept_scaling ** 2 if self.fit_intercept else 0.0
+            self._fitted(None, source, ids, intercept=scale * coef + float(self.svc_.intercept_[0]))
             return self
         from .cluster import Cluster
         from .dmtrl import DMTRLConfig, train
@@ -373,9 +398,10 @@ class GraphMTL(_MultiTaskLinear):
             raise InputError("exact=False supports the rbf (random Fourier features) and linear base kernels")
         config = DMTRLConfig(loss=self.loss, lam=self.lam, relationship="fixed", tol=self.tol, seed=self.seed,
                              rff_dim=self.rff_dim if self.kernel == "rbf" else 0, rff_gamma=self.gamma,
-                             max_rounds=self.max_rounds).validate(type(self).__name__)
+                             max_rounds=self.max_rounds, fit_intercept=self.fit_intercept,
+                             intercept_scaling=self.intercept_scaling).validate(type(self).__name__)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.K_)
-        self._fitted(result.W, source, ids, _feature_map(config, source))
+        self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.history_ = result.history
         return self
 
@@ -385,7 +411,13 @@ class GraphMTL(_MultiTaskLinear):
         from .task_graph import product_gram
         gram = product_gram(X, cols, self.K_, self.kernel, Y=self.X_fit_, tasks_Y=self.task_index_fit_,
                             **self._kernel_params())
-        return self.svc_.decision_function(gram)
+        return self.svc_.decision_function(gram + self._task_constant(cols, self.task_index_fit_))
+
+    def _task_constant(self, tasks_a, tasks_b):
+        """``intercept_scaling^2 [s == t]``: the per-task bias term of the exact kernel (0 without fit_intercept)."""
+        if not self.fit_intercept:
+            return 0.0
+        return self.intercept_scaling ** 2 * (np.asarray(tasks_a)[:, None] == np.asarray(tasks_b)[None, :])
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,9 @@ Minimizes the sum of per-task average losses subject to a norm ball::
     min_W  sum_i (1/n_i) sum_j l(w_i . x_ij, y_ij)   s.t.  ||W||_{1,inf} = sum_k max_i |W_ki| <= C
 
 (``projection='l1'`` / ``'l2'``: every task column in its own l1 / l2 ball of
-radius C instead, the paper's comparison).  Round t: every worker computes
+radius C instead, the paper's comparison).  With ``fit_intercept`` every loss
+becomes ``l(w_i . x_ij + b_i, y_ij)`` with an unpenalized intercept b_i: it takes
+the same subgradient step as W and is never projected.  Round t: every worker computes
 its blocks' loss sums and subgradient sums at the current columns (d + 1
 numbers a block, Gatherv); the server forms G (d x m) and sets
 ``W <- P_C(W - eta0 / sqrt(t) G)``, then sends the columns back (Scatterv).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,7 +35,8 @@ PROJECTIONS = {"l1inf": project_l1inf, "l1": project_l1_columns, "l2": project_l
 
 class JointSparseCommand(Command):
     """The projected-subgradient messages: ``ID = id, down, up, control fields, computation``."""
-    # every block's w column (width = d) -> per block [loss sum, subgradient sum (d)]
+    # every block's w column (width = d; [w, b] with d + 1 with an intercept)
+    # -> per block [loss sum, subgradient sum (d)] (and the sum of l'(z_j), the intercept's)
     SUBGRADIENT = 21, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width"), "subgradient"
 
 
@@ -49,13 +53,15 @@ class JointSparseConfig:
     rff_dim: int = 0
     rff_gamma: float = 1.0
     split_tasks: bool = False
+    fit_intercept: bool = True     # an unpenalized per-task intercept, stepped but not projected
     method: str = "l1inf"
     positive_label: float | None = None     # classification: this label is +1, the other class -1
+    explicit_intercept: ClassVar[bool] = True     # the intercept is b itself (engine.intercept_mode)
 
     def validate(self, owner="JointSparseMTL"):
         """Every field against :data:`hpcmtl.params.PARAMS` (NumPy scalars become Python numbers)."""
         names = ("loss", "projection", "radius", "eta0", "gamma", "max_rounds", "seed", "rff_dim")
-        names += (("rff_gamma",) if self.rff_dim else ()) + ("split_tasks",)
+        names += (("rff_gamma",) if self.rff_dim else ()) + ("split_tasks", "fit_intercept")
         for name, value in check_params({n: getattr(self, n) for n in names}, owner).items():
             setattr(self, name, value)
         self.positive_label = check_positive_label(self.positive_label, self.loss, owner)
@@ -71,15 +77,21 @@ class LocalGradients(LocalBase):
     COMMANDS = (EngineCommand, JointSparseCommand)
 
     def subgradient(self, ctrl, rows):
-        """SUBGRADIENT: set every block's w, return per block [loss sum, sum_j l'(z_j) x_j] (n_blocks x (d + 1))."""
-        self.w = rows
+        """SUBGRADIENT: set every block's w (and b), return per block [loss sum, sum_j l'(z_j) x_j (, sum_j l'(z_j))]
+        (n_blocks x (width + 1))."""
+        with_b = engine.intercept_mode(self.config) == "explicit"
+        self.w = np.ascontiguousarray(rows[:, :self.d]) if with_b else rows
+        if with_b:
+            self.b = rows[:, self.d].copy()
         out = np.zeros((len(self.blocks), ctrl.width + 1))
         for k, blk in enumerate(self.blocks):
             with self.working_on(blk, ctrl.round):
-                values, dz = loss_and_derivative(self.config.loss, blk.decision(self.w[k]), blk.y,
+                values, dz = loss_and_derivative(self.config.loss, blk.decision(self.w[k]) + self.b[k], blk.y,
                                                  self.config.gamma)
                 out[k, 0] = values.sum()
-                out[k, 1:] = np.asarray(blk.X.T @ dz).ravel()      # sum_j l'(z_j) x_j
+                out[k, 1:self.d + 1] = blk.rmatvec(dz)      # sum_j l'(z_j) x_j
+                if with_b:
+                    out[k, self.d + 1] = dz.sum()           # the intercept's subgradient
                 if nan_fault(ctrl.round, blk.task):
                     out[k, 0] = np.nan
         return out
@@ -112,10 +124,13 @@ class Server(ServerBase):
         super().__init__(cluster, source, progress, checkpointer)
         self.config = config
         self.radii = [config.radius] if radii is None else [float(r) for r in radii]
-        self.path = {"radius": [], "objective": [], "selected": [], "l1inf_norm": [], "W": []}
+        self.path = {"radius": [], "objective": [], "selected": [], "l1inf_norm": [], "W": [], "intercept": []}
         self.d = config.rff_dim or source.n_features
         self.W = np.zeros((self.d, self.m)) if W0 is None else np.array(W0, dtype=np.float64)
         self.W_best = self.W.copy()
+        self.with_b = engine.intercept_mode(config) == "explicit"
+        self.b = np.zeros(self.m)                 # the unpenalized intercepts (zeros without fit_intercept)
+        self.b_best = self.b.copy()
         self.best = np.inf
         self.t = 0                    # rounds at the current radius
         self.k = 0                    # index of the current radius
@@ -125,20 +140,23 @@ class Server(ServerBase):
         self.project = PROJECTIONS[config.projection]
 
     def evaluate(self):
-        """Objective and subgradient at the current W (one round trip)."""
-        rows = self.per_task(self.command(JointSparseCommand.SUBGRADIENT, payload=self.W.T[self.block_task],
-                                          round=self.round, width=self.d))
+        """Objective and subgradient at the current W (and b) (one round trip); the intercepts' subgradient
+        is the last row of G when there are intercepts."""
+        columns = np.hstack([self.W.T, self.b[:, None]]) if self.with_b else self.W.T
+        rows = self.per_task(self.command(JointSparseCommand.SUBGRADIENT, payload=columns[self.block_task],
+                                          round=self.round, width=columns.shape[1]))
         # before any comparison with the best objective (every comparison with NaN is false)
         check_finite_rows(rows[:, :1], self.round, self.names, "loss sum", None)
         check_finite_rows(rows[:, 1:], self.round, self.names, "subgradient", None)
         objective = float(np.sum(rows[:, 0] / self.n))
-        G = (rows[:, 1:] / self.n[:, None]).T                       # d x m, column i from task i
+        G = (rows[:, 1:] / self.n[:, None]).T                       # d (+ 1) x m, column i from task i
         return objective, G
 
     def note(self, objective):
         if objective < self.best:
             self.best = objective
             self.W_best = self.W.copy()
+            self.b_best = self.b.copy()
         row = self.history.record(round=self.round, radius=self.radii[self.k], objective=objective,
                                   best_objective=self.best,
                                   selected=int(np.count_nonzero(np.abs(self.W).max(axis=1))),
@@ -156,12 +174,15 @@ class Server(ServerBase):
             objective, G = self.evaluate()
             self.note(objective)
             eta = cfg.eta0 / np.sqrt(self.t)
+            if self.with_b:
+                self.b = self.b - eta * G[-1]                         # unpenalized: stepped, never projected
+                G = G[:-1]
             self.W = self.project(self.W - eta * G, radius)
             check_finite_rows(self.W.T, self.round, self.names, "W column", None)
             self.safe_point()
         objective, _ = self.evaluate()                                # the last iterate counts too
         self.note(objective)
-        self.W = self.W_best
+        self.W, self.b = self.W_best, self.b_best
 
     def run(self, resume=None):
         if resume is not None:
@@ -170,6 +191,7 @@ class Server(ServerBase):
             radius = self.radii[self.k]
             self.solve(radius)
             for key, value in (("radius", radius), ("objective", self.best), ("W", self.W.copy()),
+                               ("intercept", self.b.copy()),
                                ("selected", int(np.count_nonzero(np.abs(self.W).max(axis=1)))),
                                ("l1inf_norm", l1inf_norm(self.W))):
                 self.path[key].append(value)
@@ -180,7 +202,7 @@ class Server(ServerBase):
         return True
 
     def checkpoint_state(self):
-        arrays = {"W": self.W, "W_best": self.W_best}
+        arrays = {"W": self.W, "W_best": self.W_best, "b": self.b, "b_best": self.b_best}
         arrays.update({f"history_{k}": np.asarray(v) for k, v in self.history.rows.items()})
         arrays.update({f"path_{k}": np.asarray(v) for k, v in self.path.items()})
         counters = {"round": self.round, "t": self.t, "k": self.k, "best": self.best, "radii": self.radii,
@@ -192,10 +214,12 @@ class Server(ServerBase):
         if [float(r) for r in c["radii"]] != self.radii:
             raise InputError(f"{ck['path']}: cannot resume: the checkpoint's radii {c['radii']} differ from {self.radii}")
         self.W, self.W_best = a["W"].copy(), a["W_best"].copy()
+        self.b = np.asarray(a.get("b", np.zeros(self.m)), dtype=np.float64).copy()
+        self.b_best = np.asarray(a.get("b_best", np.zeros(self.m)), dtype=np.float64).copy()
         for k in SubgradientHistory.COLUMNS:
             self.history.rows[k] = list(a[f"history_{k}"])
         for k in self.path:
-            self.path[k] = list(a[f"path_{k}"])
+            self.path[k] = list(a.get(f"path_{k}", []))
         self.round, self.t, self.k, self.best = int(c["round"]), int(c["t"]), int(c["k"]), float(c["best"])
         self.seconds_before, self.cluster.bytes_moved = float(c["seconds"]), int(c["bytes"])
 
@@ -203,8 +227,9 @@ class Server(ServerBase):
 @dataclass
 class JointSparseResult(RunResult):
     # W is the best iterate at the last radius
-    path: dict                     # per radius: radius, objective, selected, l1inf_norm, W
+    path: dict                     # per radius: radius, objective, selected, l1inf_norm, W, intercept
     test: dict | None = None
+    intercept: np.ndarray | None = None   # m unpenalized intercepts of W (zeros without fit_intercept)
     extra: dict = dataclasses.field(default_factory=dict)
 
 
@@ -227,7 +252,8 @@ def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None,
                       radii=radii)
 
     def result(server, _, extra):
-        return JointSparseResult(W=server.W.copy(), history=server.history.arrays(), config=config.to_dict(),
+        return JointSparseResult(W=server.W.copy(), intercept=server.b.copy(), history=server.history.arrays(),
+                                 config=config.to_dict(),
                                  task_names=server.names, n_rounds=server.round, seconds=server.elapsed(),
                                  bytes_moved=cluster.bytes_moved, test=server.test,
                                  path={k: np.asarray(v) for k, v in server.path.items()}, extra=extra)

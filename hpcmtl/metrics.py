@@ -210,8 +210,10 @@ def match_tasks(model_names, test_source, model_path=None, what="task"):
     return [(j, where[n]) for j, n in enumerate(model_names)]
 
 
-def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
-    """Per-task and summary metrics of a model on a test task source.
+def evaluate_arrays(W, config, test_source, task_names=None, model_path=None, intercept=None):
+    """Per-task and summary metrics of a model ``x -> w_i . phi(x) + b_i`` on a test task source.
+
+    ``intercept``: the m per-task intercepts b (None: zeros, as files written before intercepts).
 
     With the model's ``task_names`` test tasks are matched to model columns by
     name (a test file in another task order gives the same metrics; another
@@ -236,6 +238,6 @@ def evaluate_arrays(W, config, test_source, task_names=None, model_path=None):
         y = signed_labels(loss, blk.y, config.get("positive_label"),
                           f"{test_source.path}: task '{blk.name}' (#{i})") if loss.binary_labels else blk.y
         X = phi(blk.X) if phi is not None else blk.X
-        scores = np.asarray(X @ W[:, column]).ravel()
+        scores = np.asarray(X @ W[:, column]).ravel() + (0.0 if intercept is None else float(intercept[column]))
         tasks.append(dict(name=blk.name, **task_metrics(y, scores, not loss.binary_labels)))
     return {"tasks": tasks, "summary": summarize(tasks, not loss.binary_labels)}

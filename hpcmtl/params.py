@@ -126,6 +126,10 @@ PARAMS = {
     "split_tasks": Param(bool, False, "split tasks larger than a worker's share"),
     "positive_label": Param(Interval(float), None, "classification losses: the label value of the positive "
                                                    "class; the other class becomes -1 (none: labels are -1/+1)"),
+    "fit_intercept": Param(bool, True, "a per-task intercept b_i (squared loss and joint-sparse: unpenalized; "
+                                       "hinge and logistic losses: liblinear's augmented feature, docs/math.md)"),
+    "intercept_scaling": Param(POSITIVE, 1.0, "value of the augmented intercept feature (hinge and logistic "
+                                              "losses; larger: a weaker penalty on the intercept)"),
     # dual coordinate ascent (DMTRL and the engines sharing it)
     "lam": Param(POSITIVE, 1e-3, "regularization (required)"),
     "tol": Param(POSITIVE, 1e-6, "relative duality gap of a W-step"),
@@ -301,6 +305,8 @@ def train_option_groups():
             param("--rff-gamma"),
             param("--split-tasks", methods=DISTRIBUTED_SDCA + ("l1inf",)),
             param("--positive-label", metavar="LABEL", default=None),
+            (("--no-intercept",), dict(action="store_true", help="no per-task intercept (fit_intercept=False)")),
+            param("--intercept-scaling", methods=SDCA_METHODS),
         ]),
         ("dual coordinate ascent", SDCA_METHODS, [
             param("--lam", default=None, help="regularization (required)"),

@@ -72,6 +72,16 @@ def test_metrics_csv(paths, out) -> str | None:
     return out
 
 
+def intercept_range(res) -> str:
+    """report.md's intercept cell: 'none' (fit without, or a file from before intercepts), else 'min .. max'."""
+    b = res["model"].get("intercept")
+    if res["config"].get("method") == "online":
+        return "-"
+    if not res["config"].get("fit_intercept", False) or b is None or np.size(b) == 0:
+        return "none"
+    return f"{float(np.min(b)):.4g} .. {float(np.max(b)):.4g}"
+
+
 def _label(path, res):
     cfg = res["config"]
     method = cfg.get("method", "?")
@@ -183,8 +193,9 @@ def report(paths, out_dir) -> dict:
         _save(plt, fig, written, "correlation", os.path.join(out_dir, "task-correlation.png"), tight=False)
         break
 
-    lines = ["# hpcmtl report", "", "| run | rounds | seconds | final gap / objective / online errors | test metrics |",
-             "|---|---|---|---|---|"]
+    lines = ["# hpcmtl report", "",
+             "| run | rounds | seconds | final gap / objective / online errors | test metrics | intercepts |",
+             "|---|---|---|---|---|---|"]
     for p, r in runs:
         h = r["history"]
         final = (f"{h['rel_gap'][-1]:.2e}" if "rel_gap" in h else
@@ -198,7 +209,7 @@ def report(paths, out_dir) -> dict:
         metrics = ", ".join(f"{k} {test[k]:.4f}" for k in ordered_summary_keys(test) if k in REPORTED_METRICS)
         rounds = int(h["round"][-1]) if "round" in h and len(h["round"]) else 0
         seconds = float(h["seconds"][-1]) if "seconds" in h and len(h["seconds"]) else 0.0
-        lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} |")
+        lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} | {intercept_range(r)} |")
     lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in written.items()]
     written["summary"] = os.path.join(out_dir, "report.md")
     with store.atomic_output(written["summary"], "report file") as tmp, open(tmp, "w") as f:

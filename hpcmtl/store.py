@@ -11,8 +11,8 @@ Task dataset (format ``hpcmtl-tasks``, version 1)::
     /tasks/000000/{data,indices,indptr}               when storage == "csr"
     /truth/...        optional ground truth of synthetic data (W, correlation, ...)
 
-Result file (format ``hpcmtl-result``): ``/model/W`` (d x m), ``/model/Sigma``
-(m x m), ``/history/<column>`` and root attributes ``config`` (JSON),
+Result file (format ``hpcmtl-result``): ``/model/W`` (d x m), ``/model/intercept``
+(m; files written before intercepts existed read as zeros), ``/model/Sigma`` (m x m), ``/history/<column>`` and root attributes ``config`` (JSON),
 ``hpcmtl_version``, ``n_ranks``.  Checkpoints (format ``hpcmtl-checkpoint``)
 hold everything needed to continue bit for bit.
 
@@ -52,7 +52,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import InputError
-from .taskdata import TaskBlock
+from .taskdata import TaskBlock, task_means as _task_means
 
 TASKS_FORMAT = "hpcmtl-tasks"
 RESULT_FORMAT = "hpcmtl-result"
@@ -641,6 +641,20 @@ class TaskFile(_OpenFile):
         """Rows ``start:stop`` of task ``i`` as a validated ``TaskBlock``."""
         n = int(self.n_samples[i])
         stop = n if stop is None else stop
+        X, y = self._read_rows(i, start, stop)
+        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(X, y, start, self.n_features)
+        return TaskBlock(i, self.names[i], n, start, X, y, part)
+
+    def task_means(self, i: int, feature_map=None):
+        """``(mu, ybar)`` of task ``i``, streamed from the file in fixed chunks (:func:`hpcmtl.taskdata.task_means`).
+
+        Every rank gets the same bits; memory is one chunk; nothing is added to the read fingerprints.
+        """
+        return _task_means(lambda a, b: self._read_rows(i, a, b), int(self.n_samples[i]), feature_map)
+
+    def _read_rows(self, i: int, start: int, stop: int):
+        """Validated ``(X, y)`` of rows ``start:stop`` of task ``i``."""
+        n = int(self.n_samples[i])
         where = self._where(i)
         gname = _task_group(i)
         if gname not in self._f:
@@ -679,8 +693,7 @@ class TaskFile(_OpenFile):
             raise InputError(f"{where}: cannot read task data: {exc}") from None
         y = np.asarray(y, dtype=np.float64)
         _check_task(self.path, i, self.names[i], X, y, self.n_features)
-        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(X, y, start, self.n_features)
-        return TaskBlock(i, self.names[i], n, start, X, y, part)
+        return X, y
 
     def read_fingerprints(self) -> dict:
         """{task index: (start, stop, x_sum, y_sum) list} of the rows read so far (see :func:`combine_fingerprints`)."""
@@ -757,8 +770,11 @@ def read_all_tasks(path):
 # ---------------------------------------------------------------------------
 def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
                  version: str, task_names=None, extra: dict | None = None, test: dict | None = None,
-                 ranks: dict | None = None, groups: dict | None = None, force=True):
+                 ranks: dict | None = None, groups: dict | None = None, force=True, intercept=None):
     """Write a result file (see module docstring).
+
+    ``intercept`` (m per-task intercepts) is written as ``/model/intercept``
+    (zeros when None, so every new file has one).
 
     ``extra`` adds /model arrays; ``test`` (``{"tasks": [...], "summary": {...}}``)
     adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute;
@@ -774,6 +790,9 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         f.attrs["n_ranks"] = int(n_ranks)
         model = f.create_group("model")
         model.create_dataset("W", data=np.asarray(W, dtype=np.float64))
+        n_columns = np.shape(W)[1] if np.ndim(W) == 2 else 0
+        model.create_dataset("intercept", data=np.zeros(n_columns) if intercept is None
+                             else np.asarray(intercept, dtype=np.float64).reshape(n_columns))
         if Sigma is not None:
             model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
         if task_names is not None:
@@ -811,6 +830,8 @@ def read_result(path) -> dict:
             if k == "task_names" or h5py.check_string_dtype(v.dtype) is not None:      # names: a list of str
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
             out["model"][k] = value
+        if "intercept" not in out["model"] and np.ndim(out["model"].get("W")) == 2:
+            out["model"]["intercept"] = np.zeros(out["model"]["W"].shape[1])   # written before intercepts existed
         for name in f:
             if name not in ("model", "history", "test"):
                 out[name] = {k: v[()] for k, v in f[name].items()}

@@ -5,6 +5,14 @@ split over several workers).  Dense blocks keep ``X`` row-major with one shared
 ``0..d-1`` index array; CSR blocks keep ``data/indices/indptr``.  Either way
 ``block.rows`` is the ``Rows`` object the kernels take (built once per block by
 :func:`rows_of`), so no solver is written twice.
+
+Per-task intercepts (docs/math.md) change a block in one of two ways, before any
+solver sees it: :meth:`TaskBlock.centered` (squared loss: the task's mean row and
+mean label subtracted; dense rows explicitly, CSR rows implicitly through ``mu``,
+which :meth:`TaskBlock.decision`, :meth:`TaskBlock.rmatvec`, :meth:`TaskBlock.gram`,
+``sq_norms`` and the kernels' ``mu`` / ``x_mu`` arguments honour, so a CSR block is
+never densified) and :meth:`TaskBlock.augmented` (hinge and logistic losses: a
+constant extra feature, one more non-zero a CSR row).
 """
 from __future__ import annotations
 
@@ -26,7 +34,10 @@ class TaskBlock:
     X: object                 # np.ndarray (n x d, C order) or scipy.sparse.csr_matrix
     y: np.ndarray
     part: int = 0             # block number within its task
+    mu: np.ndarray | None = None        # implicit centering of CSR rows: the rows are read as x_j - mu
+    center: tuple | None = None         # (mu, ybar) of the whole task when the block was centered
     _sq_norms: np.ndarray | None = field(default=None, repr=False)
+    _x_mu: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.rows, self.X = rows_of(self.X)
@@ -50,18 +61,91 @@ class TaskBlock:
 
     @property
     def sq_norms(self) -> np.ndarray:
+        """``||x_j||^2`` per row (of ``x_j - mu`` for implicitly centered rows)."""
         if self._sq_norms is None:
             self._sq_norms = _kernels.row_sq_norms(self.rows, self.n_rows)
+            if self.mu is not None:
+                # ||x - mu||^2 = ||mu||^2 + sum over the row's non-zeros of x_k (x_k - 2 mu_k)
+                X = self.X
+                rows = np.repeat(np.arange(self.n_rows), np.diff(X.indptr))
+                inner = np.bincount(rows, weights=X.data * (X.data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
+                self._sq_norms = np.maximum(float(self.mu @ self.mu) + inner, 0.0)
         return self._sq_norms
 
+    @property
+    def x_mu(self) -> np.ndarray | None:
+        """``x_j . mu`` per row (implicitly centered rows; the kernels' ``x_mu``), else None."""
+        if self.mu is not None and self._x_mu is None:
+            self._x_mu = np.ascontiguousarray(np.asarray(self.X @ self.mu).reshape(-1), dtype=np.float64)
+        return self._x_mu
+
+    def z_shift(self, w: np.ndarray) -> float:
+        """``mu . w``: what implicit centering subtracts from every score (0 without it)."""
+        return float(self.mu @ w) if self.mu is not None else 0.0
+
     def decision(self, w: np.ndarray) -> np.ndarray:
-        """Scores ``X w`` of the block's rows."""
-        return np.asarray(self.X @ w).reshape(-1)
+        """Scores ``X w`` of the block's rows (``(X - 1 mu^T) w`` when implicitly centered)."""
+        z = np.asarray(self.X @ w).reshape(-1)
+        return z - self.z_shift(w) if self.mu is not None else z
+
+    def rmatvec(self, v: np.ndarray) -> np.ndarray:
+        """``X^T v`` (``X^T v - mu sum(v)`` when implicitly centered)."""
+        out = np.asarray(self.X.T @ v).reshape(-1)
+        return out - self.mu * float(np.sum(v)) if self.mu is not None else out
+
+    def gram(self) -> np.ndarray:
+        """``X^T X`` as a dense d x d array (of the centered rows when implicitly centered)."""
+        G = self.X.T @ self.X
+        G = G.toarray() if hasattr(G, "toarray") else np.asarray(G)
+        if self.mu is not None:
+            s = np.asarray(self.X.sum(axis=0)).reshape(-1)
+            G = G - np.outer(self.mu, s) - np.outer(s, self.mu) + self.n_rows * np.outer(self.mu, self.mu)
+        return G
+
+    def intercept(self, w: np.ndarray) -> float:
+        """The task's intercept for the centered problem's w: ``ybar - mu . w`` (0 for an uncentered block)."""
+        if self.center is None:
+            return 0.0
+        mu, ybar = self.center
+        return float(ybar - mu @ w)
 
     def transformed(self, feature_map) -> "TaskBlock":
         """The same block with ``phi(X)`` in place of ``X`` (random features)."""
         return TaskBlock(self.task, self.name, self.n_task, self.row_start,
                          feature_map(self.X), self.y, self.part)
+
+    def centered(self, mu: np.ndarray, ybar: float) -> "TaskBlock":
+        """The block of the task centered by its means (the squared loss's unpenalized intercept).
+
+        Dense rows: ``X - 1 mu^T`` formed; CSR rows: kept, read as ``x_j - mu``.
+        Labels ``y - ybar``.  ``mu`` and ``ybar`` are means over the whole task
+        (:func:`task_means`), so a split task's blocks share them.
+        """
+        mu = np.ascontiguousarray(mu, dtype=np.float64)
+        y = self.y - ybar
+        if self.sparse:
+            return TaskBlock(self.task, self.name, self.n_task, self.row_start, self.X, y, self.part,
+                             mu=mu, center=(mu, float(ybar)))
+        return TaskBlock(self.task, self.name, self.n_task, self.row_start, self.X - mu, y, self.part,
+                         center=(mu, float(ybar)))
+
+    def augmented(self, scaling: float) -> "TaskBlock":
+        """The block with a constant last feature of value ``scaling`` (liblinear's intercept feature)."""
+        return TaskBlock(self.task, self.name, self.n_task, self.row_start, with_constant_column(self.X, scaling),
+                         self.y, self.part)
+
+
+def with_constant_column(X, value: float):
+    """``[X, value * 1]``: dense or CSR (one more non-zero a row, at column d)."""
+    n, d = X.shape
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float64)
+        X.sort_indices()
+        data = np.insert(X.data, X.indptr[1:], value)          # after each row's last entry
+        indices = np.insert(X.indices, X.indptr[1:], d).astype(np.int32)
+        indptr = X.indptr.astype(np.int64) + np.arange(n + 1, dtype=np.int64)
+        return sp.csr_matrix((data, indices, indptr), shape=(n, d + 1))
+    return np.hstack([np.asarray(X, dtype=np.float64), np.full((n, 1), float(value))])
 
 
 def rows_of(X):
@@ -88,3 +172,30 @@ def dense_or_csr(X):
     if sp.issparse(X):
         return sp.csr_matrix(X, dtype=np.float64)
     return np.asarray(X, dtype=np.float64)
+
+
+MEAN_CHUNK_ROWS = 4096
+
+
+def task_means(read_rows, n: int, feature_map=None, chunk: int = MEAN_CHUNK_ROWS):
+    """``(mu, ybar)``: the mean row and mean label of a task of ``n >= 1`` rows, read ``chunk`` rows at a time.
+
+    ``read_rows(start, stop)`` returns ``(X, y)`` of those rows (dense or CSR);
+    ``feature_map`` (random features) is applied to each chunk.  The sums run
+    over fixed chunks in row order, so every rank that computes a task's means
+    gets the same bits whatever blocks it holds; memory is one chunk.
+    """
+    xs, ys = None, 0.0
+    for start in range(0, n, chunk):
+        X, y = read_rows(start, min(n, start + chunk))
+        if feature_map is not None:
+            X = feature_map(X)
+        if xs is None:
+            xs = np.zeros(X.shape[1])
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            xs += np.bincount(X.indices, weights=X.data, minlength=X.shape[1])
+        else:
+            xs += np.asarray(X, dtype=np.float64).sum(axis=0)
+        ys += float(np.sum(y))
+    return xs / n, ys / n

@@ -32,7 +32,7 @@ def primal_numpy(Xs, ys, W, Sigma, lam, loss, gamma=1.0):
 def test_relative_gap_certificate_at_convergence(loss, sparse):
     Xs, ys = random_tasks(seed=1, sparse=sparse, loss=loss)
     lam = 0.05
-    r = run(Xs, ys, loss=loss, lam=lam, tol=1e-6, max_rounds=3000, outer=4, gamma=0.5)
+    r = run(Xs, ys, loss=loss, lam=lam, tol=1e-6, max_rounds=3000, outer=4, gamma=0.5, fit_intercept=False)
     h = r.history
     assert r.converged and h["rel_gap"][-1] <= 1e-6
     assert np.all(h["gap"] >= -1e-12 * np.abs(h["primal"]))
@@ -111,7 +111,7 @@ def test_stl_squared_equals_ridge_per_task():
     from sklearn.linear_model import Ridge
     Xs, ys = random_tasks(seed=6, loss="squared")
     lam, m = 0.03, len(Xs)
-    r = run(Xs, ys, loss="squared", lam=lam, tol=1e-12, max_rounds=5000, relationship="identity")
+    r = run(Xs, ys, loss="squared", lam=lam, tol=1e-12, max_rounds=5000, relationship="identity", fit_intercept=False)
     # the objective is (lam m)-strongly convex in each w_i: ||w_i - w_i*||^2 <= 2 gap / (lam m)
     radius = np.sqrt(2 * max(r.history["gap"][-1], 0.0) / (lam * m))   # exact local solves: the gap may round below 0
     assert radius < 1e-5
@@ -125,7 +125,7 @@ def test_stl_hinge_matches_liblinear_objective():
     from liblinear.liblinearutil import parameter, problem, train as lltrain
     Xs, ys = random_tasks(seed=7, loss="hinge")
     lam, m = 0.02, len(Xs)
-    r = run(Xs, ys, loss="hinge", lam=lam, tol=1e-9, max_rounds=20000, relationship="identity")
+    r = run(Xs, ys, loss="hinge", lam=lam, tol=1e-9, max_rounds=20000, relationship="identity", fit_intercept=False)
     for i, (X, y) in enumerate(zip(Xs, ys)):
         n = len(y)
         model = lltrain(problem(y, X), parameter(f"-s 3 -c {1.0 / (lam * m * n)} -e 1e-10 -B -1 -q"))
@@ -141,7 +141,7 @@ def test_stl_logistic_matches_sklearn():
     from sklearn.linear_model import LogisticRegression
     Xs, ys = random_tasks(seed=8, loss="logistic")
     lam, m = 0.02, len(Xs)
-    r = run(Xs, ys, loss="logistic", lam=lam, tol=1e-12, max_rounds=5000, relationship="identity")
+    r = run(Xs, ys, loss="logistic", lam=lam, tol=1e-12, max_rounds=5000, relationship="identity", fit_intercept=False)
     radius = np.sqrt(2 * r.history["gap"][-1] / (lam * m))
     for i, (X, y) in enumerate(zip(Xs, ys)):
         clf = LogisticRegression(C=1.0 / (lam * m * len(y)), fit_intercept=False, tol=1e-12, max_iter=10000).fit(X, y)

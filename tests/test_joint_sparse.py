@@ -45,7 +45,7 @@ def test_iterates_stay_feasible_and_the_objective_drops(problem, projection):
     src, _, truth = problem
     C = float(truth["l1inf_norm"]) if projection == "l1inf" else 2.0
     r = train(Cluster.serial(), src, JointSparseConfig(radius=C, projection=projection, eta0=10.0,
-                                                             max_rounds=60))
+                                                             max_rounds=60, fit_intercept=False))
     h = r.history
     assert h["best_objective"][-1] < h["objective"][0] * 0.9
     assert np.all(np.diff(h["best_objective"]) <= 0)
@@ -71,7 +71,7 @@ def test_warm_started_path_never_gets_worse(problem):
 
 def test_estimator(problem):
     src, te, truth = problem
-    est = JointSparseMTL(radius=float(truth["l1inf_norm"]), eta0=10.0, max_rounds=50)
+    est = JointSparseMTL(radius=float(truth["l1inf_norm"]), eta0=10.0, max_rounds=50, fit_intercept=False)
     assert est.fit(src.Xs, src.ys) is est
     assert est.W_.shape == (40, 8) and est.score(te.Xs, te.ys) > 0.6
     assert set(est.selected_features_) == set(np.flatnonzero(np.abs(est.W_).max(axis=1)))

@@ -351,3 +351,96 @@ def test_tiny_tasks_with_shrinking_through_several_omega_steps(kernel_build, los
                   aggregation=aggregation).fit(Xs, ys)
     assert model.converged_ and len(model.wsteps_["converged"]) == 4
     assert np.all(model.wsteps_["rel_gap"] <= tol) and np.all(np.isfinite(model.W_))
+
+
+# ---------------------------------------------------------------------------
+# implicit centering (the squared loss's intercept on CSR rows): mu, x_mu and z_shift
+# ---------------------------------------------------------------------------
+def _centered_pair(rng, n, d, zero_row=True):
+    """A CSR block read as x_j - mu (mu: its column means) and the same rows centered densely."""
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.4)
+    if zero_row and n > 1:
+        X[1] = 0.0                                            # a row without non-zeros
+    y = rng.normal(size=n) + 3.0
+    mu = X.mean(axis=0) if n else np.zeros(d)
+    implicit = TaskBlock(0, "t", max(n, 1), 0, sp.csr_matrix(X), y).centered(mu, 0.0)
+    dense = TaskBlock(0, "t", max(n, 1), 0, X - mu, y)
+    return implicit, dense, mu
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES)
+def test_sdca_local_with_implicit_centering_equals_dense_centered_rows(kernels, loss):
+    rng = np.random.default_rng(7)
+    for n, d in ((30, 5), (1, 3), (4, 1)):
+        implicit, dense, mu = _centered_pair(rng, n, d)
+        y = dense.y if loss == "squared" else np.where(dense.y > 3.0, 1.0, -1.0)
+        assert implicit.sparse and implicit.mu is not None and implicit.X.nnz < n * d + 1
+        assert_allclose(implicit.sq_norms, dense.sq_norms, rtol=1e-12, atol=1e-12)
+        w = rng.normal(size=d)
+        out = []
+        for blk in (implicit, dense):
+            alpha, db = np.zeros(n), np.zeros(d)
+            steps = kernels.sdca_local(blk.rows, y, alpha, w, db, blk.sq_norms, np.arange(n, dtype=np.int32),
+                                       kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, 0.7, 2.5, 40.0,
+                                       3.0, 99, blk.mu, blk.x_mu)
+            out.append((alpha, db, steps))
+        assert out[0][2] == out[1][2] == 3 * n
+        assert np.all(np.isfinite(out[0][1]))
+        assert_allclose(out[0][0], out[1][0], rtol=1e-9, atol=1e-12)
+        assert_allclose(out[0][1], out[1][1], rtol=1e-9, atol=1e-12)
+        # delta b is exactly X~^T delta_alpha / n_i of the alpha it returns
+        assert_allclose(out[0][1], implicit.rmatvec(out[0][0]) / 40.0, rtol=1e-9, atol=1e-12)
+        ref_alpha, ref_db = sdca_local_reference(dense.X, y, np.zeros(n), w, 2.5, 40.0, 3 * n, 99, loss, 0.7)
+        assert_allclose(out[0][0], ref_alpha, rtol=1e-9, atol=1e-12)
+        # objective terms: the scores of the centered rows are x.w - mu.w
+        a = out[0][0]
+        got = kernels.objective_terms(implicit.rows, y, a, w, LOSSES[loss].kernel_id, 0.7, implicit.z_shift(w))
+        want = kernels.objective_terms(dense.rows, y, a, w, LOSSES[loss].kernel_id, 0.7)
+        assert np.all(np.isfinite(got))
+        assert_allclose(got, want, rtol=1e-10)
+        assert_allclose(implicit.decision(w), dense.X @ w, atol=1e-12)
+
+
+def test_implicit_centering_edges(kernels):
+    rng = np.random.default_rng(3)
+    # an empty block: nothing to do, delta b zeroed
+    empty = TaskBlock(0, "t", 1, 0, sp.csr_matrix((0, 3)), np.zeros(0)).centered(np.ones(3), 0.0)
+    db = np.full(3, np.nan)
+    assert kernels.sdca_local(empty.rows, empty.y, np.zeros(0), np.zeros(3), db, empty.sq_norms,
+                              np.zeros(0, np.int32), kernels.new_shrink_state(0, False), 2, 1.0, 1.0, 1.0, 1.0, 0,
+                              empty.mu, empty.x_mu) == 0
+    assert_array_equal(db, 0.0)
+    assert kernels.objective_terms(empty.rows, empty.y, np.zeros(0), np.zeros(3), 2, 1.0, 5.0) == (0.0, 0.0)
+    # one row with no non-zeros: it is -mu, its squared norm ||mu||^2
+    mu = np.array([0.5, -1.0])
+    one = TaskBlock(0, "t", 1, 0, sp.csr_matrix((1, 2)), np.array([2.0])).centered(mu, 0.0)
+    assert one.X.nnz == 0 and one.sq_norms[0] == pytest.approx(1.25) and one.x_mu[0] == 0.0
+    alpha, db = np.zeros(1), np.zeros(2)
+    kernels.sdca_local(one.rows, one.y, alpha, np.zeros(2), db, one.sq_norms, np.zeros(1, np.int32),
+                       kernels.new_shrink_state(1, False), 2, 1.0, 1.0, 1.0, 1.0, 0, one.mu, one.x_mu)
+    # squared loss, u = 0, q = ||mu||^2: delta = y / (1 + q); delta b = delta * (-mu)
+    assert alpha[0] == pytest.approx(2.0 / 2.25)
+    assert_allclose(db, -mu * alpha[0], rtol=1e-14)
+    # mu without x_mu, or of the wrong lengths: refused before any work
+    rows, y = one.rows, one.y
+    args = (rows, y, np.zeros(1), np.zeros(2), np.zeros(2), one.sq_norms, np.zeros(1, np.int32),
+            kernels.new_shrink_state(1, False), 2, 1.0, 1.0, 1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="come together"):
+        kernels.sdca_local(*args, mu, None)
+    with pytest.raises(ValueError, match="come together"):
+        kernels.sdca_local(*args, None, np.zeros(1))
+    with pytest.raises(ValueError, match="mu has length 3, expected 2"):
+        kernels.sdca_local(*args, np.zeros(3), np.zeros(1))
+    with pytest.raises(ValueError, match="x_mu has length 2, expected 1"):
+        kernels.sdca_local(*args, mu, np.zeros(2))
+    del rng
+
+
+def test_augmented_rows_add_one_entry_a_row():
+    X = sp.csr_matrix(np.array([[0.0, 2.0], [0.0, 0.0], [1.0, 0.0]]))
+    blk = TaskBlock(0, "t", 3, 0, X, np.ones(3)).augmented(4.0)
+    assert blk.X.shape == (3, 3) and blk.X.nnz == X.nnz + 3
+    assert_array_equal(blk.X.toarray(), [[0, 2, 4], [0, 0, 4], [1, 0, 4]])
+    dense = TaskBlock(0, "t", 3, 0, X.toarray(), np.ones(3)).augmented(4.0)
+    assert_array_equal(dense.X, blk.X.toarray())
+    assert_array_equal(blk.sq_norms, [20.0, 16.0, 17.0])

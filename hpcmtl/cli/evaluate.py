@@ -94,6 +94,7 @@ def cmd_evaluate(args):
                              f"it on a task dataset ('{store.TASKS_FORMAT}')")
         with store.TaskFile(args.test) as test_source:
             metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
-                                      result["model"].get("task_names"), args.result)
+                                      result["model"].get("task_names"), args.result,
+                                      result["model"].get("intercept"))
     print(json.dumps(metrics) if args.json else metrics_text(metrics))
     return 0

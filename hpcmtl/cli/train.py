@@ -118,7 +118,8 @@ def config_from_args(args):
         return JointSparseConfig(radius=args.radius or 1.0, loss=args.loss, projection=args.projection,
                                  eta0=args.eta0, max_rounds=args.max_rounds or 200, gamma=args.gamma,
                                  seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
-                                 split_tasks=args.split_tasks, positive_label=args.positive_label).validate()
+                                 split_tasks=args.split_tasks, fit_intercept=not args.no_intercept,
+                                 positive_label=args.positive_label).validate()
     if args.lam is None:
         raise InputError(f"method '{args.method}' needs --lam")
     relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "graph": "fixed", "ssdca": "learned",
@@ -130,6 +131,7 @@ def config_from_args(args):
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        aggregation=args.aggregation,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
+                       fit_intercept=not args.no_intercept, intercept_scaling=args.intercept_scaling,
                        method=args.method, positive_label=args.positive_label).validate()
 
 
@@ -284,7 +286,7 @@ def cmd_train(args, cluster):
                                                                      warn=warn_line(args))
         if test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source,
-                                          result.task_names)
+                                          result.task_names, intercept=result.intercept)
     else:
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
@@ -339,7 +341,8 @@ def save_result(args, cluster, source, result, sigma, groups, summary):
     model_extra = groups.pop("model", None)
     store.write_result(args.out, result.W, sigma, result.history, config_out, cluster.size, __version__,
                        task_names=result.task_names, extra=model_extra, test=result.test,
-                       ranks=result.extra or None, groups=groups, force=args.force)
+                       ranks=result.extra or None, groups=groups, force=args.force,
+                       intercept=getattr(result, "intercept", None))
     if args.log_level != "error":
         print(summary_table(args, result, summary))
     return result
