@@ -584,6 +584,28 @@ class LocalBlocks(LocalBase):
             self.apply_step(k, float(rows[k, d]), float(rows[k, d + 1]), float(rows[k, d + 2]))
         return self.objective_terms() if ctrl.with_objective else None
 
+    def local_steps(self, rows, out, d, safe):
+        """Each block's steps from its local step ``rows[k]``, then b, w and alpha; ``out[k, 2:]``."""
+        cfg = self.config
+        for k, t in enumerate(self.local):
+            row = rows[k]
+            if not np.all(np.isfinite(row)):
+                out[k] = np.nan
+                self.pending[k] = None
+                continue
+            if safe:
+                t.BT += row[None, :]
+                eta, beta = np.array([cfg.eta]), np.zeros(1)
+            else:
+                eta, beta = t.solve_steps(row[None, :d], row[None, :])
+                t.step, t.beta = eta, beta
+            t.WT = (t.Sigma @ t.BT) / cfg.lam
+            self.w[k] = t.WT[0]
+            if not safe:
+                t.adapt_rho(np.clip(eta, 0.0, cfg.eta))
+                self.apply_step(k, float(eta[0]), float(beta[0]), float(t.rho_task[0]))
+            out[k, 2:] = (float(t.BT[0] @ t.WT[0]), float(eta[0]), float(beta[0]))
+
     def apply_step(self, k, eta, beta, rho):
         """Block k: ``alpha += eta delta + beta p`` (the pending step and the momentum direction), next rho."""
         if self.pending[k] is not None:
@@ -640,25 +662,8 @@ class LocalBlocks(LocalBase):
         width = d if safe else {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
         rows = self.sdca_rows(ctrl.round, width) if safe else self.trial_rows(ctrl.round, width)
         out = np.zeros((len(self.blocks), 5))
-        for k, t in enumerate(self.local):
-            row = rows[k]
-            if not np.all(np.isfinite(row)):
-                out[k] = np.nan
-                self.pending[k] = None
-                continue
-            if safe:
-                t.BT += row[None, :]
-                eta, beta = np.array([cfg.eta]), np.zeros(1)
-            else:
-                with one_blas_thread():
-                    eta, beta = t.solve_steps(row[None, :d], row[None, :])
-                t.step, t.beta = eta, beta
-            t.WT = (t.Sigma @ t.BT) / cfg.lam
-            self.w[k] = t.WT[0]
-            if not safe:
-                t.adapt_rho(np.clip(eta, 0.0, cfg.eta))
-                self.apply_step(k, float(eta[0]), float(beta[0]), float(t.rho_task[0]))
-            out[k, 2:] = (float(t.BT[0] @ t.WT[0]), float(eta[0]), float(beta[0]))
+        with one_blas_thread():           # once a round: threadpoolctl's limits cost milliseconds each time
+            self.local_steps(rows, out, d, safe)
         if ctrl.with_objective:
             out[:, :2] = self.objective_terms()
         return out
