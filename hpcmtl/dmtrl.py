@@ -96,6 +96,16 @@ class DMTRLCommand(Command):
     GET_PREVIOUS = 8, Down.NOTHING, Up.GATHER_VECTORS, (), "get_previous"
     # the same, back (resume, and zeros after an Omega-step)
     SET_PREVIOUS = 9, Down.SCATTER_VECTORS, Up.NOTHING, (), "set_previous"
+    # Sigma diagonal and every task one block (nothing couples the tasks): a whole round on the workers, each
+    # block its own local step, step sizes and b, w -> per block [loss sum, conjugate sum, b.w, eta, beta]
+    LOCAL_ROUND = 10, Down.NOTHING, Up.GATHER_ROWS, ("round", "with_objective", "width"), "local_round"
+    # start local rounds from B = 0 (no momentum yet, rho 1): nothing to send
+    RESET_LOCAL = 11, Down.NOTHING, Up.NOTHING, ("width",), "reset_local"
+    # start local rounds from the server's per block [b, dP (free momentum), step, beta, rho] (a resume, a later
+    # W-step under a diagonal Sigma)
+    SET_LOCAL = 12, Down.SCATTER_ROWS, Up.NOTHING, ("width",), "set_local"
+    # the same, back to the server (the W-step ended; a checkpoint)
+    GET_LOCAL = 13, Down.NOTHING, Up.GATHER_ROWS, ("width",), "get_local"
 
 
 class DMTRLConvergenceWarning(UserWarning):
@@ -126,6 +136,7 @@ class DMTRLConfig:
     shrinking: bool = True          # liblinear-style shrinking in local SDCA (hinge, smoothed hinge)
     aggregation: str = "qp"         # qp | adaptive | line | safe (Lemma 6.7, the paper's rule)
     local_solver: str = "auto"      # sdca | exact (squared loss: the local subproblem solved exactly) | auto
+    exchange: str = "auto"          # auto: W-steps under a diagonal Sigma run on the workers alone | dense
     method: str = "dmtrl"
     positive_label: float | None = None     # classification: this label is +1, the other class -1
 
@@ -133,7 +144,7 @@ class DMTRLConfig:
         """Every field against :data:`hpcmtl.params.PARAMS`, then the rules coupling two fields."""
         def bad(name, rule, value):
             raise InputError(f"The '{name}' parameter of {owner} must be {rule}. Got {value!r} instead.")
-        self._check(("loss", "relationship", "aggregation", "local_solver"), owner)
+        self._check(("loss", "relationship", "aggregation", "local_solver", "exchange"), owner)
         if self.local_solver == "exact" and self.aggregation == "safe":
             bad("local_solver", "'sdca' or 'auto' with the safe aggregation (the paper's local SDCA)", self.local_solver)
         if self.local_solver == "exact" and self.loss != "squared":
@@ -388,7 +399,12 @@ def primal_dual(loss_sums, conj_sums, n, BT, WT, lam):
 
     ``(lam/2) tr(W Omega W^T) = tr(B Sigma B^T) / (2 lam) = sum(B * W) / 2``.
     """
-    half = 0.5 * float(np.sum(BT * WT))
+    return primal_dual_of(loss_sums, conj_sums, n, float(np.sum(BT * WT)))
+
+
+def primal_dual_of(loss_sums, conj_sums, n, regularizer):
+    """``(P, D)`` from per-task sums and ``tr(B Sigma B^T) / lam = sum_i b_i . w_i`` (local rounds send b_i . w_i)."""
+    half = 0.5 * regularizer
     primal = float(np.sum(np.asarray(loss_sums) / n)) + half
     dual = -half - float(np.sum(np.asarray(conj_sums) / n))
     return primal, dual
@@ -459,6 +475,7 @@ class LocalBlocks(LocalBase):
         self.previous = [np.zeros(b.n_rows) for b in blocks]    # momentum: the step applied last round
         self.pending_q = [None] * len(blocks)                   # box momentum: this round's p'
         self.gram = [None] * len(blocks)           # exact solver: eigendecomposition of X^T X per block
+        self.local = []                            # local rounds: each block's TaskSteps
         self.reset_shrinking()
 
     def extra_bytes(self):
@@ -472,9 +489,11 @@ class LocalBlocks(LocalBase):
 
     def sdca(self, ctrl, inputs):
         """SDCA: local SDCA on every block -> delta b per block (n_blocks x d), alpha updated."""
-        round_ = ctrl.round
+        return self.sdca_rows(ctrl.round, ctrl.width)
+
+    def sdca_rows(self, round_, width):
         cfg = self.config
-        out = np.zeros((len(self.blocks), ctrl.width))
+        out = np.zeros((len(self.blocks), width))
         for k, blk in enumerate(self.blocks):
             st = self.state[k]
             with self.working_on(blk, round_):
@@ -499,7 +518,9 @@ class LocalBlocks(LocalBase):
         With momentum (squared loss) also ``[(a - y).p, p.p, delta.p]`` for the
         previous step p.
         """
-        round_, width = ctrl.round, ctrl.width
+        return self.trial_rows(ctrl.round, ctrl.width)
+
+    def trial_rows(self, round_, width):
         cfg = self.config
         d = {None: width - 2, "free": width - 5, "box": (width - 6) // 2}[self.momentum]
         out = np.zeros((len(self.blocks), width))
@@ -562,19 +583,92 @@ class LocalBlocks(LocalBase):
         d = ctrl.width - 3
         self.w = np.ascontiguousarray(rows[:, :d])
         for k in range(len(self.blocks)):
-            eta, beta = float(rows[k, d]), float(rows[k, d + 1])
-            if self.pending[k] is not None:
-                step = eta * self.pending[k]
-                if self.momentum:
-                    q = self.previous[k] if self.momentum == "free" else self.pending_q[k]
-                    step = step + beta * q
-                    self.previous[k] = step
-                    self.pending_q[k] = None
-                if eta != 0.0 or beta != 0.0:
-                    self.state[k].alpha = self.state[k].alpha + step
-            self.pending[k] = None
-            self.rho_block[k] = float(rows[k, d + 2])
+            self.apply_step(k, float(rows[k, d]), float(rows[k, d + 1]), float(rows[k, d + 2]))
         return self.objective_terms() if ctrl.with_objective else None
+
+    def local_steps(self, rows, out, d, safe):
+        """Each block's steps from its local step ``rows[k]``, then b, w and alpha; ``out[k, 2:]``."""
+        cfg = self.config
+        for k, t in enumerate(self.local):
+            row = rows[k]
+            if not np.all(np.isfinite(row)):
+                out[k] = np.nan
+                self.pending[k] = None
+                continue
+            if safe:
+                t.BT += row[None, :]
+                eta, beta = np.array([cfg.eta]), np.zeros(1)
+            else:
+                eta, beta = t.solve_steps(row[None, :d], row[None, :])
+                t.step, t.beta = eta, beta
+            t.WT = (t.Sigma @ t.BT) / cfg.lam
+            self.w[k] = t.WT[0]
+            if not safe:
+                t.adapt_rho(np.clip(eta, 0.0, cfg.eta))
+                self.apply_step(k, float(eta[0]), float(beta[0]), float(t.rho_task[0]))
+            out[k, 2:] = (float(t.BT[0] @ t.WT[0]), float(eta[0]), float(beta[0]))
+
+    def apply_step(self, k, eta, beta, rho):
+        """Block k: ``alpha += eta delta + beta p`` (the pending step and the momentum direction), next rho."""
+        if self.pending[k] is not None:
+            step = eta * self.pending[k]
+            if self.momentum:
+                q = self.previous[k] if self.momentum == "free" else self.pending_q[k]
+                step = step + beta * q
+                self.previous[k] = step
+                self.pending_q[k] = None
+            if eta != 0.0 or beta != 0.0:
+                self.state[k].alpha = self.state[k].alpha + step
+        self.pending[k] = None
+        self.rho_block[k] = rho
+
+    # -- local rounds: a diagonal Sigma couples nothing, so a block (= a task) takes its whole round alone --
+    def reset_local(self, ctrl, inputs):
+        """RESET_LOCAL: every block's b and dP zero, steps zero, rho 1 (the server's state at the start)."""
+        start = np.zeros((len(self.blocks), local_width(ctrl.width, self.momentum)))
+        start[:, -1] = 1.0
+        self.start_local(start, ctrl.width)
+
+    def set_local(self, ctrl, rows):
+        """SET_LOCAL: per block ``[b, dP (free momentum only), step, beta, rho]``."""
+        self.start_local(rows, (ctrl.width - 3) // (2 if self.momentum == "free" else 1))
+
+    def start_local(self, rows, d):
+        """Each block's one-task :class:`TaskSteps` from its row ``[b, (dP), step, beta, rho]``; w from b."""
+        e = 2 * d if self.momentum == "free" else d
+        self.local = [TaskSteps(self.config, self.sigma_ii[k], blk.n_task, rows[k, :d],
+                                rows[k, d:e] if e > d else np.zeros(d), *rows[k, e:e + 3])
+                      for k, blk in enumerate(self.blocks)]
+        self.w = np.array([t.WT[0] for t in self.local]).reshape(len(self.blocks), d)
+        for k, t in enumerate(self.local):
+            self.rho_block[k] = float(t.rho_task[0])
+
+    def get_local(self, ctrl, inputs):
+        """GET_LOCAL: per block ``[b, (dP), step, beta, rho]``."""
+        free = self.momentum == "free"
+        return np.array([np.concatenate([t.BT[0]] + ([t.dPT[0]] if free else []) + [t.step, t.beta, t.rho_task])
+                         for t in self.local]).reshape(len(self.blocks), ctrl.width)
+
+    def local_round(self, ctrl, inputs):
+        """LOCAL_ROUND: the server's round (:meth:`Server.round_steps` or ``round_safe``) on each block alone.
+
+        The local step as TRIAL (SDCA for 'safe') computes it, the block's steps from
+        the same :class:`StepSolver` arithmetic over one task, ``b`` and ``w = sigma_ii b
+        / lam`` updated here, alpha as APPLY updates it.  Per block ``[loss sum,
+        conjugate sum, b . w, eta, beta]`` (the objective terms only with_objective); a
+        block whose step is not finite reports NaN and keeps its state (the server names it).
+        """
+        cfg = self.config
+        d = self.local[0].BT.shape[1] if self.local else 0
+        safe = cfg.aggregation == "safe"
+        width = d if safe else {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
+        rows = self.sdca_rows(ctrl.round, width) if safe else self.trial_rows(ctrl.round, width)
+        out = np.zeros((len(self.blocks), 5))
+        with one_blas_thread():           # once a round: threadpoolctl's limits cost milliseconds each time
+            self.local_steps(rows, out, d, safe)
+        if ctrl.with_objective:
+            out[:, :2] = self.objective_terms()
+        return out
 
     def objective_terms(self):
         """Per block (loss sum, conjugate sum) at the current w and alpha (n_blocks x 2)."""
@@ -689,77 +783,16 @@ def conjugate_along(loss, a, delta, y, gamma):
         return float((a - y) @ delta), float(delta @ delta)
     return float(np.sum(conjugate_reference(loss, a + delta, y) - conjugate_reference(loss, a, y))), 0.0
 
-# ---------------------------------------------------------------------------
-# The server's driver
-# ---------------------------------------------------------------------------
-class Server(ServerBase):
-    """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
+class StepSolver:
+    """The per-task steps of the aggregations other than 'safe': the exact dual-maximizing ``eta``
+    (and momentum ``beta``) along the pending local steps, and B updated with them.
 
-    def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
-                 checkpointer=None, test=False, warn=None):
-        super().__init__(cluster, source, progress, checkpointer)
-        self.config = config
-        self.safe = config.aggregation == "safe"
-        self.d = engine.model_width(config, source.n_features)      # + 1: the augmented intercept feature
-        self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
-        # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
-        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
-        self.BT = np.zeros((self.m, self.d))
-        if config.relationship == "fixed":
-            self.Sigma = np.array(sigma_fixed, dtype=np.float64)
-        else:
-            self.Sigma = np.eye(self.m) / self.m
-        self.WT = np.zeros((self.m, self.d))
-        self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
-        self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
-        self.step = np.zeros(self.m)             # the last round's per-task steps
-        self.momentum = uses_momentum(config)
-        self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
-        self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
-        self.history = GapHistory()
-        self.t = 0                    # rounds so far in the current W-step
-        self.outer_state = OuterState()
-        self.want_test = test
-        self.test = None
-        self.warn = warn
-
-    @property
-    def outer(self):
-        return self.outer_state.p
-
-    # -- commands ----------------------------------------------------------
-    def push_sigma(self):
-        shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
-        self.command(DMTRLCommand.SET_SIGMA, payload=shared, m=self.m, width=self.m + 1)
-
-    def push_w(self, with_objective: bool, eta=None, beta=None):
-        """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
-        if self.safe:
-            return self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=with_objective,
-                                width=self.d)
-        eta = np.zeros(self.m) if eta is None else eta
-        beta = np.zeros(self.m) if beta is None else beta
-        payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
-        return self.command(DMTRLCommand.APPLY, payload=payload, with_objective=with_objective, width=self.d + 3)
-
-    # -- arithmetic ----------------------------------------------------------
-    def recompute_w(self):
-        self.WT = (self.Sigma @ self.BT) / self.config.lam      # W = B Sigma / lam
-        check_finite_rows(self.WT, self.round, self.names, "W column", self.outer)
-
-    def objective(self, terms):
-        """Primal and dual of the current alpha from per-block terms."""
-        sums = self.per_task(terms)
-        check_finite_rows(sums, self.round, self.names, "loss or conjugate sum", self.outer)
-        return primal_dual(sums[:, 0], sums[:, 1], self.n, self.BT, self.WT, self.config.lam)
-
-    def record(self, primal, dual):
-        step, rho = (self.config.eta, self.rho) if self.safe else (float(np.mean(self.step)), float(np.max(self.rho_task)))
-        row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved,
-                                  step, rho)
-        if self.progress is not None:
-            self.progress(row)
-        return row
+    Used by the server over all m tasks, and by a worker over one task (:class:`TaskSteps`)
+    when Sigma is diagonal and nothing couples the tasks (the quadratic is then a sum of
+    per-task terms: the same arithmetic with m = 1).  Needs ``config``, ``m``, ``d``, ``n``,
+    ``Sigma``, ``BT``, ``WT``, ``dPT``, ``step``, ``beta``, ``rho_task``,
+    ``blocks_per_task`` and ``momentum``.
+    """
 
     def steps(self, dBT, c1, c2):
         """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
@@ -842,6 +875,121 @@ class Server(ServerBase):
         rho = np.where(full, 0.5 * self.rho_task, self.rho_task * np.sqrt(grow))
         self.rho_task = np.clip(rho, 1.0, bound)
 
+    def solve_steps(self, dBT, rows):
+        """This round's (eta, beta) per task, B updated with them."""
+        d = self.d
+        if self.momentum == "free":
+            eta, beta = self.steps_momentum(dBT, rows[:, d:])
+            self.dPT = eta[:, None] * dBT + beta[:, None] * self.dPT
+            self.BT += self.dPT
+        elif self.momentum == "box":
+            dQT = rows[:, d:2 * d]
+            eta, beta = self.steps_box_momentum(dBT, dQT, rows[:, 2 * d:])
+            self.BT += eta[:, None] * dBT + beta[:, None] * dQT
+        else:
+            eta, beta = self.steps(dBT, rows[:, d], rows[:, d + 1]), np.zeros(self.m)
+            self.BT += eta[:, None] * dBT
+        return eta, beta
+
+
+def local_width(d, momentum):
+    """Width of a block's local-round state ``[b, (dP: free momentum only), step, beta, rho]``."""
+    return (2 * d if momentum == "free" else d) + 3
+
+
+class TaskSteps(StepSolver):
+    """One task's :class:`StepSolver` state on its worker during local rounds (Sigma diagonal: the
+    task's quadratic is its own): ``b`` and ``dP`` as 1 x d rows, ``w = sigma_ii b / lam``."""
+
+    def __init__(self, config, sigma_ii, n, b, dp, step, beta, rho):
+        self.config = config
+        self.m = 1
+        self.n = np.array([float(n)])
+        self.Sigma = np.array([[float(sigma_ii)]])
+        self.BT = np.array(b, dtype=np.float64).reshape(1, -1)
+        self.d = self.BT.shape[1]
+        self.dPT = np.array(dp, dtype=np.float64).reshape(1, -1)
+        self.WT = (self.Sigma @ self.BT) / config.lam
+        self.step = np.array([float(step)])
+        self.beta = np.array([float(beta)])
+        self.rho_task = np.array([float(rho)])
+        self.blocks_per_task = np.ones(1)
+        self.momentum = uses_momentum(config)
+
+
+# ---------------------------------------------------------------------------
+# The server's driver
+# ---------------------------------------------------------------------------
+class Server(StepSolver, ServerBase):
+    """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
+
+    def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
+                 checkpointer=None, test=False, warn=None):
+        super().__init__(cluster, source, progress, checkpointer)
+        self.config = config
+        self.safe = config.aggregation == "safe"
+        self.d = engine.model_width(config, source.n_features)      # + 1: the augmented intercept feature
+        self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
+        # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
+        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
+        self.BT = np.zeros((self.m, self.d))
+        if config.relationship == "fixed":
+            self.Sigma = np.array(sigma_fixed, dtype=np.float64)
+        else:
+            self.Sigma = np.eye(self.m) / self.m
+        self.WT = np.zeros((self.m, self.d))
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
+        self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
+        self.step = np.zeros(self.m)             # the last round's per-task steps
+        self.momentum = uses_momentum(config)
+        self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
+        self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
+        self.history = GapHistory()
+        self.t = 0                    # rounds so far in the current W-step
+        self.outer_state = OuterState()
+        self.want_test = test
+        self.test = None
+        self.warn = warn
+        self.local_phase = False      # workers hold B (their b rows) during a W-step of local rounds
+
+    @property
+    def outer(self):
+        return self.outer_state.p
+
+    # -- commands ----------------------------------------------------------
+    def push_sigma(self):
+        shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
+        self.command(DMTRLCommand.SET_SIGMA, payload=shared, m=self.m, width=self.m + 1)
+
+    def push_w(self, with_objective: bool, eta=None, beta=None):
+        """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
+        if self.safe:
+            return self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=with_objective,
+                                width=self.d)
+        eta = np.zeros(self.m) if eta is None else eta
+        beta = np.zeros(self.m) if beta is None else beta
+        payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
+        return self.command(DMTRLCommand.APPLY, payload=payload, with_objective=with_objective, width=self.d + 3)
+
+    # -- arithmetic ----------------------------------------------------------
+    def recompute_w(self):
+        self.WT = (self.Sigma @ self.BT) / self.config.lam      # W = B Sigma / lam
+        check_finite_rows(self.WT, self.round, self.names, "W column", self.outer)
+
+    def objective(self, terms):
+        """Primal and dual of the current alpha from per-block terms."""
+        sums = self.per_task(terms)
+        check_finite_rows(sums, self.round, self.names, "loss or conjugate sum", self.outer)
+        return primal_dual(sums[:, 0], sums[:, 1], self.n, self.BT, self.WT, self.config.lam)
+
+    def record(self, primal, dual):
+        step, rho = (self.config.eta, self.rho) if self.safe else (float(np.mean(self.step)), float(np.max(self.rho_task)))
+        row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved,
+                                  step, rho)
+        if self.progress is not None:
+            self.progress(row)
+        return row
+
     # -- the algorithm ---------------------------------------------------------
     def round_safe(self, want_gap):
         """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
@@ -872,23 +1020,55 @@ class Server(ServerBase):
         self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
         return self.push_w(want_gap, eta, beta)
 
-    def solve_steps(self, dBT, rows):
-        """This round's (eta, beta) per task, B updated with them."""
-        d = self.d
-        if self.momentum == "free":
-            eta, beta = self.steps_momentum(dBT, rows[:, d:])
-            self.dPT = eta[:, None] * dBT + beta[:, None] * self.dPT
-            self.BT += self.dPT
-        elif self.momentum == "box":
-            dQT = rows[:, d:2 * d]
-            eta, beta = self.steps_box_momentum(dBT, dQT, rows[:, 2 * d:])
-            self.BT += eta[:, None] * dBT + beta[:, None] * dQT
+    # -- local rounds (nothing couples the tasks) -------------------------------
+    def local_rounds_possible(self) -> bool:
+        """A diagonal Sigma (STL, a diagonal fixed Sigma, the first W-step of a learned one), every task in
+        one block, and per-task steps (not 'line''s one common step): each worker can take whole rounds alone."""
+        return (self.config.exchange == "auto" and self.config.aggregation != "line"
+                and bool(np.all(self.blocks_per_task == 1))
+                and not np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+
+    def enter_local(self):
+        """Hand every block its task's b, dP, step, beta and rho (nothing to send when all are at their start)."""
+        if np.any(self.BT) or np.any(self.dPT) or np.any(self.step) or np.any(self.beta) or np.any(self.rho_task != 1):
+            parts = [self.BT] + ([self.dPT] if self.momentum == "free" else []) + [self.step, self.beta, self.rho_task]
+            payload = np.column_stack(parts)[self.block_task]
+            self.command(DMTRLCommand.SET_LOCAL, payload=payload, width=local_width(self.d, self.momentum))
         else:
-            eta, beta = self.steps(dBT, rows[:, d], rows[:, d + 1]), np.zeros(self.m)
-            self.BT += eta[:, None] * dBT
-        return eta, beta
+            self.command(DMTRLCommand.RESET_LOCAL, width=self.d)
+        self.local_phase = True
+
+    def pull_local(self):
+        """B, dP, steps and rho back from the workers (one block a task); W recomputed."""
+        rows = self.per_task(self.command(DMTRLCommand.GET_LOCAL, width=local_width(self.d, self.momentum)))
+        d = self.d
+        e = 2 * d if self.momentum == "free" else d
+        self.BT = rows[:, :d].copy()
+        if e > d:
+            self.dPT = rows[:, d:e].copy()
+        self.step, self.beta, self.rho_task = rows[:, e].copy(), rows[:, e + 1].copy(), rows[:, e + 2].copy()
+        self.recompute_w()
+
+    def round_local(self, want_gap):
+        """One round on the workers alone -> per task [loss sum, conjugate sum, b.w, eta, beta] (5 numbers)."""
+        rows = self.per_task(self.command(DMTRLCommand.LOCAL_ROUND, round=self.round, with_objective=want_gap,
+                                          width=5))
+        check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
+        if not self.safe:
+            self.step, self.beta = rows[:, 3].copy(), rows[:, 4].copy()
+        return rows
 
     def w_step(self):
+        local = self.local_rounds_possible()
+        if local:
+            self.enter_local()
+        row, converged = self.w_step_rounds(local)
+        if local:
+            self.pull_local()
+            self.local_phase = False
+        return row, converged
+
+    def w_step_rounds(self, local):
         cfg = self.config
         rows = self.history.rows
         row = {k: v[-1] for k, v in rows.items()} if rows["round"] else None
@@ -896,9 +1076,16 @@ class Server(ServerBase):
             self.t += 1
             self.round += 1
             want_gap = self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds
-            terms = self.round_safe(want_gap) if self.safe else self.round_steps(want_gap)
+            if local:
+                terms = self.round_local(want_gap)
+            else:
+                terms = self.round_safe(want_gap) if self.safe else self.round_steps(want_gap)
             if want_gap:
-                row = self.record(*self.objective(terms))
+                if local:
+                    primal_dual_now = primal_dual_of(terms[:, 0], terms[:, 1], self.n, float(np.sum(terms[:, 2])))
+                else:
+                    primal_dual_now = self.objective(terms)
+                row = self.record(*primal_dual_now)
                 if row["rel_gap"] <= cfg.tol:
                     return row, True
             self.safe_point()
@@ -962,6 +1149,8 @@ class Server(ServerBase):
     # -- checkpoints -------------------------------------------------------------
     def checkpoint_state(self):
         """(server arrays, per-block worker state, counters) for :class:`hpcmtl.checkpoint.Checkpointer`."""
+        if self.local_phase:
+            self.pull_local()             # B lives on the workers during local rounds
         blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
                    "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
                   for b, st in self.gather_state()]
@@ -984,7 +1173,7 @@ class Server(ServerBase):
 
     def restore(self, ck):
         """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
-        for key, default in (("aggregation", "safe"), ("local_solver", "auto")):
+        for key, default in (("aggregation", "safe"), ("local_solver", "auto"), ("exchange", "dense")):
             saved, now = ck["config"].get(key, default), getattr(self.config, key)
             if saved != now:
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")

@@ -257,7 +257,7 @@ class DMTRL(_MultiTaskLinear):
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
                  sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp", fit_intercept=True,
-                 intercept_scaling=1.0):
+                 intercept_scaling=1.0, exchange="auto"):
         keep_params(self, locals())
 
     def _config(self):

@@ -35,6 +35,7 @@ from .progress import DEFAULT_SECONDS
 RELATIONSHIPS = ("learned", "identity", "fixed")
 AGGREGATIONS = ("qp", "adaptive", "line", "safe")
 LOCAL_SOLVERS = ("auto", "sdca", "exact")
+EXCHANGES = ("auto", "dense")
 PROJECTIONS = ("l1inf", "l1", "l2")
 UPDATES = ("implicit", "perceptron", "infinite")
 NORMS = ("linf", "l1", "l2", "rmax", "p")
@@ -142,6 +143,10 @@ PARAMS = {
     "eig_floor": Param(POSITIVE, 1e-8, "eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest"),
     "relationship": Param(RELATIONSHIPS, "learned", "the task covariance: learned, identity or fixed"),
     "local_solver": Param(LOCAL_SOLVERS, "auto", "sdca, or exact local subproblems for the squared loss"),
+    "exchange": Param(EXCHANGES, "auto",
+                      "auto: while Sigma is diagonal (STL, a diagonal fixed Sigma, the first W-step of a learned "
+                      "one) and every task is one block, workers take whole rounds alone and send 5 numbers a "
+                      "task, no d-vectors; dense: every round exchanges delta b and w (for comparisons)"),
     "aggregation": Param(AGGREGATIONS, "qp",
                          "'safe' is paper 001's Lemma 6.7 rho (its experiments as published); the others take "
                          "optimistic local steps and the exact dual-maximizing step per task with momentum (qp; "
@@ -324,6 +329,7 @@ def train_option_groups():
         ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
             param("--aggregation"),
             param("--eta"),
+            param("--exchange"),
         ]),
         ("task graph", ("graph",), [
             (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
