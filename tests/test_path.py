@@ -8,6 +8,7 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.model_selection import HOLDOUT, Selection, best_index, task_folds, train_path, validation_score
 
 from conftest import random_tasks, run_hpcmtl
+from test_mpi import synth  # noqa: F401  (the same small dmtrl1 data set, the fixture shared)
 
 
 def holdout(fraction):
@@ -135,15 +136,6 @@ def test_unconverged_point_is_stored_and_named():
 # ---------------------------------------------------------------------------
 # the command line under mpiexec: same bits at P = 1, 2, 3; the same split with --split-tasks; errors
 # ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory):
-    d = tmp_path_factory.mktemp("synth")
-    tr, te = d / "tr.h5", d / "te.h5"
-    r = run_hpcmtl(["data", "synth", "dmtrl1", tr, "--test", te, "--scale", "0.04", "--seed", "5"])
-    assert r.returncode == 0, r.stderr
-    return tr, te
-
-
 def path_args(tr, out, *extra):
     return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam-grid", "1e-3:1e-1:3",
             "--tol", "1e-5", "--outer", "2", "--force", *extra]
