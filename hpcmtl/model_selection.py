@@ -21,13 +21,17 @@ point is one ordinary DMTRL fit (:func:`hpcmtl.dmtrl.train`) over those
 in-memory blocks with two commands of its own (:class:`PathCommand`): the
 server starts a point from the dual variables the workers kept from the
 previous point (``B = X^T alpha / n`` per block, ``W = B Sigma / lam``: the
-boxes of the dual do not depend on lam, so alpha stays feasible) and with the
-previous Sigma, and after the fit gathers the validation rows' scores.  The
+boxes of the dual do not depend on lam, so alpha stays feasible), and after
+the fit gathers the validation rows' scores.  Sigma is not carried over: a
+learned Sigma starts at ``I / m`` at every point, as in a single run (carried
+over, it made the squared-loss path of tests/test_path.py's data slower, 441
+and 1660 rounds instead of 278 and 173 at two points, and the 10 Omega-steps
+ended farther from the cold run's objective).  The
 score of a lam is the metric over all validation rows of a fold (``rmse``,
 ``error``, ``logloss``: rows pooled over tasks; ``auc``: the mean over tasks of
 each task's AUC), averaged over folds; the best lam (the largest among equal
 scores) is refit on all the training rows, warm-started from the point at that
-lam (its alpha, zero on the rows it did not train on, and its Sigma).
+lam (its alpha, zero on the rows it did not train on).
 
 Every point is certified like a single run: its W-steps' convergence is kept
 per point, and a path with an unconverged point says so.
@@ -84,9 +88,8 @@ class Selection:
         self.metric = self.metric or ("rmse" if regression else "error")
         check_params({"metric": self.metric}, owner)
         if regression != (self.metric == "rmse"):
-            raise InputError(f"The 'metric' parameter of {owner} must be "
-                             f"{'rmse for the squared loss' if regression else 'error, auc or logloss for the ' + loss + ' loss'}. "
-                             f"Got {self.metric!r} instead.")
+            rule = "rmse for the squared loss" if regression else f"error, auc or logloss for the {loss} loss"
+            raise InputError(f"The 'metric' parameter of {owner} must be {rule}. Got {self.metric!r} instead.")
         return self
 
     @property
@@ -203,11 +206,11 @@ class PathBlocks(dmtrl.LocalBlocks):
 
 
 class PathServer(dmtrl.Server):
-    """A DMTRL server that may start from the workers' alpha and a given Sigma, and scores validation rows."""
+    """A DMTRL server that may start from the workers' alpha, and scores validation rows."""
 
-    def __init__(self, *args, warm=False, warm_sigma=None, validate=False, **kwargs):
+    def __init__(self, *args, warm=False, validate=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.warm, self.warm_sigma, self.validate = warm, warm_sigma, validate
+        self.warm, self.validate = warm, validate
         self.scores = None
 
     def run(self, resume=None):
@@ -219,11 +222,8 @@ class PathServer(dmtrl.Server):
         return converged
 
     def start_from_alpha(self):
-        """``B = X^T alpha / n`` from the workers, Sigma from the previous point, ``W = B Sigma / lam`` pushed."""
+        """``B = X^T alpha / n`` from the workers, ``W = B Sigma / lam`` pushed."""
         self.BT = self.per_task(self.command(PathCommand.DUAL_B, width=self.d))
-        if self.warm_sigma is not None:
-            self.Sigma = np.array(self.warm_sigma, dtype=np.float64)
-            self.rho = dmtrl.safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         self.recompute_w()
         self.push_sigma()
         if self.momentum:                      # a new lam, a new quadratic: no previous step
@@ -287,14 +287,13 @@ def fold_plans(cluster, plan, folds, blocks, n_tasks, n_folds):
         info = {"plans": [], "counts": [], "val_y": [], "digest": digest.hexdigest()}
         for f in range(n_folds):
             counts = np.zeros(n_tasks, dtype=np.int64)
-            start = {}
-            for k in order:
-                b = plan[k]
-                keep = int(np.count_nonzero(per_block[k][0] != f))
-                start[k] = int(counts[b.task])
-                counts[b.task] += keep
-            info["plans"].append([Block(b.task, b.part, start[k], start[k] + int(np.count_nonzero(per_block[k][0] != f)),
-                                        b.worker) for k, b in enumerate(plan)])
+            start, keep = {}, {}
+            for k in order:                      # a task's parts in order: their training rows numbered on
+                keep[k] = int(np.count_nonzero(per_block[k][0] != f))
+                start[k] = int(counts[plan[k].task])
+                counts[plan[k].task] += keep[k]
+            info["plans"].append([Block(b.task, b.part, start[k], start[k] + keep[k], b.worker)
+                                  for k, b in enumerate(plan)])
             info["counts"].append(counts)
             info["val_y"].append([per_block[k][1][per_block[k][0] == f] for k in range(len(plan))])
     shared = cluster.bcast_object(None if info is None else {"plans": info["plans"], "counts": info["counts"]})
@@ -345,24 +344,22 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     G = len(grid)
     rounds, seconds = np.zeros(G, dtype=np.int64), np.zeros(G)
     converged, fold_scores = np.ones(G, dtype=np.int64), np.zeros((G, n_folds))
-    snapshots, sigmas = [None] * G, [None] * G
+    snapshots = [None] * G
     for f in range(n_folds):
         cluster.set_plan(shared["plans"][f])
         rows = TrainingRows(source, shared["counts"][f])
         train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks)
-        local, sigma = None, None
+        local = None
         for g, lam in enumerate(grid):
             cfg = dataclasses.replace(config, lam=lam)
             if local is None or not warm:
                 local = PathBlocks(cluster, train_blocks, cfg, held_out=held)
             local.config = cfg
-            result, server = fit(cluster, rows, cfg, local, sigma_fixed, warn, warm=warm and g > 0,
-                                 warm_sigma=sigma if config.relationship == "learned" else None, validate=True)
+            result, server = fit(cluster, rows, cfg, local, sigma_fixed, warn, warm=warm and g > 0, validate=True)
             if f == n_folds - 1 and warm:
                 snapshots[g] = [st.alpha.copy() for st in local.state]
             if result is None:
                 continue
-            sigma = sigmas[g] = result.Sigma
             rounds[g] += result.n_rounds
             seconds[g] += result.seconds
             converged[g] &= int(result.converged)
@@ -373,7 +370,7 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
                      f"{fold_scores[g, f]:.6g}")
     scores = fold_scores.mean(axis=1)
     chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
-    # the refit on every training row, from the chosen point's alpha (zero on its validation rows) and Sigma
+    # the refit on every training row, from the chosen point's alpha (zero on its validation rows)
     cluster.set_plan(plan)
     cfg = dataclasses.replace(config, lam=grid[chosen])
     alpha = None
@@ -385,8 +382,7 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
             alpha.append(full)
     local = PathBlocks(cluster, blocks, cfg, tests, alpha=alpha)
     result, _ = fit(cluster, source, cfg, local, sigma_fixed, warn, warm=warm, progress=progress,
-                    test_source=test_source,
-                    warm_sigma=sigmas[chosen] if config.relationship == "learned" else None)
+                    test_source=test_source)
     if result is None:
         return None
     warnings = []
@@ -410,13 +406,12 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     return out
 
 
-def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, warm_sigma=None, validate=False, progress=None,
-        test_source=None):
+def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None):
     """One grid point (or the refit): a DMTRL fit over ``local``'s blocks; (result, server) on the server."""
     made = []
 
     def server_class(*args, **kwargs):
-        made.append(PathServer(*args, warm=warm, warm_sigma=warm_sigma, validate=validate, **kwargs))
+        made.append(PathServer(*args, warm=warm, validate=validate, **kwargs))
         return made[-1]
 
     result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,

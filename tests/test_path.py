@@ -57,7 +57,8 @@ def test_validation_metrics_and_the_best_point():
     s = [np.array([0.5, 0.2, -0.1]), np.array([-2.0, 3.0])]
     assert validation_score("error", y, s) == pytest.approx(2 / 5)
     assert validation_score("auc", y, s) == pytest.approx((0.5 + 1.0) / 2)
-    assert validation_score("logloss", y, s) == pytest.approx(np.mean(np.logaddexp(0, -np.concatenate(y) * np.concatenate(s))))
+    margins = np.concatenate(y) * np.concatenate(s)
+    assert validation_score("logloss", y, s) == pytest.approx(np.mean(np.logaddexp(0, -margins)))
     assert validation_score("rmse", [np.array([1.0, 2.0])], [np.array([1.0, 0.0])]) == pytest.approx(np.sqrt(2.0))
     assert best_index("rmse", [0.3, 0.2, 0.2]) == 1            # ties: the larger lam (solved first)
     assert best_index("auc", [0.7, 0.9, 0.8]) == 1
@@ -208,3 +209,82 @@ def test_bad_grids_fail_with_one_line_on_every_rank(synth, tmp_path, option, mes
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------
+# the estimators: DMTRLCV and GridSearchCV over DMTRL(task_column=0)
+# ---------------------------------------------------------------------------
+def stacked(seed=1, loss="squared"):
+    Xs, ys = random_tasks(seed, m=4, d=6, sizes=(60, 45, 50, 70), loss=loss)
+    tasks = np.concatenate([np.full(len(v), i) for i, v in enumerate(ys)])
+    return np.vstack(Xs), np.concatenate(ys), tasks
+
+
+@pytest.mark.filterwarnings("ignore:the chosen lam 0.001 is the smallest")      # checked below, on its own
+def test_dmtrlcv_cv_results():
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(2, loss="hinge")
+    grid = [1e-3, 1e-2, 1e-1, 1.0]
+    model = DMTRLCV(lams=grid, cv=3, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    res = model.cv_results_
+    assert list(res["param_lam"]) == sorted(grid, reverse=True)
+    splits = np.array([res[f"split{k}_test_score"] for k in range(3)])
+    assert np.all(np.isfinite(splits)) and np.allclose(splits.mean(axis=0), res["mean_test_score"], rtol=0, atol=1e-15)
+    assert np.array_equal(res["mean_test_score"], -res["mean_validation_error"])      # greater is better
+    assert res["rank_test_score"][model.best_index_] == 1
+    assert model.best_score_ == res["mean_validation_error"].min()
+    assert model.best_params_ == {"lam": model.lam_} and model.lam_ == res["param_lam"][model.best_index_]
+    assert np.all(res["converged"] == 1) and np.all(res["rounds"] > 0)
+    single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    gap = single.history_["gap"][-1] + model.history_["gap"][-1]
+    assert np.isfinite(gap) and np.linalg.norm(model.W_ - single.W_) <= 2 * np.sqrt(2 * gap / (model.lam_ * 4))
+    with pytest.warns(UserWarning, match="is the (largest|smallest) of the grid"):      # two points: both edges
+        DMTRLCV(lams=[10.0, 3.0], cv=0.25, relationship="identity").fit(X, y, tasks)
+
+
+@pytest.mark.parametrize("relationship", ["identity", "learned"])
+def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
+    from sklearn.model_selection import GridSearchCV, GroupKFold
+
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(1)
+    groups = np.random.default_rng(0).integers(0, 9, size=y.size)       # row groups: every task in every fold
+    folds = list(GroupKFold(3).split(X, y, groups))
+    grid = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0),
+                          {"lam": grid}, cv=folds, scoring="neg_root_mean_squared_error")
+    search.fit(np.column_stack([tasks, X]), y)
+    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10).fit(X, y, tasks)
+    assert cv.best_params_ == search.best_params_
+    theirs = search.cv_results_["mean_test_score"][np.argsort(search.cv_results_["param_lam"].data.astype(float))]
+    ours = cv.cv_results_["mean_test_score"][::-1]                          # ours: largest lam first
+    assert np.all(np.isfinite(ours)) and np.all(np.isfinite(theirs))
+    # the same folds, the same models within the certificate (tol 1e-10): the same scores
+    assert np.allclose(ours, theirs, rtol=1e-6, atol=0)
+    # task_column in DMTRLCV too: the same choice, the same predictions
+    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
+                          task_column=0).fit(np.column_stack([tasks, X]), y)
+    assert with_column.lam_ == cv.lam_
+    assert np.allclose(with_column.predict(np.column_stack([tasks, X])), cv.predict(X, tasks), rtol=0, atol=1e-12)
+
+
+def test_task_column_and_split_errors():
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(1)
+    with pytest.raises(Exception, match=r"The 'task_column' parameter of DMTRL must be a column of X \(0..5\). Got 9"):
+        DMTRL(loss="squared", task_column=9).fit(X, y)
+    with pytest.raises(Exception, match="give the task ids as tasks= or in X"):
+        DMTRL(loss="squared", task_column=0).fit(X, y, tasks)
+    half = [(np.arange(100, y.size), np.arange(100))]
+    with pytest.raises(Exception, match="must put every row in one test set: row 100 is in none"):
+        DMTRLCV(loss="squared", cv=half).fit(X, y, tasks)
+
+
+def test_dmtrlcv_follows_the_estimator_contract():
+    from sklearn.utils.estimator_checks import (check_get_params_invariance, check_no_attributes_set_in_init,
+                                                check_parameters_default_constructible, check_set_params)
+
+    from hpcmtl import DMTRLCV
+    for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
+                  check_parameters_default_constructible):
+        check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared"))
