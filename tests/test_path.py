@@ -170,7 +170,7 @@ def test_path_is_bitwise_identical_at_1_2_3_ranks_and_splits_alike_with_split_ta
 def test_edge_warning_is_printed_and_stored(synth, tmp_path):
     tr, _ = synth
     runs = {}
-    # on this split the validation error falls from lam 10 to 1e-2 and rises again at 1e-3
+    # on this split the validation error falls from lam 10 to 0.1 and rises again at 1e-2
     for name, grid in (("edge", ["--lam", "10,1,0.1"]), ("inside", ["--lam-grid", "1e-3:10:5"])):
         out = tmp_path / f"{name}.h5"
         args = path_args(tr, out, "--quiet", "--validation-fraction", "0.25")
@@ -188,7 +188,7 @@ def test_edge_warning_is_printed_and_stored(synth, tmp_path):
         "the chosen lam 0.1 is the smallest of the grid (0.1 .. 10): the best lam may lie beyond it; extend the grid"]
     assert stderr.count("hpcmtl: warning: the chosen lam 0.1 is the smallest of the grid") == 1
     stderr, res = runs["inside"]
-    assert res["config"]["selection"]["chosen_lam"] == pytest.approx(1e-2)
+    assert res["config"]["selection"]["chosen_lam"] == pytest.approx(0.1)
     assert res["config"]["selection"]["warnings"] == [] and "warning" not in stderr
 
 
