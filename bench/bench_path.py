@@ -19,24 +19,13 @@ not included, so the three count the same grid).
 """
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
 
-from timing import median_time, save_json
+from timing import hpcmtl, median_time, save_json
 
 from hpcmtl import store
-
-
-def hpcmtl(args, ranks=1):
-    cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
-    if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
 
 
 def main():

@@ -67,14 +67,16 @@ class Selection:
     metric: str | None = None
     warm_start: bool = True
     folds: list | None = None      # per task, each row's validation fold (a scikit-learn splitter's splits)
+    name: str = "lam"              # the parameter of the grid: lam, or alpha of a graph kernel (one Sigma a point)
 
     def validate(self, loss: str, owner: str = "hpcmtl train"):
         """Check the grid and the split; fill the defaults (a fraction of 0.2, the loss's metric)."""
-        grid = [check_params({"lam": v}, owner)["lam"] for v in self.grid]
+        grid = ([check_params({"lam": v}, owner)["lam"] for v in self.grid] if self.name == "lam"
+                else [float(v) for v in self.grid])
         if not grid:
-            raise InputError(f"The 'lam' grid of {owner} is empty.")
+            raise InputError(f"The '{self.name}' grid of {owner} is empty.")
         if len(set(grid)) != len(grid):
-            raise InputError(f"The 'lam' grid of {owner} lists a value twice: {grid}.")
+            raise InputError(f"The '{self.name}' grid of {owner} lists a value twice: {grid}.")
         self.grid = sorted(grid, reverse=True)
         given = [n for n in ("validation_fraction", "cv", "folds") if getattr(self, n) is not None]
         if len(given) > 1:
@@ -321,19 +323,30 @@ class PathTrainResult(dmtrl.TrainResult):
 
 
 def train_path(cluster, source, config, selection: Selection, test_source=None, sigma_fixed=None, progress=None,
-               warn=None, note=None):
+               warn=None, note=None, sigma_of=None):
     """Solve ``selection.grid`` on every rank, choose lam by validation, refit on all rows (server: a
     :class:`PathTrainResult`; workers: None).
 
     ``note(text)`` (server) hears one line per grid point, ``warn(text)``
     (server) of every unconverged W-step; the result's ``selection["warnings"]``
     name unconverged points and a chosen lam at an edge of the grid.
+    ``selection.name == "alpha"``: the grid is of a graph kernel's alpha at
+    ``config.lam``, ``sigma_of(alpha)`` the fixed Sigma of a point (warm
+    starts keep alpha of the dual: its boxes depend on neither lam nor Sigma).
     """
     config.validate()
     selection.validate(config.loss)
     selection.check_sizes(source)
+    if selection.name == "alpha":
+        sigmas = [sigma_of(v) for v in selection.grid]        # identically on every rank: errors fail together
+    else:
+        sigmas = [sigma_fixed] * len(selection.grid)
     if config.relationship == "fixed":
-        sigma_fixed = dmtrl.check_sigma(sigma_fixed, source.n_tasks)
+        sigmas = [dmtrl.check_sigma(sigma, source.n_tasks) for sigma in sigmas]
+
+    def point(g):                                           # (config, Sigma) of grid point g
+        value = selection.grid[g]
+        return (dataclasses.replace(config, lam=value) if selection.name == "lam" else config), sigmas[g]
     warn = warn or (lambda text: None)
     blocks, tests = engine.load_blocks(cluster, source, config, test_source)
     plan = list(cluster.blocks)
@@ -350,12 +363,12 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
         rows = TrainingRows(source, shared["counts"][f])
         train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks)
         local = None
-        for g, lam in enumerate(grid):
-            cfg = dataclasses.replace(config, lam=lam)
+        for g, value in enumerate(grid):
+            cfg, sigma = point(g)
             if local is None or not warm:
                 local = PathBlocks(cluster, train_blocks, cfg, held_out=held)
             local.config = cfg
-            result, server = fit(cluster, rows, cfg, local, sigma_fixed, warn, warm=warm and g > 0, validate=True)
+            result, server = fit(cluster, rows, cfg, local, sigma, warn, warm=warm and g > 0, validate=True)
             if f == n_folds - 1 and warm:
                 snapshots[g] = [st.alpha.copy() for st in local.state]
             if result is None:
@@ -365,14 +378,14 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
             converged[g] &= int(result.converged)
             fold_scores[g, f] = score_of(server, info, f, selection.metric)
             if note is not None:
-                note(f"lam {lam:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
+                note(f"{selection.name} {value:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
                      f"{'converged' if result.converged else 'NOT converged'}, validation {selection.metric} "
                      f"{fold_scores[g, f]:.6g}")
     scores = fold_scores.mean(axis=1)
     chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
     # the refit on every training row, from the chosen point's alpha (zero on its validation rows)
     cluster.set_plan(plan)
-    cfg = dataclasses.replace(config, lam=grid[chosen])
+    cfg, sigma = point(chosen)
     alpha = None
     if warm:
         alpha = []
@@ -381,25 +394,27 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
             full[ids != n_folds - 1] = a
             alpha.append(full)
     local = PathBlocks(cluster, blocks, cfg, tests, alpha=alpha)
-    result, _ = fit(cluster, source, cfg, local, sigma_fixed, warn, warm=warm, progress=progress,
+    result, _ = fit(cluster, source, cfg, local, sigma, warn, warm=warm, progress=progress,
                     test_source=test_source)
     if result is None:
         return None
-    warnings = []
+    warnings, name = [], selection.name
     if not converged.all():
         bad = [f"{grid[g]:.4g}" for g in np.flatnonzero(converged == 0)]
-        warnings.append(f"{len(bad)} of {G} grid points had W-steps that ended unconverged (lam {', '.join(bad)}): "
+        warnings.append(f"{len(bad)} of {G} grid points had W-steps that ended unconverged ({name} {', '.join(bad)}): "
                         f"their validation scores are not certified; raise --max-rounds")
     if G > 1 and chosen in (0, G - 1):
-        warnings.append(f"the chosen lam {grid[chosen]:.4g} is the {'largest' if chosen == 0 else 'smallest'} of the "
-                        f"grid ({grid[-1]:.4g} .. {grid[0]:.4g}): the best lam may lie beyond it; extend the grid")
-    path = {"lam": np.asarray(grid), "validation_score": scores, "fold_scores": fold_scores, "rounds": rounds,
-            "seconds": seconds, "converged": converged}
+        end = "largest" if chosen == 0 else "smallest"
+        warnings.append(f"the chosen {name} {grid[chosen]:.4g} is the {end} of the grid ({grid[-1]:.4g} .. "
+                        f"{grid[0]:.4g}): the best {name} may lie beyond it; extend the grid")
+    path = {"lam": np.asarray([point(g)[0].lam for g in range(G)]), "validation_score": scores,
+            "fold_scores": fold_scores, "rounds": rounds, "seconds": seconds, "converged": converged}
+    path[name] = np.asarray(grid)
     how = ({"validation_fraction": selection.validation_fraction} if selection.validation_fraction is not None
            else {"cv": n_folds})
-    chosen_info = dict(how, chosen_lam=grid[chosen], chosen_index=chosen, metric=selection.metric,
+    chosen_info = dict(how, parameter=name, chosen_lam=cfg.lam, chosen_index=chosen, metric=selection.metric,
                        warm_start=warm, split_digest=info["digest"], converged=bool(converged.all()),
-                       warnings=warnings)
+                       warnings=warnings, **({"chosen_alpha": grid[chosen]} if name == "alpha" else {}))
     out = PathTrainResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(dmtrl.TrainResult)},
                           path=path, selection=chosen_info)
     out.config = dict(out.config, selection=chosen_info)

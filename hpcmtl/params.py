@@ -221,9 +221,10 @@ def number_type(flag: str, interval: Interval):
     return parse
 
 
-def lam_list_type(flag: str):
-    """An argparse ``type`` for ``--lam``: one number > 0 (a float) or a comma-separated list (a list of floats)."""
-    one = number_type(flag, PARAMS["lam"].constraint)
+def number_list_type(flag: str, interval: Interval):
+    """An argparse ``type``: one number of ``interval`` (a float) or a comma-separated list (a list of floats,
+    each checked like one): a grid chosen by validation (``--lam``, ``--alpha``)."""
+    one = number_type(flag, interval)
 
     def parse(text):
         if "," not in text:
@@ -328,7 +329,7 @@ def train_option_groups():
             param("--split-tasks", methods=DISTRIBUTED_SDCA + ("l1inf",)),
         ]),
         ("dual coordinate ascent", SDCA_METHODS, [
-            param("--lam", default=None, type=lam_list_type("--lam"),
+            param("--lam", default=None, type=number_list_type("--lam", POSITIVE),
                   help="regularization (required), or a comma-separated grid chosen by validation",
                   help_for={"ssdca": "regularization (required)", "mtrl-central": "regularization (required)"}),
             param("--tol"),
@@ -358,7 +359,9 @@ def train_option_groups():
         ("task graph", ("graph",), [
             (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
                                      "edge-list CSV (task_a,task_b,weight) (required)")),
-            (("--alpha",), dict(type=float, default=2.0 ** -8, help="diagonal alpha of L + alpha I")),
+            (("--alpha",), dict(type=number_list_type("--alpha", Interval(float)), default=2.0 ** -8,
+                                help="diagonal alpha of L + alpha I, or a comma-separated grid chosen by validation "
+                                     "(at one --lam)")),
             (("--unnormalized",), dict(action="store_true", help="keep (L + alpha I)^-1 without unit diagonal")),
         ]),
         ("l1,inf ball", ("l1inf",), [

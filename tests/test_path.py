@@ -288,3 +288,29 @@ def test_dmtrlcv_follows_the_estimator_contract():
     for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
                   check_parameters_default_constructible):
         check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared"))
+
+
+@pytest.mark.mpi
+def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
+    from hpcmtl.task_graph import graph_adjacency, task_kernel
+    months = tmp_path / "months.h5"
+    assert run_hpcmtl(["data", "synth", "seasonal", months, "--scale", "0.3"]).returncode == 0
+    results = []
+    for p in (1, 2):
+        out = tmp_path / f"g{p}.h5"
+        r = run_hpcmtl(["train", "graph", "--graph", "cycle", "--alpha", "1,0.01,0.1", "--lam", "1e-3", "--train",
+                        months, "--out", out, "--loss", "squared", "--cv", "3", "--quiet"], n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results.append(store.read_result(out))
+    a, b = results
+    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+    assert a["path"]["validation_score"].tobytes() == b["path"]["validation_score"].tobytes()
+    sel = a["config"]["selection"]
+    assert list(a["path"]["alpha"]) == [1.0, 0.1, 0.01] and np.all(a["path"]["lam"] == 1e-3)
+    assert np.all(np.isfinite(a["path"]["validation_score"]))
+    assert sel["parameter"] == "alpha"
+    assert sel["chosen_alpha"] == a["path"]["alpha"][np.argmin(a["path"]["validation_score"])]
+    names = a["model"]["task_names"]
+    expected = dmtrl.check_sigma(task_kernel(graph_adjacency("cycle", names), sel["chosen_alpha"], True, names),
+                                 len(names))
+    assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel

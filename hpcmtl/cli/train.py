@@ -143,6 +143,11 @@ def selection_from_args(args, config):
     if grid is not None and args.lam is not None:
         raise InputError("give --lam or --lam-grid, not both")
     grid = args.lam if grid is None else grid
+    name = "lam"
+    if isinstance(args.alpha, list):                 # train graph: a grid of the graph kernel's alpha at one lam
+        if isinstance(grid, list):
+            raise InputError("a grid of --alpha goes with one --lam, not with a grid of lam")
+        grid, name = args.alpha, "alpha"
     if not (isinstance(grid, list) or args.validation_fraction is not None or args.cv is not None):
         if args.metric is not None or args.no_warm_start:
             raise InputError("--metric and --no-warm-start go with a lam grid (--lam A,B,... or --lam-grid) or "
@@ -153,7 +158,7 @@ def selection_from_args(args, config):
     if args.resume or args.checkpoint_every or args.checkpoint_seconds:
         raise InputError("checkpoints are for a single lam, not for a lam grid")
     return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
-                     warm_start=not args.no_warm_start).validate(config.loss)
+                     warm_start=not args.no_warm_start, name=name).validate(config.loss)
 
 
 def read_sigma(path):
@@ -288,8 +293,11 @@ def cmd_train(args, cluster):
         from ..task_graph import graph_adjacency, task_kernel
         if args.graph is None:
             raise InputError("method 'graph' needs --graph (a topology name or an edge-list CSV)")
-        sigma = task_kernel(graph_adjacency(args.graph, source.names), args.alpha, not args.unnormalized,
-                            source.names)
+        adjacency = graph_adjacency(args.graph, source.names)
+
+        def sigma_of(alpha):
+            return task_kernel(adjacency, alpha, not args.unnormalized, source.names)
+        sigma = None if isinstance(args.alpha, list) else sigma_of(args.alpha)
     elif getattr(config, "relationship", None) == "fixed":
         sigma = read_sigma(args.sigma)
     if args.quiet:
@@ -312,7 +320,8 @@ def cmd_train(args, cluster):
     elif selection is not None:
         from ..model_selection import train_path
         result = train_path(cluster, source, config, selection, test_source, sigma_fixed=sigma, progress=progress,
-                            warn=warn_line(args, progress), note=warn_line(args, progress, kind="path"))
+                            warn=warn_line(args, progress), note=warn_line(args, progress, kind="path"),
+                            sigma_of=sigma_of if args.method == "graph" else None)
     else:
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
@@ -339,7 +348,9 @@ def cmd_train(args, cluster):
                    f"last relative gap {h['rel_gap'][-1]:.3e}")
     path = getattr(result, "path", None)
     if path is not None:
-        summary += f"; lam {result.selection['chosen_lam']:.4g} chosen by validation {result.selection['metric']}"
+        name = result.selection["parameter"]
+        summary += (f"; {name} {result.selection['chosen_' + name]:.4g} chosen by validation "
+                    f"{result.selection['metric']}")
     result = save_result(args, cluster, source, result, result.Sigma,
                          {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps,
                           **({"path": path} if path is not None else {})},
