@@ -26,13 +26,11 @@ mds-scale --scale 0.1``: 22 tasks, 10,000 features at 0.9 % density), ``dense``
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
 
-from timing import median_time, save_json
+from timing import hpcmtl, median_time, save_json
 
 from hpcmtl import store, synthetic
 
@@ -41,15 +39,6 @@ CASES = {   # name: (loss, lam)
     "mds": ("hinge", 1e-3),
     "dense": ("hinge", 1e-3),
 }
-
-
-def hpcmtl(args, ranks=1):
-    cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
-    if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
 
 
 def dataset(case, work):

@@ -1,6 +1,9 @@
 """Timing shared by the benchmarks: the median of several runs (the machines are shared and noisy)."""
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 
@@ -19,3 +22,13 @@ def save_json(path, everything):
     if path:
         with open(path, "w") as f:
             json.dump(everything, f, indent=1)
+
+
+def hpcmtl(args, ranks=1):
+    """``[mpiexec -n ranks] python -m hpcmtl ARGS``; a failure ends the benchmark with the command's stderr."""
+    cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
+    if ranks > 1:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")

@@ -1203,7 +1203,7 @@ class Server(StepSolver, ServerBase):
 
 
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,
-          checkpointer=None, resume=None, warn=None):
+          checkpointer=None, resume=None, warn=None, make_local=None, server_class=None):
     """Run DMTRL (or STL / a fixed Sigma) on every rank; the server returns a TrainResult.
 
     ``source`` / ``test_source`` are task sources (:class:`hpcmtl.store.TaskFile`
@@ -1213,15 +1213,18 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     ``warn(message)`` (server) hears of every W-step that ended unconverged
     (default: a :class:`DMTRLConvergenceWarning`).  ``converged`` of the result
     is True only when every W-step reached ``tol``.  Workers return None.
+    The warm-start hook of :mod:`hpcmtl.model_selection`: ``make_local()``
+    returns this rank's local state over blocks already in memory (default:
+    read them), ``server_class`` replaces :class:`Server` (same arguments).
     """
     config.validate()
     if config.relationship == "fixed":
         sigma_fixed = check_sigma(sigma_fixed, source.n_tasks)
 
-    make_local = engine.local_reader(LocalBlocks, cluster, source, config, test_source)
+    make_local = make_local or engine.local_reader(LocalBlocks, cluster, source, config, test_source)
 
     def make_server():
-        return Server(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,
+        return (server_class or Server)(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,
                       warn=warn)
 
     def result(server, converged, extra):

@@ -88,6 +88,24 @@ def is_task_list(X) -> bool:
             and all(sp.issparse(x) or np.ndim(x) == 2 for x in X))
 
 
+def _task_column(estimator, X, tasks):
+    """``(X without the column, the task ids it held)`` when the estimator has ``task_column`` (so that
+    scikit-learn's ``GridSearchCV`` and splitters, which pass X and y only, can fit and score it)."""
+    column = getattr(estimator, "task_column", None)
+    if column is None or isinstance(X, (list, tuple)):
+        return X, tasks
+    owner = type(estimator).__name__
+    if tasks is not None:
+        raise InputError(f"{owner}: give the task ids as tasks= or in X[:, task_column], not both")
+    X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+    if not (isinstance(column, (int, np.integer)) and 0 <= column < X.shape[1]):
+        raise InputError(f"The 'task_column' parameter of {owner} must be a column of X (0..{X.shape[1] - 1}). "
+                         f"Got {column!r} instead.")
+    keep = np.flatnonzero(np.arange(X.shape[1]) != column)
+    ids = X[:, [column]].toarray().ravel() if sp.issparse(X) else X[:, column]
+    return X[:, keep], ids
+
+
 def keep_params(estimator, arguments):
     """Store an estimator's ``__init__`` arguments unchanged, as scikit-learn's contract asks (validation is in fit).
 
@@ -173,6 +191,7 @@ class _MultiTaskLinear(BaseEstimator):
     def _columns(self, X, tasks):
         """(checked X, the model column of every row)."""
         check_is_fitted(self)
+        X, tasks = _task_column(self, X, tasks)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=False)
         if tasks is None:
             if len(self.tasks_) != 1:
@@ -252,33 +271,133 @@ class DMTRL(_MultiTaskLinear):
     (m x m), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
     order), ``converged_`` (every W-step reached ``tol``), ``wsteps_`` (per
     W-step: outer, round, rel_gap, converged).
+
+    ``task_column=k`` reads each row's task id from column k of a stacked X
+    (and leaves it out of the features), in ``fit`` and in the predictions:
+    ``GridSearchCV(DMTRL(task_column=0), {"lam": [...]}, cv=GroupKFold(3))``
+    works as with any scikit-learn estimator.
     """
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=10,
                  outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
                  sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp", fit_intercept=True,
-                 intercept_scaling=1.0, exchange="auto"):
+                 intercept_scaling=1.0, exchange="auto", task_column=None):
         keep_params(self, locals())
 
-    def _config(self):
+    def _config(self, lam=None):
         from .dmtrl import DMTRLConfig
         params = self.get_params()
-        params.pop("sigma")
+        for name in ("sigma", "task_column", "lams", "cv", "metric"):
+            params.pop(name, None)
+        if lam is not None:
+            params["lam"] = lam
         return DMTRLConfig(**params).validate(type(self).__name__)
 
     def fit(self, X, y, tasks=None):
         """Fit on stacked rows with a task-id array, or on lists of per-task arrays."""
         from .cluster import Cluster
         from .dmtrl import train
+        X, tasks = _task_column(self, X, tasks)
         config = self._config()
         source, ids = self._fit_source(X, y, tasks)
         result = train(Cluster.serial(), source, config, sigma_fixed=self.sigma)
+        return self._keep(result, source, ids, config)
+
+    def _keep(self, result, source, ids, config):
+        """The fitted attributes of a DMTRL result."""
         self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.Sigma_ = result.Sigma
         self.history_ = result.history
         self.converged_ = result.converged
         self.wsteps_ = result.wsteps
         return self
+
+
+class DMTRLCV(DMTRL):
+    """DMTRL with lam chosen by validation: the grid solved in one fit, warm-started from the largest lam
+    down (:mod:`hpcmtl.model_selection`), then refit on every row at the chosen lam.
+
+    ``lams``: the grid.  ``cv``: None (hold out 20% of every task's rows), a
+    fraction in (0, 1) (hold out that much), an integer K >= 2 (K folds within
+    every task; stratified by label for classification, seeded by ``seed``),
+    or the ``(train, test)`` index pairs of a scikit-learn splitter over the
+    stacked rows (``list(GroupKFold(3).split(X, y, groups))``: every row in one
+    test set).  ``metric``: rmse (squared loss, its default), error (the
+    default otherwise), auc or logloss.  The other parameters are DMTRL's.
+
+    Fitted attributes: DMTRL's at the chosen lam, and ``lam_``,
+    ``best_params_`` (``{"lam": lam_}``), ``best_index_`` and ``best_score_``
+    (the validation metric), ``cv_results_`` (one entry per grid point, largest
+    lam first: ``param_lam``, ``mean_test_score`` and ``split<k>_test_score``
+    with scikit-learn's sign, greater is better, ``rank_test_score``,
+    ``mean_validation_<metric>``, ``rounds``, ``seconds``, ``converged``) and
+    ``selection_`` (the split, ``warnings``: a chosen lam at an edge of the grid,
+    unconverged points; each is also a ``UserWarning``).
+    """
+
+    def __init__(self, lams=(1e-4, 1e-3, 1e-2, 1e-1), cv=None, metric=None, loss="hinge", gamma=1.0, tol=1e-6,
+                 max_rounds=500, outer=10, outer_tol=1e-5, local_iters=1.0, seed=0, eta=1.0, gap_every=1,
+                 relationship="learned", sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp",
+                 task_column=None):
+        keep_params(self, locals())
+
+    def fit(self, X, y, tasks=None):
+        import warnings
+
+        from .cluster import Cluster
+        from .model_selection import LOWER_IS_BETTER, Selection, train_path
+        owner = type(self).__name__
+        grid = [float(v) for v in np.atleast_1d(self.lams)]
+        X, tasks = _task_column(self, X, tasks)
+        config = self._config(lam=max(grid) if grid else None)
+        source, ids = self._fit_source(X, y, tasks)
+        split = {}
+        if isinstance(self.cv, (float, np.floating)):
+            split["validation_fraction"] = self.cv
+        elif isinstance(self.cv, (int, np.integer)) and not isinstance(self.cv, bool):
+            split["cv"] = int(self.cv)
+        elif self.cv is not None:
+            split["folds"] = _folds_of_splits(self.cv, X, tasks, ids, owner)
+        selection = Selection(grid, metric=self.metric, **split).validate(config.loss, owner)
+        result = train_path(Cluster.serial(), source, config, selection, sigma_fixed=self.sigma)
+        self._keep(result, source, ids, config)
+        sel, path = result.selection, result.path
+        sign = -1.0 if LOWER_IS_BETTER[sel["metric"]] else 1.0
+        self.lam_, self.best_index_ = sel["chosen_lam"], sel["chosen_index"]
+        self.best_params_ = {"lam": self.lam_}
+        self.best_score_ = float(path["validation_score"][self.best_index_])
+        scores = sign * path["validation_score"]
+        self.cv_results_ = {"param_lam": path["lam"].copy(), "mean_test_score": scores,
+                            "rank_test_score": 1 + np.argsort(np.argsort(-scores, kind="stable"), kind="stable"),
+                            f"mean_validation_{sel['metric']}": path["validation_score"].copy(),
+                            "rounds": path["rounds"], "seconds": path["seconds"], "converged": path["converged"]}
+        for k in range(path["fold_scores"].shape[1]):
+            self.cv_results_[f"split{k}_test_score"] = sign * path["fold_scores"][:, k]
+        self.selection_ = sel
+        for text in sel["warnings"]:
+            warnings.warn(text, UserWarning, stacklevel=2)
+        return self
+
+
+def _folds_of_splits(splits, X, tasks, ids, owner):
+    """Per task, each row's test fold from ``(train, test)`` index pairs over the stacked rows."""
+    if isinstance(X, (list, tuple)):
+        n = sum(x.shape[0] for x in X)
+        tasks = np.concatenate([np.full(x.shape[0], i) for i, x in enumerate(X)])
+    else:
+        n = X.shape[0]
+        tasks = np.zeros(n, dtype=np.int64) if tasks is None else np.asarray(tasks)
+    fold = np.full(n, -1, dtype=np.int64)
+    for k, pair in enumerate(splits):
+        test = np.asarray(pair[1])
+        if np.any(fold[test] >= 0):
+            raise InputError(f"The 'cv' splits of {owner} must put every row in one test set: row "
+                             f"{int(test[fold[test] >= 0][0])} is in two.")
+        fold[test] = k
+    if np.any(fold < 0):
+        raise InputError(f"The 'cv' splits of {owner} must put every row in one test set: row "
+                         f"{int(np.flatnonzero(fold < 0)[0])} is in none.")
+    return [fold[tasks == t] for t in ids]
 
 
 class JointSparseMTL(_MultiTaskLinear):

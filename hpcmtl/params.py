@@ -40,6 +40,7 @@ PROJECTIONS = ("l1inf", "l1", "l2")
 UPDATES = ("implicit", "perceptron", "infinite")
 NORMS = ("linf", "l1", "l2", "rmax", "p")
 KERNELS = ("rbf", "linear", "poly")
+METRICS = ("rmse", "error", "auc", "logloss")     # validation metrics of a lam grid (hpcmtl.model_selection)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,14 @@ PARAMS = {
     "exact": Param(bool, True, "an SVM on the exact product kernel (else the DMTRL engine)"),
     "degree": Param(NONNEGATIVE_INT, 3, "degree of the poly base kernel"),
     "coef0": Param(Interval(float), 1.0, "constant term of the poly base kernel"),
+    # a grid of lam chosen by validation (hpcmtl.model_selection)
+    "validation_fraction": Param(Interval(float, 0, 1, "neither"), None,
+                                 "hold out this fraction of every task's rows (stratified by label for "
+                                 "classification, seeded by --seed) to choose lam from a grid (a grid without "
+                                 "--cv: 0.2)"),
+    "cv": Param(Interval(int, 2), None, "choose lam by K-fold cross-validation within every task (stratified, seeded)"),
+    "metric": Param(METRICS, None, "the validation metric: rmse (squared loss, the default there), error (the "
+                                   "default otherwise), auc or logloss"),
 }
 
 
@@ -231,6 +240,37 @@ def number_type(flag: str, interval: Interval):
             if not value > low or value != value or value == float("inf"):
                 raise argparse.ArgumentTypeError(f"{flag} must be > {low:g}, got {text}")
         return value
+    return parse
+
+
+def number_list_type(flag: str, interval: Interval):
+    """An argparse ``type``: one number of ``interval`` (a float) or a comma-separated list (a list of floats,
+    each checked like one): a grid chosen by validation (``--lam``, ``--alpha``)."""
+    one = number_type(flag, interval)
+
+    def parse(text):
+        if "," not in text:
+            return one(text)
+        values = [one(part.strip()) for part in text.split(",")]
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{flag} lists a value twice: {text!r}")
+        return values
+    return parse
+
+
+def log_grid_type(flag: str):
+    """An argparse ``type`` for a log range ``LO:HI:COUNT`` (0 < LO < HI, COUNT >= 2) -> COUNT floats."""
+    def parse(text):
+        parts = text.split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            lo, hi, count = float(parts[0]), float(parts[1]), int(parts[2])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be LO:HI:COUNT (e.g. 1e-5:1:13), got {text!r}") from None
+        if not (0 < lo < hi < math.inf) or count < 2:
+            raise argparse.ArgumentTypeError(f"{flag} needs 0 < LO < HI and COUNT >= 2, got {text!r}")
+        return [float(v) for v in np.logspace(math.log10(lo), math.log10(hi), count)]
     return parse
 
 
@@ -314,7 +354,9 @@ def train_option_groups():
             param("--intercept-scaling", methods=SDCA_METHODS),
         ]),
         ("dual coordinate ascent", SDCA_METHODS, [
-            param("--lam", default=None, help="regularization (required)"),
+            param("--lam", default=None, type=number_list_type("--lam", POSITIVE),
+                  help="regularization (required), or a comma-separated grid chosen by validation",
+                  help_for={"ssdca": "regularization (required)", "mtrl-central": "regularization (required)"}),
             param("--tol"),
             param("--local-iters"),
             param("--gap-every"),
@@ -326,6 +368,15 @@ def train_option_groups():
                                 help="the task covariance, from a result file (/model/Sigma) or a .npy file "
                                      "(required for fixed)")),
         ]),
+        ("lam chosen by validation (one job, warm-started from the largest lam down)", DISTRIBUTED_SDCA, [
+            (("--lam-grid",), dict(metavar="LO:HI:COUNT", type=log_grid_type("--lam-grid"),
+                                   help="a log-spaced grid of lam, e.g. 1e-5:1:13 (instead of --lam)")),
+            param("--validation-fraction"),
+            param("--cv", metavar="K"),
+            param("--metric"),
+            (("--no-warm-start",), dict(action="store_true",
+                                        help="solve every grid point from zero (for comparisons)")),
+        ]),
         ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
             param("--aggregation"),
             param("--eta"),
@@ -334,7 +385,9 @@ def train_option_groups():
         ("task graph", ("graph",), [
             (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
                                      "edge-list CSV (task_a,task_b,weight) (required)")),
-            (("--alpha",), dict(type=float, default=2.0 ** -8, help="diagonal alpha of L + alpha I")),
+            (("--alpha",), dict(type=number_list_type("--alpha", Interval(float)), default=2.0 ** -8,
+                                help="diagonal alpha of L + alpha I, or a comma-separated grid chosen by validation "
+                                     "(at one --lam)")),
             (("--unnormalized",), dict(action="store_true", help="keep (L + alpha I)^-1 without unit diagonal")),
         ]),
         ("l1,inf ball", ("l1inf",), [

@@ -695,6 +695,13 @@ class TaskFile(_OpenFile):
         _check_task(self.path, i, self.names[i], X, y, self.n_features)
         return X, y
 
+    def read_labels(self, i: int) -> np.ndarray:
+        """Task ``i``'s labels only (no X): a validation split stratified over a task cut into several blocks."""
+        g = self._f.get(_task_group(i))
+        if g is None or "y" not in g:
+            raise InputError(f"{self._where(i)}: field 'y' is missing")
+        return np.asarray(g["y"][()], dtype=np.float64)
+
     def read_fingerprints(self) -> dict:
         """{task index: (start, stop, x_sum, y_sum) list} of the rows read so far (see :func:`combine_fingerprints`)."""
         return {i: [(a, b, xs, ys) for (a, b), (xs, ys) in parts.items()] for i, parts in self.read_parts.items()}

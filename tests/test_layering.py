@@ -27,7 +27,7 @@ LAYERS = [
     ("io", {"cluster", "store"}),
     ("files", {"checkpoint", "converters", "results"}),
     ("engine", {"engine"}),
-    ("methods", {"dmtrl", "joint_sparse", "online", "baselines"}),
+    ("methods", {"dmtrl", "joint_sparse", "online", "baselines", "model_selection"}),
     ("front ends", {"estimators", "jobs", "demo"}),
     ("command line", {"cli", "__main__", "__init__"}),
 ]

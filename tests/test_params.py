@@ -121,8 +121,8 @@ def test_every_estimator_keeps_its_init_arguments_as_given():
     from sklearn.base import clone
 
     from hpcmtl import estimators
-    for cls in (estimators.DMTRL, estimators.JointSparseMTL, estimators.GraphMTL, estimators.OnlineMultitask,
-                estimators.OnlineECOC):
+    for cls in (estimators.DMTRL, estimators.DMTRLCV, estimators.JointSparseMTL, estimators.GraphMTL,
+                estimators.OnlineMultitask, estimators.OnlineECOC):
         names = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
         given = {name: object() for name in names}          # sentinels: no validation, no copy in __init__
         est = cls(**given)

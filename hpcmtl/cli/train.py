@@ -120,19 +120,47 @@ def config_from_args(args):
                                  seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
                                  split_tasks=args.split_tasks, fit_intercept=not args.no_intercept,
                                  positive_label=args.positive_label).validate()
-    if args.lam is None:
+    lam = args.lam_grid if getattr(args, "lam_grid", None) is not None else args.lam
+    if lam is None:
         raise InputError(f"method '{args.method}' needs --lam")
+    lam = max(lam) if isinstance(lam, list) else lam       # a grid: validated here, solved by train_path
     relationship = {"dmtrl": "learned", "stl": "identity", "fixed": "fixed", "graph": "fixed", "ssdca": "learned",
                     "mtrl-central": "learned"}[args.method]
     if args.sigma is not None and args.method in ("ssdca", "mtrl-central"):
         relationship = "fixed"                      # the centralized baselines under a given Sigma
-    return DMTRLConfig(loss=args.loss, lam=args.lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
+    return DMTRLConfig(loss=args.loss, lam=lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        aggregation=args.aggregation, exchange=args.exchange,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
                        fit_intercept=not args.no_intercept, intercept_scaling=args.intercept_scaling,
                        method=args.method, positive_label=args.positive_label).validate()
+
+
+def selection_from_args(args, config):
+    """A :class:`hpcmtl.model_selection.Selection` when a lam grid or a validation split is asked for, else None
+    (validated here, identically on every rank)."""
+    from ..model_selection import Selection
+    grid = getattr(args, "lam_grid", None)
+    if grid is not None and args.lam is not None:
+        raise InputError("give --lam or --lam-grid, not both")
+    grid = args.lam if grid is None else grid
+    name = "lam"
+    if isinstance(args.alpha, list):                 # train graph: a grid of the graph kernel's alpha at one lam
+        if isinstance(grid, list):
+            raise InputError("a grid of --alpha goes with one --lam, not with a grid of lam")
+        grid, name = args.alpha, "alpha"
+    if not (isinstance(grid, list) or args.validation_fraction is not None or args.cv is not None):
+        if args.metric is not None or args.no_warm_start:
+            raise InputError("--metric and --no-warm-start go with a lam grid (--lam A,B,... or --lam-grid) or "
+                             "--validation-fraction / --cv")
+        return None
+    if args.method not in DISTRIBUTED_SDCA:
+        raise InputError(f"a lam grid is for train {', '.join(DISTRIBUTED_SDCA)}, not for train {args.method}")
+    if args.resume or args.checkpoint_every or args.checkpoint_seconds:
+        raise InputError("checkpoints are for a single lam, not for a lam grid")
+    return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
+                     warm_start=not args.no_warm_start, name=name).validate(config.loss)
 
 
 def read_sigma(path):
@@ -248,6 +276,7 @@ def cmd_train(args, cluster):
     if args.quiet:
         args.log_level = "error"
     config = config_from_args(args) if args.method != "online" else None   # identical on every rank
+    selection = selection_from_args(args, config) if args.method in SDCA_METHODS else None
     checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
     error = None
     try:                                            # before any work; every rank fails together
@@ -266,8 +295,11 @@ def cmd_train(args, cluster):
         from ..task_graph import graph_adjacency, task_kernel
         if args.graph is None:
             raise InputError("method 'graph' needs --graph (a topology name or an edge-list CSV)")
-        sigma = task_kernel(graph_adjacency(args.graph, source.names), args.alpha, not args.unnormalized,
-                            source.names)
+        adjacency = graph_adjacency(args.graph, source.names)
+
+        def sigma_of(alpha):
+            return task_kernel(adjacency, alpha, not args.unnormalized, source.names)
+        sigma = None if isinstance(args.alpha, list) else sigma_of(args.alpha)
     elif getattr(config, "relationship", None) == "fixed":
         sigma = read_sigma(args.sigma)
     if args.quiet:
@@ -287,6 +319,11 @@ def cmd_train(args, cluster):
         if test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source,
                                           result.task_names, intercept=result.intercept)
+    elif selection is not None:
+        from ..model_selection import train_path
+        result = train_path(cluster, source, config, selection, test_source, sigma_fixed=sigma, progress=progress,
+                            warn=warn_line(args, progress), note=warn_line(args, progress, kind="path"),
+                            sigma_of=sigma_of if args.method == "graph" else None)
     else:
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
@@ -311,9 +348,17 @@ def cmd_train(args, cluster):
         summary = (f"NOT converged: {n_bad} of {len(steps['converged'])} W-steps reached max rounds "
                    f"(worst relative gap {float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}); "
                    f"last relative gap {h['rel_gap'][-1]:.3e}")
+    path = getattr(result, "path", None)
+    if path is not None:
+        name = result.selection["parameter"]
+        summary += (f"; {name} {result.selection['chosen_' + name]:.4g} chosen by validation "
+                    f"{result.selection['metric']}")
     result = save_result(args, cluster, source, result, result.Sigma,
-                         {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps},
+                         {"model": {"rho": result.rho, "converged": int(result.converged)}, "wsteps": steps,
+                          **({"path": path} if path is not None else {})},
                          summary)
+    for text in (result.selection["warnings"] if path is not None else ()):   # at every --log-level, like below
+        print(f"hpcmtl: warning: {text}", file=sys.stderr, flush=True)
     if not result.converged:             # at every --log-level, --quiet included: the model is not certified
         print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
               f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
@@ -321,14 +366,17 @@ def cmd_train(args, cluster):
     return result
 
 
-def warn_line(args, progress=None):
-    """Rank 0's one stderr line per W-step that ended unconverged (kept at every --log-level but error)."""
+def warn_line(args, progress=None, kind="warning"):
+    """Rank 0's one stderr line per W-step that ended unconverged (kept at every --log-level but error);
+    ``kind="path"``: one stdout line per grid point of a lam path (--log-level info and debug)."""
+    quiet = ("error",) if kind == "warning" else ("error", "warning")
+
     def warn(message):
-        if args.log_level == "error":
+        if args.log_level in quiet:
             return
         if progress is not None and getattr(progress, "tty", False) and progress.show:
             print(file=progress.stream, flush=True)          # end the live progress line first
-        print(f"hpcmtl: warning: {message}", file=sys.stderr, flush=True)
+        print(f"hpcmtl: {kind}: {message}", file=sys.stderr if kind == "warning" else sys.stdout, flush=True)
     return warn
 
 

@@ -1,0 +1,316 @@
+"""lam chosen by validation in one job (issue 15 part 2): the split, warm starts, the refit, P-invariance, errors."""
+import numpy as np
+import pytest
+
+from hpcmtl import dmtrl, store
+from hpcmtl.cluster import Cluster
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.model_selection import HOLDOUT, Selection, best_index, task_folds, train_path, validation_score
+
+from conftest import random_tasks, run_hpcmtl
+from test_mpi import synth  # noqa: F401  (the same small dmtrl1 data set, the fixture shared)
+
+
+def holdout(fraction):
+    return Selection([1.0], validation_fraction=fraction).validate("hinge")
+
+
+def kfold(k):
+    return Selection([1.0], cv=k).validate("hinge")
+
+
+# ---------------------------------------------------------------------------
+# the split: stratified, seeded, a pure function of (seed, task, labels)
+# ---------------------------------------------------------------------------
+def test_holdout_split_is_stratified_and_seeded():
+    y = np.array([1.0] * 32 + [-1.0] * 8)
+    folds = task_folds(y, 0, 3, holdout(0.25), stratify=True)
+    assert set(np.unique(folds)) == {0, HOLDOUT}
+    assert np.count_nonzero(folds == 0) == 10                         # round(0.25 * 40)
+    assert np.count_nonzero((folds == 0) & (y > 0)) == 8              # 32 * 10 / 40: the labels' shares
+    assert np.count_nonzero((folds == 0) & (y < 0)) == 2
+    odd = task_folds(np.array([1.0] * 7 + [-1.0] * 3), 0, 0, holdout(0.3), stratify=True)   # 2.1 + 0.9: remainders
+    assert np.count_nonzero(odd == 0) == 3 and np.count_nonzero((odd == 0) & (np.arange(10) >= 7)) == 1
+    assert np.array_equal(folds, task_folds(y, 0, 3, holdout(0.25), stratify=True))
+    assert not np.array_equal(folds, task_folds(y, 1, 3, holdout(0.25), stratify=True))   # another seed
+    assert not np.array_equal(folds, task_folds(y, 0, 4, holdout(0.25), stratify=True))   # another task
+    # at least one row on each side, whatever the fraction
+    assert np.count_nonzero(task_folds(y[:3], 0, 0, holdout(0.01), True) == 0) == 1
+    assert np.count_nonzero(task_folds(y[:3], 0, 0, holdout(0.99), True) == HOLDOUT) == 1
+
+
+def test_kfold_split_deals_every_label_over_the_folds():
+    y = np.array([1.0] * 13 + [-1.0] * 8)
+    folds = task_folds(y, 7, 0, kfold(4), stratify=True)
+    assert set(np.unique(folds)) == {0, 1, 2, 3}
+    sizes = np.bincount(folds)
+    assert sizes.max() - sizes.min() <= 1 and sizes.sum() == 21
+    for label in (1.0, -1.0):
+        per_fold = np.bincount(folds[y == label], minlength=4)
+        assert per_fold.max() - per_fold.min() <= 1
+    reg = task_folds(np.linspace(0, 1, 21), 7, 0, kfold(4), stratify=False)
+    assert np.bincount(reg).max() - np.bincount(reg).min() <= 1
+
+
+def test_validation_metrics_and_the_best_point():
+    y = [np.array([1.0, -1.0, 1.0]), np.array([-1.0, 1.0])]
+    s = [np.array([0.5, 0.2, -0.1]), np.array([-2.0, 3.0])]
+    assert validation_score("error", y, s) == pytest.approx(2 / 5)
+    assert validation_score("auc", y, s) == pytest.approx((0.5 + 1.0) / 2)
+    margins = np.concatenate(y) * np.concatenate(s)
+    assert validation_score("logloss", y, s) == pytest.approx(np.mean(np.logaddexp(0, -margins)))
+    assert validation_score("rmse", [np.array([1.0, 2.0])], [np.array([1.0, 0.0])]) == pytest.approx(np.sqrt(2.0))
+    assert best_index("rmse", [0.3, 0.2, 0.2]) == 1            # ties: the larger lam (solved first)
+    assert best_index("auc", [0.7, 0.9, 0.8]) == 1
+    with pytest.raises(Exception, match="non-finite validation auc nan at grid point 2"):
+        best_index("auc", [0.7, np.nan])
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(grid=[1e-3, 1e-3]), "lists a value twice"),
+    (dict(grid=[-1.0]), "must be > 0"),
+    (dict(cv=1), "'cv' parameter of hpcmtl train must be an integer >= 2"),
+    (dict(validation_fraction=1.5), "'validation_fraction' parameter of hpcmtl train must be in (0, 1)"),
+    (dict(validation_fraction=0.2, cv=3), "not both"),
+    (dict(metric="rmse"), "must be error, auc or logloss for the hinge loss"),
+])
+def test_bad_selections(change, message):
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Selection(**dict(dict(grid=[1e-2]), **change)).validate("hinge")
+
+
+# ---------------------------------------------------------------------------
+# the path in one process: the refit is the single run at the chosen lam; warm starts save rounds
+# ---------------------------------------------------------------------------
+def stl_config(lam=1e-2, tol=1e-8, loss="hinge"):
+    return dmtrl.DMTRLConfig(loss=loss, lam=lam, tol=tol, max_rounds=3000, relationship="identity", method="stl")
+
+
+def test_chosen_model_equals_a_single_run_within_the_certificate():
+    Xs, ys = random_tasks(3, m=4, d=8, sizes=(60, 45, 50, 70))
+    source = MemoryTasks(Xs, ys)
+    grid = [3e-1, 1e-1, 3e-2, 1e-2, 3e-3]
+    result = train_path(Cluster.serial(), source, stl_config(), Selection(grid, validation_fraction=0.3))
+    chosen = result.selection["chosen_lam"]
+    assert chosen in grid and result.config["lam"] == chosen
+    single = dmtrl.train(Cluster.serial(), source, stl_config(lam=chosen))
+    gaps = []
+    for r in (result, single):
+        assert np.all(np.isfinite(r.W)) and np.isfinite(r.history["gap"][-1])
+        assert r.converged and r.history["rel_gap"][-1] <= 1e-8
+        gaps.append(float(r.history["gap"][-1]))
+    # P is (lam m)-strongly convex (Sigma = I / m): ||W - W*||^2 <= 2 gap / (lam m) for each of the two
+    m = len(Xs)
+    bound = sum(np.sqrt(2 * g / (chosen * m)) for g in gaps)
+    assert np.linalg.norm(result.W - single.W) <= bound
+    assert abs(result.history["primal"][-1] - single.history["primal"][-1]) <= max(gaps)
+    path = result.path
+    assert list(path["lam"]) == sorted(grid, reverse=True)
+    assert path["validation_score"][result.selection["chosen_index"]] == min(path["validation_score"])
+    assert np.all(path["converged"] == 1) and np.all(path["rounds"] > 0)
+
+
+def test_warm_started_points_take_fewer_rounds_than_cold_ones():
+    Xs, ys = random_tasks(4, m=4, d=10, sizes=(80, 60, 70, 90))
+    source = MemoryTasks(Xs, ys)
+    grid = list(np.logspace(-3, -2, 6))
+    rounds = {}
+    for warm in (True, False):
+        r = train_path(Cluster.serial(), source, stl_config(tol=1e-7),
+                       Selection(grid, validation_fraction=0.2, warm_start=warm))
+        assert np.all(r.path["converged"] == 1)
+        rounds[warm] = r.path["rounds"]
+    assert rounds[True][0] == rounds[False][0]                 # the first point starts from zero either way
+    assert rounds[True].sum() < rounds[False].sum(), rounds
+
+
+def test_unconverged_point_is_stored_and_named():
+    Xs, ys = random_tasks(5, m=3, d=6)
+    r = train_path(Cluster.serial(), MemoryTasks(Xs, ys), dmtrl.DMTRLConfig(
+        loss="hinge", lam=1e-2, tol=1e-12, max_rounds=2, relationship="identity"),
+        Selection([1e-1, 1e-2], cv=3), warn=lambda text: None)
+    assert r.path["converged"].tolist() == [0, 0] and r.selection["converged"] is False
+    assert r.path["fold_scores"].shape == (2, 3)
+    assert any("2 of 2 grid points had W-steps that ended unconverged" in w for w in r.selection["warnings"])
+
+
+# ---------------------------------------------------------------------------
+# the command line under mpiexec: same bits at P = 1, 2, 3; the same split with --split-tasks; errors
+# ---------------------------------------------------------------------------
+def path_args(tr, out, *extra):
+    return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam-grid", "1e-3:1e-1:3",
+            "--tol", "1e-5", "--outer", "2", "--force", *extra]
+
+
+@pytest.mark.mpi
+def test_path_is_bitwise_identical_at_1_2_3_ranks_and_splits_alike_with_split_tasks(synth, tmp_path):
+    tr, te = synth
+    results = {}
+    for p in (1, 2, 3):
+        out = tmp_path / f"p{p}.h5"
+        r = run_hpcmtl(path_args(tr, out, "--quiet", "--cv", "3", "--test", te), n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results[p] = store.read_result(out)
+    ref = results[1]
+    assert ref["path"]["fold_scores"].shape == (3, 3) and ref["config"]["selection"]["cv"] == 3
+    for p in (2, 3):
+        for group, key in (("model", "W"), ("model", "Sigma"), ("path", "validation_score"),
+                           ("path", "fold_scores"), ("path", "rounds"), ("history", "primal")):
+            assert results[p][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P={p}"
+        assert results[p]["config"]["selection"] == ref["config"]["selection"]
+    split = tmp_path / "split.h5"
+    r = run_hpcmtl(path_args(tr, split, "--quiet", "--cv", "3", "--split-tasks"), n_ranks=3, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = store.read_result(split)
+    assert s["config"]["selection"]["split_digest"] == ref["config"]["selection"]["split_digest"]
+    assert s["config"]["selection"]["chosen_lam"] == ref["config"]["selection"]["chosen_lam"]
+
+
+@pytest.mark.mpi
+def test_edge_warning_is_printed_and_stored(synth, tmp_path):
+    tr, _ = synth
+    runs = {}
+    # on this split the validation error falls from lam 10 to 0.1 and rises again at 1e-2
+    for name, grid in (("edge", ["--lam", "10,1,0.1"]), ("inside", ["--lam-grid", "1e-3:10:5"])):
+        out = tmp_path / f"{name}.h5"
+        args = path_args(tr, out, "--quiet", "--validation-fraction", "0.25")
+        args[args.index("--lam-grid"):args.index("--lam-grid") + 2] = grid
+        r = run_hpcmtl(args, n_ranks=2)
+        assert r.returncode == 0, r.stderr
+        res = store.read_result(out)
+        scores = res["path"]["validation_score"]
+        assert np.all(np.isfinite(scores))
+        assert res["config"]["selection"]["chosen_index"] == int(np.argmin(scores))
+        runs[name] = (r.stderr, res)
+    stderr, res = runs["edge"]
+    assert res["config"]["selection"]["chosen_lam"] == 0.1 and res["config"]["lam"] == 0.1
+    assert res["config"]["selection"]["warnings"] == [
+        "the chosen lam 0.1 is the smallest of the grid (0.1 .. 10): the best lam may lie beyond it; extend the grid"]
+    assert stderr.count("hpcmtl: warning: the chosen lam 0.1 is the smallest of the grid") == 1
+    stderr, res = runs["inside"]
+    assert res["config"]["selection"]["chosen_lam"] == pytest.approx(0.1)
+    assert res["config"]["selection"]["warnings"] == [] and "warning" not in stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("option,message", [
+    (["--lam", "1e-3,abc"], "--lam must be a number, got 'abc'"),
+    (["--lam-grid", "1:0:5"], "--lam-grid needs 0 < LO < HI and COUNT >= 2, got '1:0:5'"),
+    (["--lam-grid", "1e-3:1:4", "--cv", "1"], "--cv must be >= 2, got 1"),
+    (["--lam", "1e-3,1e-2", "--validation-fraction", "1.5"],
+     "The 'validation_fraction' parameter of hpcmtl train must be in (0, 1). Got 1.5 instead."),
+    (["--lam", "1e-3,1e-2", "--validation-fraction", "0"], "--validation-fraction must be > 0, got 0"),
+])
+def test_bad_grids_fail_with_one_line_on_every_rank(synth, tmp_path, option, message):
+    tr, _ = synth
+    out = tmp_path / "bad.h5"
+    r = run_hpcmtl(["train", "stl", "--train", tr, "--out", out, "--loss", "hinge", *option], n_ranks=2)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------
+# the estimators: DMTRLCV and GridSearchCV over DMTRL(task_column=0)
+# ---------------------------------------------------------------------------
+def stacked(seed=1, loss="squared"):
+    Xs, ys = random_tasks(seed, m=4, d=6, sizes=(60, 45, 50, 70), loss=loss)
+    tasks = np.concatenate([np.full(len(v), i) for i, v in enumerate(ys)])
+    return np.vstack(Xs), np.concatenate(ys), tasks
+
+
+@pytest.mark.filterwarnings("ignore:the chosen lam 0.001 is the smallest")      # checked below, on its own
+def test_dmtrlcv_cv_results():
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(2, loss="hinge")
+    grid = [1e-3, 1e-2, 1e-1, 1.0]
+    model = DMTRLCV(lams=grid, cv=3, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    res = model.cv_results_
+    assert list(res["param_lam"]) == sorted(grid, reverse=True)
+    splits = np.array([res[f"split{k}_test_score"] for k in range(3)])
+    assert np.all(np.isfinite(splits)) and np.allclose(splits.mean(axis=0), res["mean_test_score"], rtol=0, atol=1e-15)
+    assert np.array_equal(res["mean_test_score"], -res["mean_validation_error"])      # greater is better
+    assert res["rank_test_score"][model.best_index_] == 1
+    assert model.best_score_ == res["mean_validation_error"].min()
+    assert model.best_params_ == {"lam": model.lam_} and model.lam_ == res["param_lam"][model.best_index_]
+    assert np.all(res["converged"] == 1) and np.all(res["rounds"] > 0)
+    single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    gap = single.history_["gap"][-1] + model.history_["gap"][-1]
+    assert np.isfinite(gap) and np.linalg.norm(model.W_ - single.W_) <= 2 * np.sqrt(2 * gap / (model.lam_ * 4))
+    with pytest.warns(UserWarning, match="is the (largest|smallest) of the grid"):      # two points: both edges
+        DMTRLCV(lams=[10.0, 3.0], cv=0.25, relationship="identity").fit(X, y, tasks)
+
+
+@pytest.mark.parametrize("relationship", ["identity", "learned"])
+def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
+    from sklearn.model_selection import GridSearchCV, GroupKFold
+
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(1)
+    groups = np.random.default_rng(0).integers(0, 9, size=y.size)       # row groups: every task in every fold
+    folds = list(GroupKFold(3).split(X, y, groups))
+    grid = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0),
+                          {"lam": grid}, cv=folds, scoring="neg_root_mean_squared_error")
+    search.fit(np.column_stack([tasks, X]), y)
+    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10).fit(X, y, tasks)
+    assert cv.best_params_ == search.best_params_
+    theirs = search.cv_results_["mean_test_score"][np.argsort(search.cv_results_["param_lam"].data.astype(float))]
+    ours = cv.cv_results_["mean_test_score"][::-1]                          # ours: largest lam first
+    assert np.all(np.isfinite(ours)) and np.all(np.isfinite(theirs))
+    # the same folds, the same models within the certificate (tol 1e-10): the same scores
+    assert np.allclose(ours, theirs, rtol=1e-6, atol=0)
+    # task_column in DMTRLCV too: the same choice, the same predictions
+    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
+                          task_column=0).fit(np.column_stack([tasks, X]), y)
+    assert with_column.lam_ == cv.lam_
+    assert np.allclose(with_column.predict(np.column_stack([tasks, X])), cv.predict(X, tasks), rtol=0, atol=1e-12)
+
+
+def test_task_column_and_split_errors():
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(1)
+    with pytest.raises(Exception, match=r"The 'task_column' parameter of DMTRL must be a column of X \(0..5\). Got 9"):
+        DMTRL(loss="squared", task_column=9).fit(X, y)
+    with pytest.raises(Exception, match="give the task ids as tasks= or in X"):
+        DMTRL(loss="squared", task_column=0).fit(X, y, tasks)
+    half = [(np.arange(100, y.size), np.arange(100))]
+    with pytest.raises(Exception, match="must put every row in one test set: row 100 is in none"):
+        DMTRLCV(loss="squared", cv=half).fit(X, y, tasks)
+
+
+def test_dmtrlcv_follows_the_estimator_contract():
+    from sklearn.utils.estimator_checks import (check_get_params_invariance, check_no_attributes_set_in_init,
+                                                check_parameters_default_constructible, check_set_params)
+
+    from hpcmtl import DMTRLCV
+    for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
+                  check_parameters_default_constructible):
+        check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared"))
+
+
+@pytest.mark.mpi
+def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
+    from hpcmtl.task_graph import graph_adjacency, task_kernel
+    months = tmp_path / "months.h5"
+    assert run_hpcmtl(["data", "synth", "seasonal", months, "--scale", "0.3"]).returncode == 0
+    results = []
+    for p in (1, 2):
+        out = tmp_path / f"g{p}.h5"
+        r = run_hpcmtl(["train", "graph", "--graph", "cycle", "--alpha", "1,0.01,0.1", "--lam", "1e-3", "--train",
+                        months, "--out", out, "--loss", "squared", "--cv", "3", "--quiet"], n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results.append(store.read_result(out))
+    a, b = results
+    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+    assert a["path"]["validation_score"].tobytes() == b["path"]["validation_score"].tobytes()
+    sel = a["config"]["selection"]
+    assert list(a["path"]["alpha"]) == [1.0, 0.1, 0.01] and np.all(a["path"]["lam"] == 1e-3)
+    assert np.all(np.isfinite(a["path"]["validation_score"]))
+    assert sel["parameter"] == "alpha"
+    assert sel["chosen_alpha"] == a["path"]["alpha"][np.argmin(a["path"]["validation_score"])]
+    names = a["model"]["task_names"]
+    expected = dmtrl.check_sigma(task_kernel(graph_adjacency("cycle", names), sel["chosen_alpha"], True, names),
+                                 len(names))
+    assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel
