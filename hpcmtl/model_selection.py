@@ -336,6 +336,13 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     """
     config.validate()
     selection.validate(config.loss)
+    if engine.intercept_mode(config) == "center":
+        # the exact intercept of the squared loss centers each task with its means at load; a fold's training
+        # rows would need their own means (else the validation rows leak into the fit, and CSR blocks lose their
+        # implicit centering when cut). Until the split re-centers, refuse rather than score the wrong model.
+        raise InputError(f"{selection.name} chosen by validation with the squared loss needs --no-intercept "
+                         "(fit_intercept=False) for now: a fold's training rows are not re-centered on their own "
+                         "means yet")
     selection.check_sizes(source)
     if selection.name == "alpha":
         sigmas = [sigma_of(v) for v in selection.grid]        # identically on every rank: errors fail together

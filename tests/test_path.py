@@ -225,7 +225,7 @@ def test_dmtrlcv_cv_results():
     from hpcmtl import DMTRL, DMTRLCV
     X, y, tasks = stacked(2, loss="hinge")
     grid = [1e-3, 1e-2, 1e-1, 1.0]
-    model = DMTRLCV(lams=grid, cv=3, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    model = DMTRLCV(lams=grid, cv=3, relationship="identity", tol=1e-8, max_rounds=3000).fit(X, y, tasks)
     res = model.cv_results_
     assert list(res["param_lam"]) == sorted(grid, reverse=True)
     splits = np.array([res[f"split{k}_test_score"] for k in range(3)])
@@ -235,7 +235,7 @@ def test_dmtrlcv_cv_results():
     assert model.best_score_ == res["mean_validation_error"].min()
     assert model.best_params_ == {"lam": model.lam_} and model.lam_ == res["param_lam"][model.best_index_]
     assert np.all(res["converged"] == 1) and np.all(res["rounds"] > 0)
-    single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-8).fit(X, y, tasks)
+    single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-8, max_rounds=3000).fit(X, y, tasks)
     gap = single.history_["gap"][-1] + model.history_["gap"][-1]
     assert np.isfinite(gap) and np.linalg.norm(model.W_ - single.W_) <= 2 * np.sqrt(2 * gap / (model.lam_ * 4))
     with pytest.warns(UserWarning, match="is the (largest|smallest) of the grid"):      # two points: both edges
@@ -251,10 +251,11 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
     groups = np.random.default_rng(0).integers(0, 9, size=y.size)       # row groups: every task in every fold
     folds = list(GroupKFold(3).split(X, y, groups))
     grid = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0),
+    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0, fit_intercept=False),
                           {"lam": grid}, cv=folds, scoring="neg_root_mean_squared_error")
     search.fit(np.column_stack([tasks, X]), y)
-    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10).fit(X, y, tasks)
+    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
+                 fit_intercept=False).fit(X, y, tasks)
     assert cv.best_params_ == search.best_params_
     theirs = search.cv_results_["mean_test_score"][np.argsort(search.cv_results_["param_lam"].data.astype(float))]
     ours = cv.cv_results_["mean_test_score"][::-1]                          # ours: largest lam first
@@ -262,7 +263,7 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
     # the same folds, the same models within the certificate (tol 1e-10): the same scores
     assert np.allclose(ours, theirs, rtol=1e-6, atol=0)
     # task_column in DMTRLCV too: the same choice, the same predictions
-    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
+    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10, fit_intercept=False,
                           task_column=0).fit(np.column_stack([tasks, X]), y)
     assert with_column.lam_ == cv.lam_
     assert np.allclose(with_column.predict(np.column_stack([tasks, X])), cv.predict(X, tasks), rtol=0, atol=1e-12)
@@ -287,7 +288,7 @@ def test_dmtrlcv_follows_the_estimator_contract():
     from hpcmtl import DMTRLCV
     for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
                   check_parameters_default_constructible):
-        check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared"))
+        check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared", fit_intercept=False))
 
 
 @pytest.mark.mpi
@@ -299,7 +300,7 @@ def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
     for p in (1, 2):
         out = tmp_path / f"g{p}.h5"
         r = run_hpcmtl(["train", "graph", "--graph", "cycle", "--alpha", "1,0.01,0.1", "--lam", "1e-3", "--train",
-                        months, "--out", out, "--loss", "squared", "--cv", "3", "--quiet"], n_ranks=p, timeout=300)
+                        months, "--out", out, "--loss", "squared", "--cv", "3", "--no-intercept", "--quiet"], n_ranks=p, timeout=300)
         assert r.returncode == 0, r.stderr
         results.append(store.read_result(out))
     a, b = results
@@ -314,3 +315,11 @@ def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
     expected = dmtrl.check_sigma(task_kernel(graph_adjacency("cycle", names), sel["chosen_alpha"], True, names),
                                  len(names))
     assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel
+
+
+def test_squared_loss_selection_with_an_intercept_is_refused_in_one_line():
+    from hpcmtl import DMTRLCV
+    from hpcmtl.errors import InputError
+    X, y, tasks = stacked()
+    with pytest.raises(InputError, match="lam chosen by validation with the squared loss needs --no-intercept"):
+        DMTRLCV(lams=[1e-2, 1e-1], cv=3, loss="squared").fit(X, y, tasks)
