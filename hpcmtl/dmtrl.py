@@ -1023,8 +1023,12 @@ class Server(StepSolver, ServerBase):
     # -- local rounds (nothing couples the tasks) -------------------------------
     def local_rounds_possible(self) -> bool:
         """A diagonal Sigma (STL, a diagonal fixed Sigma, the first W-step of a learned one), every task in
-        one block, and per-task steps (not 'line''s one common step): each worker can take whole rounds alone."""
-        return (self.config.exchange == "auto" and self.config.aggregation != "line"
+        one block, and per-task steps (not 'line''s one common step) with bounded momentum: each worker can take
+        whole rounds alone."""
+        # not with the squared loss's free momentum: alone, a task's 2 x 2 pseudo-inverse keeps near-parallel
+        # directions the joint one drops (its cut-off is relative to every task's eigenvalues), and the huge,
+        # cancelling (eta, beta) it then returns drive b and alpha apart (a negative gap on tasks of 1-3 rows)
+        return (self.config.exchange == "auto" and self.config.aggregation != "line" and self.momentum != "free"
                 and bool(np.all(self.blocks_per_task == 1))
                 and not np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
 

@@ -146,7 +146,8 @@ PARAMS = {
     "local_solver": Param(LOCAL_SOLVERS, "auto", "sdca, or exact local subproblems for the squared loss"),
     "exchange": Param(EXCHANGES, "auto",
                       "auto: while Sigma is diagonal (STL, a diagonal fixed Sigma, the first W-step of a learned "
-                      "one) and every task is one block, workers take whole rounds alone and send 5 numbers a "
+                      "one), every task is one block and the loss is not squared, workers take whole rounds alone "
+                      "and send 5 numbers a "
                       "task, no d-vectors; dense: every round exchanges delta b and w (for comparisons)"),
     "aggregation": Param(AGGREGATIONS, "qp",
                          "'safe' is paper 001's Lemma 6.7 rho (its experiments as published); the others take "

@@ -353,6 +353,31 @@ def test_tiny_tasks_with_shrinking_through_several_omega_steps(kernel_build, los
     assert np.all(model.wsteps_["rel_gap"] <= tol) and np.all(np.isfinite(model.W_))
 
 
+def test_tiny_csr_tasks_with_centered_intercepts_through_several_omega_steps(kernel_build):
+    """The squared loss's intercept on CSR rows (implicit centering in sdca_local and objective_terms) through
+    the whole engine on the build under test: 12 tasks of 1-3 rows (a task of one row centers to zero), rows
+    without non-zeros, local rounds in the first W-step, then three more Omega-steps."""
+    import scipy.sparse as sp
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import DMTRLConfig, train
+    from hpcmtl.estimators import MemoryTasks
+    rng = np.random.default_rng(4)
+    Xs, ys = [], []
+    for i in range(12):
+        n = 1 + i % 3
+        X = rng.normal(size=(n, 6)) * (rng.random((n, 6)) < 0.5)
+        if n == 3:
+            X[1] = 0.0
+        Xs.append(sp.csr_matrix(X))
+        ys.append(rng.normal(size=n) + 2.0)
+    config = DMTRLConfig(loss="squared", lam=1e-2, tol=1e-8, outer=4, outer_tol=0.0, max_rounds=3000,
+                         local_solver="sdca")             # the kernel, not the exact small-d solver
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert result.converged and len(result.wsteps["converged"]) == 4
+    assert np.all(result.wsteps["rel_gap"] <= 1e-8) and np.all(np.isfinite(result.W))
+    assert np.all(np.isfinite(result.intercept))
+
+
 # ---------------------------------------------------------------------------
 # implicit centering (the squared loss's intercept on CSR rows): mu, x_mu and z_shift
 # ---------------------------------------------------------------------------
