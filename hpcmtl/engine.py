@@ -164,14 +164,15 @@ class Endpoint:
 # ---------------------------------------------------------------------------
 # Loading: every rank reads only its own blocks, and all ranks fail together
 # ---------------------------------------------------------------------------
-def load_blocks(cluster, source, config, test_source=None):
+def load_blocks(cluster, source, config, test_source=None, prepare=True):
     """Plan the blocks, read this rank's rows (and test rows) and validate them.
 
     ``config`` needs ``loss``, ``positive_label``, ``split_tasks``, ``rff_dim``,
     ``rff_gamma`` and ``seed``; with a ``positive_label`` the labels of two classes
     become -1/+1 as they are read (``losses.signed_labels``), test labels too; with
     ``fit_intercept`` the training blocks are centered or augmented
-    (:func:`with_intercept`), the test blocks augmented alike.  Rank-local problems (a corrupt group, NaN, bad labels) are
+    (:func:`with_intercept`; ``prepare=False``: the training blocks as read, the
+    caller prepares them), the test blocks augmented alike.  Rank-local problems (a corrupt group, NaN, bad labels) are
     collected and raised on every rank through :meth:`Cluster.agree` before any
     data collective starts.
     """
@@ -194,7 +195,7 @@ def load_blocks(cluster, source, config, test_source=None):
             if phi is not None:
                 blk = blk.transformed(phi)
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, phi))
+            mine.append(with_intercept(blk, config, source, phi) if prepare else blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,

@@ -33,6 +33,15 @@ each task's AUC), averaged over folds; the best lam (the largest among equal
 scores) is refit on all the training rows, warm-started from the point at that
 lam (its alpha, zero on the rows it did not train on).
 
+With the squared loss's exact intercept (per-task centering) a fold's training
+rows are centered on their own means, never the whole task's, so no validation
+row leaks into the fit: every rank computes the means of its tasks' training
+rows of every fold in one pass over the file (:func:`hpcmtl.taskdata.task_means`
+with the fold ids: fixed chunks and fold order, the same bits at any rank count),
+keeps the blocks as read, and centers each fold's cut (CSR rows implicitly, as
+at load).  A validation row is scored ``x.w + ybar_f - mu_f.w`` with its fold's
+means; the refit centers on the whole task's means as a single run does.
+
 Every point is certified like a single run: its W-steps' convergence is kept
 per point, and a path with an unconverged point says so.
 """
@@ -44,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dmtrl, engine
+from . import dmtrl, engine, features, joint_sparse
 from .cluster import Block
 from .engine import Command, Down, Up
 from .errors import ConvergenceError, InputError
@@ -71,13 +80,14 @@ class Selection:
 
     def validate(self, loss: str, owner: str = "hpcmtl train"):
         """Check the grid and the split; fill the defaults (a fraction of 0.2, the loss's metric)."""
-        grid = ([check_params({"lam": v}, owner)["lam"] for v in self.grid] if self.name == "lam"
+        grid = ([check_params({self.name: v}, owner)[self.name] for v in self.grid] if self.name in ("lam", "radius")
                 else [float(v) for v in self.grid])
         if not grid:
             raise InputError(f"The '{self.name}' grid of {owner} is empty.")
         if len(set(grid)) != len(grid):
             raise InputError(f"The '{self.name}' grid of {owner} lists a value twice: {grid}.")
-        self.grid = sorted(grid, reverse=True)
+        # the most regularized point first (it wins ties): the largest lam / alpha, the smallest radius
+        self.grid = sorted(grid, reverse=self.name != "radius")
         given = [n for n in ("validation_fraction", "cv", "folds") if getattr(self, n) is not None]
         if len(given) > 1:
             raise InputError(f"{owner}: give one of --validation-fraction and --cv, not both")
@@ -195,15 +205,17 @@ class PathBlocks(dmtrl.LocalBlocks):
             st.alpha = np.array(a, dtype=np.float64)
 
     def dual_b(self, ctrl, inputs):
-        """DUAL_B: ``b = X^T alpha / n_task`` of every block."""
+        """DUAL_B: ``b = X^T alpha / n_task`` of every block (of the centered rows when centered)."""
         out = np.zeros((len(self.blocks), ctrl.width))
         for k, blk in enumerate(self.blocks):
-            out[k] = np.asarray(blk.X.T @ self.state[k].alpha).ravel() / blk.n_task
+            out[k] = blk.rmatvec(self.state[k].alpha) / blk.n_task
         return out
 
     def validation_scores(self, ctrl, inputs):
-        """VALIDATE: ``X w`` of every block's validation rows, in plan order."""
-        parts = [h.decision(self.w[k]) for k, h in enumerate(self.held_out) if h is not None]
+        """VALIDATE: ``X w + b`` of every block's validation rows (b of the training block: ``ybar_f - mu_f.w``
+        when centered, else 0), in plan order."""
+        parts = [h.decision(self.w[k]) + self.blocks[k].intercept(self.w[k])
+                 for k, h in enumerate(self.held_out) if h is not None]
         return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -239,10 +251,15 @@ class PathServer(dmtrl.Server):
 class TrainingRows:
     """A task source's table with the training counts of one fold (what the server reads of a source)."""
 
-    def __init__(self, source, n_samples):
+    def __init__(self, source, n_samples, means=None):
         self.path, self.names, self.n_tasks = source.path, list(source.names), source.n_tasks
         self.n_features, self.nnz = source.n_features, source.nnz
         self.n_samples = np.asarray(n_samples, dtype=np.int64)
+        self.means = means                    # task -> (mu, ybar) of the fold's training rows (centered fits)
+
+    def task_means(self, i, feature_map=None):
+        """The fold's training-row means of task ``i`` (the fit's intercept ``ybar_f - mu_f.w``)."""
+        return self.means[i]
 
 
 def labels_of(source, blocks, task):
@@ -255,13 +272,27 @@ def labels_of(source, blocks, task):
 
 
 def local_folds(source, blocks, selection, seed, stratify):
-    """The fold ids of this rank's blocks' rows (one array a block)."""
+    """The fold ids of this rank's blocks' rows (one array a block), and of its tasks' rows (task -> array)."""
     whole = {}
     for b in blocks:
         if b.task not in whole:
             whole[b.task] = (np.asarray(selection.folds[b.task], dtype=np.int64) if selection.folds is not None
                              else task_folds(labels_of(source, blocks, b.task), seed, b.task, selection, stratify))
-    return [whole[b.task][b.row_start:b.row_start + b.n_rows] for b in blocks]
+    return [whole[b.task][b.row_start:b.row_start + b.n_rows] for b in blocks], whole
+
+
+def fold_means(source, task_ids, n_folds, phi):
+    """task -> every fold's ``(mu_f, ybar_f)`` over its training rows, for the tasks of ``task_ids``
+    (task -> fold id of each row): one pass over each task's rows."""
+    return {t: source.task_means(t, phi, folds=ids, n_folds=n_folds) for t, ids in sorted(task_ids.items())}
+
+
+def server_task_folds(info, plan, n_tasks):
+    """On the server: task -> the fold id of each of its rows, from the ids gathered per plan block."""
+    parts = {}
+    for k, b in enumerate(plan):
+        parts.setdefault(b.task, []).append((b.part, info["ids"][k]))
+    return {t: np.concatenate([ids for _, ids in sorted(parts[t], key=lambda e: e[0])]) for t in range(n_tasks)}
 
 
 def fold_plans(cluster, plan, folds, blocks, n_tasks, n_folds):
@@ -286,7 +317,8 @@ def fold_plans(cluster, plan, folds, blocks, n_tasks, n_folds):
         digest = hashlib.sha256()
         for k in order:
             digest.update(np.int64(plan[k].task).tobytes() + per_block[k][0].tobytes())
-        info = {"plans": [], "counts": [], "val_y": [], "digest": digest.hexdigest()}
+        info = {"plans": [], "counts": [], "val_y": [], "digest": digest.hexdigest(),
+                "ids": [ids for ids, _ in per_block]}
         for f in range(n_folds):
             counts = np.zeros(n_tasks, dtype=np.int64)
             start, keep = {}, {}
@@ -302,13 +334,15 @@ def fold_plans(cluster, plan, folds, blocks, n_tasks, n_folds):
     return shared, info
 
 
-def cut(blocks, folds, f, counts, sub_plan):
+def cut(blocks, folds, f, counts, sub_plan, means=None):
     """This rank's blocks for fold f: (training blocks, validation blocks or None); ``sub_plan``: this rank's
-    blocks of the fold's plan (their starts number the task's training rows)."""
+    blocks of the fold's plan (their starts number the task's training rows); ``means`` (task -> every fold's
+    training-row means): the training rows centered on them, the validation rows left as read."""
     train, held = [], []
     for b, ids, sub in zip(blocks, folds, sub_plan):
         keep = ids != f
-        train.append(TaskBlock(b.task, b.name, int(counts[b.task]), sub.start, b.X[keep], b.y[keep], b.part))
+        rows = TaskBlock(b.task, b.name, int(counts[b.task]), sub.start, b.X[keep], b.y[keep], b.part)
+        train.append(rows.centered(*means[b.task][f]) if means is not None else rows)
         val = ~keep
         held.append(TaskBlock(b.task, b.name, b.n_task, b.row_start, b.X[val], b.y[val], b.part)
                     if val.any() else None)
@@ -336,13 +370,6 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     """
     config.validate()
     selection.validate(config.loss)
-    if engine.intercept_mode(config) == "center":
-        # the exact intercept of the squared loss centers each task with its means at load; a fold's training
-        # rows would need their own means (else the validation rows leak into the fit, and CSR blocks lose their
-        # implicit centering when cut). Until the split re-centers, refuse rather than score the wrong model.
-        raise InputError(f"{selection.name} chosen by validation with the squared loss needs --no-intercept "
-                         "(fit_intercept=False) for now: a fold's training rows are not re-centered on their own "
-                         "means yet")
     selection.check_sizes(source)
     if selection.name == "alpha":
         sigmas = [sigma_of(v) for v in selection.grid]        # identically on every rank: errors fail together
@@ -355,20 +382,30 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
         value = selection.grid[g]
         return (dataclasses.replace(config, lam=value) if selection.name == "lam" else config), sigmas[g]
     warn = warn or (lambda text: None)
-    blocks, tests = engine.load_blocks(cluster, source, config, test_source)
+    center = engine.intercept_mode(config) == "center"
+    blocks, tests = engine.load_blocks(cluster, source, config, test_source, prepare=not center)
     plan = list(cluster.blocks)
     stratify = get_loss(config.loss).binary_labels
-    folds = local_folds(source, blocks, selection, config.seed, stratify)
+    folds, task_ids = local_folds(source, blocks, selection, config.seed, stratify)
     shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
     grid, n_folds, warm = selection.grid, selection.n_folds, selection.warm_start
+    phi = (features.rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim
+           else None)
+    means = all_means = None
+    if center and cluster.is_server:             # every task's, for the fold fits' intercepts
+        all_means = fold_means(source, server_task_folds(info, plan, source.n_tasks), n_folds, phi)
+    if center:                                   # this rank's tasks' (the same bits: read once in serial runs)
+        means = ({t: all_means[t] for t in task_ids} if all_means is not None
+                 else fold_means(source, task_ids, n_folds, phi))
     G = len(grid)
     rounds, seconds = np.zeros(G, dtype=np.int64), np.zeros(G)
     converged, fold_scores = np.ones(G, dtype=np.int64), np.zeros((G, n_folds))
     snapshots = [None] * G
     for f in range(n_folds):
         cluster.set_plan(shared["plans"][f])
-        rows = TrainingRows(source, shared["counts"][f])
-        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks)
+        rows = TrainingRows(source, shared["counts"][f],
+                            {t: m[f] for t, m in all_means.items()} if all_means is not None else None)
+        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks, means)
         local = None
         for g, value in enumerate(grid):
             cfg, sigma = point(g)
@@ -400,6 +437,8 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
             full = np.zeros(ids.size)
             full[ids != n_folds - 1] = a
             alpha.append(full)
+    if center:                                  # the refit: centered on the whole task's means, as a single run
+        blocks = [engine.with_intercept(b, config, source, phi) for b in blocks]
     local = PathBlocks(cluster, blocks, cfg, tests, alpha=alpha)
     result, _ = fit(cluster, source, cfg, local, sigma, warn, warm=warm, progress=progress,
                     test_source=test_source)
@@ -441,8 +480,10 @@ def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, prog
     return result, (made[0] if made else None)
 
 
-def score_of(server, info, f, metric):
-    """The validation metric of fold f from the scores the server gathered (tasks in order, parts in order)."""
+def score_of(server, info, f, metric, scores=None):
+    """The validation metric of fold f from the scores the server gathered (a list in rank order, default
+    ``server.scores``; tasks in order, parts in order)."""
+    scores = server.scores if scores is None else scores
     plan = server.blocks
     val_y = info["val_y"][f]
     pos = {}
@@ -450,7 +491,7 @@ def score_of(server, info, f, metric):
     for k, b in enumerate(plan):
         r = server.cluster.worker_rank(b.worker)
         p, n = pos.get(r, 0), val_y[k].size
-        per_task.setdefault(b.task, []).append((b.part, val_y[k], server.scores[r][p:p + n]))
+        per_task.setdefault(b.task, []).append((b.part, val_y[k], scores[r][p:p + n]))
         pos[r] = p + n
     ys, ss = [], []
     for t in sorted(per_task):
@@ -459,3 +500,121 @@ def score_of(server, info, f, metric):
         ss.append(np.concatenate([e[2] for e in parts]))
     keep = [k for k, y in enumerate(ys) if y.size]
     return validation_score(metric, [ys[k] for k in keep], [ss[k] for k in keep])
+
+
+# ---------------------------------------------------------------------------
+# The radius of joint-sparse (paper 002) chosen by validation: the path of each fold, then a refit
+# ---------------------------------------------------------------------------
+class RadiusCommand(Command):
+    """``ID = id, down, up, control fields, computation (a RadiusBlocks method)``."""
+    # every block's [w, b] of the radius just solved -> the scores of its validation rows, per rank
+    VALIDATE_COLUMNS = 112, Down.SCATTER_ROWS, Up.GATHER_VECTORS, ("width",), "validation_scores_of"
+
+
+class RadiusBlocks(joint_sparse.LocalGradients):
+    """:class:`hpcmtl.joint_sparse.LocalGradients` that also hold each block's validation rows (``held_out``)."""
+
+    COMMANDS = joint_sparse.LocalGradients.COMMANDS + (RadiusCommand,)
+
+    def __init__(self, cluster, blocks, config, held_out):
+        super().__init__(cluster, blocks, config)
+        self.held_out = held_out
+
+    def validation_scores_of(self, ctrl, rows):
+        """VALIDATE_COLUMNS: ``X w + b`` of every block's validation rows at the given columns, in plan order."""
+        w = rows[:, :self.d]
+        b = rows[:, self.d] if rows.shape[1] > self.d else np.zeros(len(self.blocks))
+        parts = [h.decision(w[k]) + b[k] for k, h in enumerate(self.held_out) if h is not None]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+class RadiusServer(joint_sparse.Server):
+    """A joint-sparse server that scores the validation rows after every radius of its path."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.validation, self.marks = [], [(0, 0.0)]
+
+    def radius_solved(self):
+        columns = np.hstack([self.W.T, self.b[:, None]]) if self.with_b else self.W.T
+        self.validation.append(self.command(RadiusCommand.VALIDATE_COLUMNS, payload=columns[self.block_task],
+                                            width=columns.shape[1]))
+        self.marks.append((self.round, self.elapsed()))
+
+
+def train_radius_path(cluster, source, config, selection: Selection, test_source=None, progress=None, note=None):
+    """Joint-sparse (paper 002): choose the ball's radius from ``selection.grid`` by validation, refit on all rows
+    (server: a :class:`hpcmtl.joint_sparse.JointSparseResult` whose ``path`` is the selection's and whose
+    ``selection`` says what was chosen; workers: None).
+
+    Each fold solves the whole path on its training rows, smallest radius
+    first, each radius warm-started from the previous one's best iterate (as
+    ``--path`` does), and scores its validation rows at every radius.  The refit
+    solves the chosen radius on all the rows, warm-started from the last
+    fold's solution there (``max_rounds`` steps, like every radius).  A
+    subgradient method has no certificate: every point runs ``max_rounds``.
+    """
+    if selection.name != "radius":
+        raise ValueError(f"train_radius_path chooses a radius, not {selection.name!r}")
+    config.validate()
+    selection.validate(config.loss)
+    selection.check_sizes(source)
+    blocks, tests = engine.load_blocks(cluster, source, config, test_source)
+    plan = list(cluster.blocks)
+    folds, _ = local_folds(source, blocks, selection, config.seed, get_loss(config.loss).binary_labels)
+    shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
+    grid, n_folds = selection.grid, selection.n_folds
+    G = len(grid)
+    rounds, seconds = np.zeros(G, dtype=np.int64), np.zeros(G)
+    fold_scores, selected = np.zeros((G, n_folds)), np.zeros((G, n_folds), dtype=np.int64)
+    last = None
+    for f in range(n_folds):
+        cluster.set_plan(shared["plans"][f])
+        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks)
+        made = []
+
+        def server_class(*args, **kwargs):
+            made.append(RadiusServer(*args, **kwargs))
+            return made[-1]
+        result = joint_sparse.train(cluster, TrainingRows(source, shared["counts"][f]), config, radii=grid,
+                                    make_local=lambda: RadiusBlocks(cluster, train_blocks, config, held),
+                                    server_class=server_class)
+        if result is None:
+            continue
+        server, last = made[0], result
+        marks = np.asarray(server.marks)
+        rounds += np.diff(marks[:, 0]).astype(np.int64)
+        seconds += np.diff(marks[:, 1])
+        selected[:, f] = result.path["selected"]
+        for g in range(G):
+            fold_scores[g, f] = score_of(server, info, f, selection.metric, server.validation[g])
+            if note is not None:
+                note(f"radius {grid[g]:.4g} (fold {f + 1}/{n_folds}): {int(selected[g, f])} features selected, "
+                     f"validation {selection.metric} {fold_scores[g, f]:.6g}")
+    scores = fold_scores.mean(axis=1)
+    chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
+    cluster.set_plan(plan)
+    W0 = b0 = None
+    if last is not None and selection.warm_start:
+        W0, b0 = last.path["W"][chosen], last.path["intercept"][chosen]
+    result = joint_sparse.train(cluster, source, config, test_source, W0=W0, b0=b0, progress=progress,
+                                radii=[grid[chosen]],
+                                make_local=lambda: joint_sparse.LocalGradients(cluster, blocks, config, tests))
+    if result is None:
+        return None
+    warnings = []
+    if G > 1 and chosen in (0, G - 1):
+        end = "smallest" if chosen == 0 else "largest"
+        warnings.append(f"the chosen radius {grid[chosen]:.4g} is the {end} of the grid ({grid[0]:.4g} .. "
+                        f"{grid[-1]:.4g}): the best radius may lie beyond it; extend the grid")
+    how = ({"validation_fraction": selection.validation_fraction} if selection.validation_fraction is not None
+           else {"cv": n_folds})
+    chosen_info = dict(how, parameter="radius", chosen_radius=grid[chosen], chosen_index=chosen,
+                       metric=selection.metric, warm_start=selection.warm_start, split_digest=info["digest"],
+                       warnings=warnings)
+    result.path = {"radius": np.asarray(grid), "validation_score": scores, "fold_scores": fold_scores,
+                   "rounds": rounds, "seconds": seconds, "selected": selected,
+                   "refit_selected": np.asarray(result.path["selected"])}
+    result.selection = chosen_info
+    result.config = dict(result.config, radius=grid[chosen], selection=chosen_info)
+    return result

@@ -645,12 +645,14 @@ class TaskFile(_OpenFile):
         self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(X, y, start, self.n_features)
         return TaskBlock(i, self.names[i], n, start, X, y, part)
 
-    def task_means(self, i: int, feature_map=None):
-        """``(mu, ybar)`` of task ``i``, streamed from the file in fixed chunks (:func:`hpcmtl.taskdata.task_means`).
+    def task_means(self, i: int, feature_map=None, folds=None, n_folds: int = 0):
+        """``(mu, ybar)`` of task ``i``, streamed from the file in fixed chunks (:func:`hpcmtl.taskdata.task_means`);
+        with ``folds``, the list of every fold's training-row means.
 
         Every rank gets the same bits; memory is one chunk; nothing is added to the read fingerprints.
         """
-        return _task_means(lambda a, b: self._read_rows(i, a, b), int(self.n_samples[i]), feature_map)
+        return _task_means(lambda a, b: self._read_rows(i, a, b), int(self.n_samples[i]), feature_map,
+                           folds=folds, n_folds=n_folds)
 
     def _read_rows(self, i: int, start: int, stop: int):
         """Validated ``(X, y)`` of rows ``start:stop`` of task ``i``."""

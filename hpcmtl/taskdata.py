@@ -177,25 +177,52 @@ def dense_or_csr(X):
 MEAN_CHUNK_ROWS = 4096
 
 
-def task_means(read_rows, n: int, feature_map=None, chunk: int = MEAN_CHUNK_ROWS):
+def task_means(read_rows, n: int, feature_map=None, chunk: int = MEAN_CHUNK_ROWS, folds=None, n_folds: int = 0):
     """``(mu, ybar)``: the mean row and mean label of a task of ``n >= 1`` rows, read ``chunk`` rows at a time.
 
     ``read_rows(start, stop)`` returns ``(X, y)`` of those rows (dense or CSR);
     ``feature_map`` (random features) is applied to each chunk.  The sums run
     over fixed chunks in row order, so every rank that computes a task's means
     gets the same bits whatever blocks it holds; memory is one chunk.
+
+    With ``folds`` (a fold id per row: ``0..n_folds-1``, or negative for rows
+    that always train) the result is a list of ``n_folds`` pairs instead, the
+    means of fold f's training rows (``folds != f``), from one pass: the sums
+    of each fold id in chunk order, then added in fold order, so they too are
+    the same bits on every rank (memory ``(n_folds + 1) x d``).
     """
-    xs, ys = None, 0.0
+    groups = None if folds is None else np.where(np.asarray(folds) < 0, n_folds, np.asarray(folds)).astype(np.int64)
+    n_groups = 1 if groups is None else n_folds + 1
+    xs, ys = None, np.zeros(n_groups)
     for start in range(0, n, chunk):
         X, y = read_rows(start, min(n, start + chunk))
         if feature_map is not None:
             X = feature_map(X)
+        d = X.shape[1]
         if xs is None:
-            xs = np.zeros(X.shape[1])
+            xs = np.zeros((n_groups, d))
+        g = np.zeros(X.shape[0], dtype=np.int64) if groups is None else groups[start:start + X.shape[0]]
         if sp.issparse(X):
             X = sp.csr_matrix(X)
-            xs += np.bincount(X.indices, weights=X.data, minlength=X.shape[1])
+            row_group = np.repeat(g, np.diff(X.indptr))
+            xs += np.bincount(row_group * d + X.indices, weights=X.data, minlength=n_groups * d).reshape(n_groups, d)
         else:
-            xs += np.asarray(X, dtype=np.float64).sum(axis=0)
-        ys += float(np.sum(y))
-    return xs / n, ys / n
+            X = np.asarray(X, dtype=np.float64)
+            for k in range(n_groups):
+                xs[k] += X[g == k].sum(axis=0) if groups is not None else X.sum(axis=0)
+        y = np.asarray(y, dtype=np.float64)
+        for k in range(n_groups):
+            ys[k] += float(np.sum(y[g == k] if groups is not None else y))
+    if groups is None:
+        return xs[0] / n, float(ys[0]) / n
+    counts = np.bincount(groups, minlength=n_groups)
+    means = []
+    for f in range(n_folds):
+        keep = [k for k in range(n_groups) if k != f]
+        total_x, total_y = np.zeros(xs.shape[1]), 0.0
+        for k in keep:
+            total_x += xs[k]
+            total_y += float(ys[k])
+        size = int(sum(counts[k] for k in keep))
+        means.append((total_x / size, total_y / size))
+    return means

@@ -242,8 +242,12 @@ def test_dmtrlcv_cv_results():
         DMTRLCV(lams=[10.0, 3.0], cv=0.25, relationship="identity").fit(X, y, tasks)
 
 
-@pytest.mark.parametrize("relationship", ["identity", "learned"])
-def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
+@pytest.mark.parametrize("relationship,fit_intercept", [("identity", False), ("learned", False), ("identity", True),
+                                                        ("learned", True)])
+def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship, fit_intercept):
+    """GridSearchCV refits DMTRL on each fold's training rows alone, so with the squared loss's intercept its
+    scores are those of models centered on the training rows' own means: ours must equal them (centering a fold
+    on the whole task's means would let the validation rows leak in, and the scores would differ)."""
     from sklearn.model_selection import GridSearchCV, GroupKFold
 
     from hpcmtl import DMTRL, DMTRLCV
@@ -251,11 +255,12 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
     groups = np.random.default_rng(0).integers(0, 9, size=y.size)       # row groups: every task in every fold
     folds = list(GroupKFold(3).split(X, y, groups))
     grid = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0, fit_intercept=False),
+    search = GridSearchCV(DMTRL(loss="squared", relationship=relationship, tol=1e-10, task_column=0,
+                                fit_intercept=fit_intercept),
                           {"lam": grid}, cv=folds, scoring="neg_root_mean_squared_error")
     search.fit(np.column_stack([tasks, X]), y)
     cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
-                 fit_intercept=False).fit(X, y, tasks)
+                 fit_intercept=fit_intercept).fit(X, y, tasks)
     assert cv.best_params_ == search.best_params_
     theirs = search.cv_results_["mean_test_score"][np.argsort(search.cv_results_["param_lam"].data.astype(float))]
     ours = cv.cv_results_["mean_test_score"][::-1]                          # ours: largest lam first
@@ -263,8 +268,8 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship):
     # the same folds, the same models within the certificate (tol 1e-10): the same scores
     assert np.allclose(ours, theirs, rtol=1e-6, atol=0)
     # task_column in DMTRLCV too: the same choice, the same predictions
-    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10, fit_intercept=False,
-                          task_column=0).fit(np.column_stack([tasks, X]), y)
+    with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
+                          fit_intercept=fit_intercept, task_column=0).fit(np.column_stack([tasks, X]), y)
     assert with_column.lam_ == cv.lam_
     assert np.allclose(with_column.predict(np.column_stack([tasks, X])), cv.predict(X, tasks), rtol=0, atol=1e-12)
 
@@ -317,9 +322,93 @@ def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
     assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel
 
 
-def test_squared_loss_selection_with_an_intercept_is_refused_in_one_line():
-    from hpcmtl import DMTRLCV
-    from hpcmtl.errors import InputError
-    X, y, tasks = stacked()
-    with pytest.raises(InputError, match="lam chosen by validation with the squared loss needs --no-intercept"):
-        DMTRLCV(lams=[1e-2, 1e-1], cv=3, loss="squared").fit(X, y, tasks)
+@pytest.mark.filterwarnings("ignore:the chosen lam 0.01 is the smallest")
+def test_squared_intercept_folds_are_centered_on_their_training_rows():
+    """Each fold's validation score with the squared loss's intercept equals that of scikit-learn's per-task
+    Ridge(fit_intercept=True) trained on the fold's training rows (STL: every task on its own), and the refit's
+    intercepts are those of a single run on all the rows."""
+    from sklearn.linear_model import Ridge
+
+    from hpcmtl import DMTRL, DMTRLCV
+    X, y, tasks = stacked(3)
+    y = y + 25.0 + 3.0 * tasks                           # offsets an intercept must carry
+    grid, m = [1e-1, 1e-2], 4
+    from sklearn.model_selection import KFold
+    splits = list(KFold(3, shuffle=True, random_state=0).split(X))
+    ids = np.zeros(y.size, dtype=np.int64)
+    for f, (_, val) in enumerate(splits):
+        ids[val] = f
+    model = DMTRLCV(lams=grid, cv=splits, relationship="identity", tol=1e-12, max_rounds=20000,
+                    loss="squared").fit(X, y, tasks)
+    res = model.cv_results_
+    assert np.all(res["converged"] == 1)
+    for g, lam in enumerate(res["param_lam"]):
+        for f in range(3):
+            sq, count = 0.0, 0
+            for t in range(m):
+                train = (tasks == t) & (ids != f)
+                val = (tasks == t) & (ids == f)
+                # Ridge: ||y - Xw - b||^2 + alpha ||w||^2 = 2 n_f (our task objective): alpha = lam m n_f
+                ridge = Ridge(alpha=lam * m * train.sum(), fit_intercept=True, solver="cholesky")
+                ridge.fit(X[train], y[train])
+                sq += float(np.sum((ridge.predict(X[val]) - y[val]) ** 2))
+                count += int(val.sum())
+            ref = np.sqrt(sq / count)
+            ours = -res[f"split{f}_test_score"][g]
+            assert np.isfinite(ours) and np.isfinite(ref)
+            assert ours == pytest.approx(ref, rel=1e-6), (lam, f)
+    single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-12, max_rounds=20000, loss="squared").fit(X, y, tasks)
+    assert np.allclose(model.intercept_, single.intercept_, rtol=1e-6, atol=1e-6)
+    assert np.all(np.abs(model.intercept_ - (25.0 + 3.0 * np.arange(m))) < 5.0)
+
+
+@pytest.mark.mpi
+def test_squared_intercept_path_on_csr_tasks_is_bitwise_identical_at_1_and_2_ranks(tmp_path):
+    """Fold means streamed per rank in fixed chunks and fold order: the same bits at any rank count; with
+    --split-tasks (a task's blocks on several ranks, each centered on the fold's means) the same choice."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(4)
+    Xs = [sp.random(n, 40, density=0.15, random_state=rng, format="csr") for n in (40, 55, 30)]
+    ys = [np.asarray(X @ rng.normal(size=40)).ravel() + 10.0 * (i + 1) + 0.1 * rng.normal(size=X.shape[0])
+          for i, X in enumerate(Xs)]
+    tr = tmp_path / "csr.h5"
+    store.write_tasks(tr, Xs, ys)
+    results = {}
+    for p, extra in ((1, ()), (2, ()), (3, ("--split-tasks",))):
+        out = tmp_path / f"p{p}.h5"
+        r = run_hpcmtl(["train", "stl", "--train", tr, "--out", out, "--loss", "squared", "--lam", "1e-2,1e-1",
+                        "--cv", "3", "--tol", "1e-9", "--quiet", *extra], n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results[p] = store.read_result(out)
+    ref = results[1]
+    assert ref["config"]["fit_intercept"] and np.all(ref["path"]["converged"] == 1)
+    for group, key in (("model", "W"), ("model", "intercept"), ("path", "fold_scores")):
+        assert results[2][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P=2"
+    split = results[3]
+    assert split["config"]["selection"]["chosen_lam"] == ref["config"]["selection"]["chosen_lam"]
+    assert np.allclose(split["path"]["fold_scores"], ref["path"]["fold_scores"], rtol=1e-4, atol=0)
+    assert np.allclose(split["model"]["intercept"], ref["model"]["intercept"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_fold_means_are_the_training_rows_means_in_one_chunked_pass(sparse):
+    import scipy.sparse as sp
+
+    from hpcmtl.taskdata import task_means
+    rng = np.random.default_rng(7)
+    n, d, K = 23, 5, 3
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.5)
+    y = rng.normal(size=n) + 4.0
+    ids = rng.integers(-1, K, size=n)                    # -1: rows every fold trains on (a hold-out split)
+    ids[:K] = np.arange(K)
+    Xin = sp.csr_matrix(X) if sparse else X
+    for chunk in (1, 7, 100):                            # chunk edges: one row, several, one chunk for all
+        means = task_means(lambda a, b: (Xin[a:b], y[a:b]), n, chunk=chunk, folds=ids, n_folds=K)
+        assert len(means) == K
+        for f, (mu, ybar) in enumerate(means):
+            keep = ids != f
+            assert np.all(np.isfinite(mu)) and np.isfinite(ybar)
+            assert np.allclose(mu, X[keep].mean(axis=0), rtol=0, atol=1e-14)
+            assert ybar == pytest.approx(y[keep].mean(), rel=1e-14)
+    whole = task_means(lambda a, b: (Xin[a:b], y[a:b]), n, chunk=7)
+    assert np.allclose(whole[0], X.mean(axis=0), rtol=0, atol=1e-14) and whole[1] == pytest.approx(y.mean(), rel=1e-14)
