@@ -38,7 +38,8 @@ from .errors import InputError
 MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
               "projection", "eta0",
               "rff_gamma", "eig_floor", "split_tasks", "shrinking",
-              "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling")
+              "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling",
+              "intercept_eta0")
 # what a checkpoint written before a setting existed ran with (intercepts came later: none)
 OLD_DEFAULTS = {"fit_intercept": False}
 
@@ -109,8 +110,8 @@ def read_compatible(path, config, source, sigma=None) -> dict:
     for key in MUST_MATCH:
         # a setting the method has, missing from an older checkpoint: what runs did before it existed
         saved = ck["config"].get(key, OLD_DEFAULTS.get(key) if key in now else None)
-        if key == "intercept_scaling" and not now.get("fit_intercept"):
-            continue                                   # no augmented feature: the scaling is not used
+        if key in ("intercept_scaling", "intercept_eta0") and not now.get("fit_intercept"):
+            continue                                   # no intercept: its settings are not used
         if saved != now.get(key):
             raise InputError(f"{path}: cannot resume: '{key}' is {saved!r} in the checkpoint "
                              f"but {now.get(key)!r} now")

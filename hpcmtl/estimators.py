@@ -50,9 +50,10 @@ class MemoryTasks:
     def read_task(self, i):
         return self.read_block(i)
 
-    def task_means(self, i, feature_map=None):
+    def task_means(self, i, feature_map=None, folds=None, n_folds=0):
         """``(mu, ybar)`` of task ``i`` (the same chunked sums as ``store.TaskFile.task_means``)."""
-        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map)
+        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map,
+                          folds=folds, n_folds=n_folds)
 
 
 def two_class_labels(ys, owner):
@@ -342,41 +343,53 @@ class DMTRLCV(DMTRL):
         keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
-        import warnings
-
         from .cluster import Cluster
-        from .model_selection import LOWER_IS_BETTER, Selection, train_path
+        from .model_selection import Selection, train_path
         owner = type(self).__name__
         grid = [float(v) for v in np.atleast_1d(self.lams)]
         X, tasks = _task_column(self, X, tasks)
         config = self._config(lam=max(grid) if grid else None)
         source, ids = self._fit_source(X, y, tasks)
-        split = {}
-        if isinstance(self.cv, (float, np.floating)):
-            split["validation_fraction"] = self.cv
-        elif isinstance(self.cv, (int, np.integer)) and not isinstance(self.cv, bool):
-            split["cv"] = int(self.cv)
-        elif self.cv is not None:
-            split["folds"] = _folds_of_splits(self.cv, X, tasks, ids, owner)
-        selection = Selection(grid, metric=self.metric, **split).validate(config.loss, owner)
-        result = train_path(Cluster.serial(), source, config, selection, sigma_fixed=self.sigma)
+        selection = Selection(grid, metric=self.metric, **_split_of(self.cv, X, tasks, ids, owner))
+        result = train_path(Cluster.serial(), source, config, selection.validate(config.loss, owner),
+                            sigma_fixed=self.sigma)
         self._keep(result, source, ids, config)
-        sel, path = result.selection, result.path
-        sign = -1.0 if LOWER_IS_BETTER[sel["metric"]] else 1.0
-        self.lam_, self.best_index_ = sel["chosen_lam"], sel["chosen_index"]
-        self.best_params_ = {"lam": self.lam_}
-        self.best_score_ = float(path["validation_score"][self.best_index_])
-        scores = sign * path["validation_score"]
-        self.cv_results_ = {"param_lam": path["lam"].copy(), "mean_test_score": scores,
-                            "rank_test_score": 1 + np.argsort(np.argsort(-scores, kind="stable"), kind="stable"),
-                            f"mean_validation_{sel['metric']}": path["validation_score"].copy(),
-                            "rounds": path["rounds"], "seconds": path["seconds"], "converged": path["converged"]}
-        for k in range(path["fold_scores"].shape[1]):
-            self.cv_results_[f"split{k}_test_score"] = sign * path["fold_scores"][:, k]
-        self.selection_ = sel
-        for text in sel["warnings"]:
-            warnings.warn(text, UserWarning, stacklevel=2)
+        self.lam_ = result.selection["chosen_lam"]
+        _keep_selection(self, result, "lam", {"converged": result.path["converged"]})
         return self
+
+
+def _split_of(cv, X, tasks, ids, owner) -> dict:
+    """The :class:`hpcmtl.model_selection.Selection` split of an estimator's ``cv``: None (the default hold-out),
+    a fraction, a number of folds, or a scikit-learn splitter's ``(train, test)`` pairs."""
+    if isinstance(cv, (float, np.floating)):
+        return {"validation_fraction": cv}
+    if isinstance(cv, (int, np.integer)) and not isinstance(cv, bool):
+        return {"cv": int(cv)}
+    return {} if cv is None else {"folds": _folds_of_splits(cv, X, tasks, ids, owner)}
+
+
+def _keep_selection(est, result, name, extra):
+    """The fitted attributes of a choice by validation (``best_params_``, ``cv_results_`` with scikit-learn's
+    sign, ...) from a path result; its warnings become ``UserWarning``s."""
+    import warnings
+
+    from .model_selection import LOWER_IS_BETTER
+    sel, path = result.selection, result.path
+    sign = -1.0 if LOWER_IS_BETTER[sel["metric"]] else 1.0
+    est.best_index_ = sel["chosen_index"]
+    est.best_params_ = {name: sel[f"chosen_{name}"]}
+    est.best_score_ = float(path["validation_score"][est.best_index_])
+    scores = sign * path["validation_score"]
+    est.cv_results_ = {f"param_{name}": np.asarray(path[name]).copy(), "mean_test_score": scores,
+                       "rank_test_score": 1 + np.argsort(np.argsort(-scores, kind="stable"), kind="stable"),
+                       f"mean_validation_{sel['metric']}": path["validation_score"].copy(),
+                       "rounds": path["rounds"], "seconds": path["seconds"], **extra}
+    for k in range(path["fold_scores"].shape[1]):
+        est.cv_results_[f"split{k}_test_score"] = sign * path["fold_scores"][:, k]
+    est.selection_ = sel
+    for text in sel["warnings"]:
+        warnings.warn(text, UserWarning, stacklevel=3)
 
 
 def _folds_of_splits(splits, X, tasks, ids, owner):
@@ -410,14 +423,24 @@ class JointSparseMTL(_MultiTaskLinear):
     regularization path, warm-started in order; ``path_`` then holds per radius
     the objective, the number of selected features and the solution.
 
-    ``fit_intercept``: an unpenalized per-task intercept, not projected.
+    ``fit_intercept``: an unpenalized per-task intercept, not projected, stepped by
+    ``intercept_eta0 / sqrt(t)``.
+
+    ``cv`` (with a list of radii): choose the radius by validation
+    (:func:`hpcmtl.model_selection.train_radius_path`; the values of
+    :class:`DMTRLCV`'s ``cv``, ``metric`` alike): every fold solves the path,
+    smallest radius first, the chosen radius is refit on all rows.  Fitted then
+    also: ``radius_``, ``best_params_``, ``best_index_``, ``best_score_``,
+    ``cv_results_`` (``param_radius``, ...), ``selection_``; ``path_`` is the
+    selection's (``radius``, ``validation_score``, ``fold_scores``, ``rounds``,
+    ``seconds``, ``selected`` a radius a fold).
 
     Fitted attributes: ``W_`` (d x m, at the last radius), ``intercept_``, ``history_``,
     ``path_``, ``selected_features_`` (rows of W_ that are not zero), ``tasks_``.
     """
 
     def __init__(self, loss="hinge", radius=1.0, projection="l1inf", eta0=1.0, max_rounds=200, gamma=1.0,
-                 seed=0, rff_dim=0, rff_gamma=1.0, fit_intercept=True):
+                 seed=0, rff_dim=0, rff_gamma=1.0, fit_intercept=True, intercept_eta0=1.0, cv=None, metric=None):
         keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
@@ -426,10 +449,19 @@ class JointSparseMTL(_MultiTaskLinear):
         for radius in np.atleast_1d(self.radius):              # every radius of a path, as the last one
             validate({"radius": radius}, type(self).__name__)
         radii = list(np.atleast_1d(self.radius).astype(float))
-        params = dict(self.get_params(), radius=radii[-1])
-        config = JointSparseConfig(**params).validate(type(self).__name__)
+        params = {k: v for k, v in self.get_params().items() if k not in ("cv", "metric")}
+        config = JointSparseConfig(**dict(params, radius=radii[-1])).validate(type(self).__name__)
         source, ids = self._fit_source(X, y, tasks)
-        result = train(Cluster.serial(), source, config, radii=radii)
+        if self.cv is not None or self.metric is not None:
+            from .model_selection import Selection, train_radius_path
+            owner = type(self).__name__
+            selection = Selection(radii, metric=self.metric, name="radius",
+                                  **_split_of(self.cv, X, tasks, ids, owner)).validate(config.loss, owner)
+            result = train_radius_path(Cluster.serial(), source, config, selection)
+            self.radius_ = result.selection["chosen_radius"]
+            _keep_selection(self, result, "radius", {"selected": result.path["selected"]})
+        else:
+            result = train(Cluster.serial(), source, config, radii=radii)
         self._fitted(result.W, source, ids, _feature_map(config, source), result.intercept)
         self.history_ = result.history
         self.path_ = result.path

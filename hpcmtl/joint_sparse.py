@@ -47,6 +47,7 @@ class JointSparseConfig:
     loss: str = "hinge"
     projection: str = "l1inf"
     eta0: float = 1.0              # learning rate eta_t = eta0 / sqrt(t)
+    intercept_eta0: float = 1.0    # the intercepts' own: intercept_eta0 / sqrt(t) (docs/math.md)
     max_rounds: int = 200
     gamma: float = 1.0             # smoothed-hinge parameter
     seed: int = 0
@@ -60,7 +61,7 @@ class JointSparseConfig:
 
     def validate(self, owner="JointSparseMTL"):
         """Every field against :data:`hpcmtl.params.PARAMS` (NumPy scalars become Python numbers)."""
-        names = ("loss", "projection", "radius", "eta0", "gamma", "max_rounds", "seed", "rff_dim")
+        names = ("loss", "projection", "radius", "eta0", "intercept_eta0", "gamma", "max_rounds", "seed", "rff_dim")
         names += (("rff_gamma",) if self.rff_dim else ()) + ("split_tasks", "fit_intercept")
         for name, value in check_params({n: getattr(self, n) for n in names}, owner).items():
             setattr(self, name, value)
@@ -120,7 +121,7 @@ class Server(ServerBase):
     """
 
     def __init__(self, cluster, source, config: JointSparseConfig, W0=None, progress=None, checkpointer=None,
-                 test=False, radii=None):
+                 test=False, radii=None, b0=None):
         super().__init__(cluster, source, progress, checkpointer)
         self.config = config
         self.radii = [config.radius] if radii is None else [float(r) for r in radii]
@@ -129,7 +130,8 @@ class Server(ServerBase):
         self.W = np.zeros((self.d, self.m)) if W0 is None else np.array(W0, dtype=np.float64)
         self.W_best = self.W.copy()
         self.with_b = engine.intercept_mode(config) == "explicit"
-        self.b = np.zeros(self.m)                 # the unpenalized intercepts (zeros without fit_intercept)
+        # the unpenalized intercepts (zeros without fit_intercept)
+        self.b = np.zeros(self.m) if b0 is None or not self.with_b else np.array(b0, dtype=np.float64)
         self.b_best = self.b.copy()
         self.best = np.inf
         self.t = 0                    # rounds at the current radius
@@ -175,7 +177,8 @@ class Server(ServerBase):
             self.note(objective)
             eta = cfg.eta0 / np.sqrt(self.t)
             if self.with_b:
-                self.b = self.b - eta * G[-1]                         # unpenalized: stepped, never projected
+                # unpenalized: stepped with its own rate, never projected
+                self.b = self.b - cfg.intercept_eta0 / np.sqrt(self.t) * G[-1]
                 G = G[:-1]
             self.W = self.project(self.W - eta * G, radius)
             check_finite_rows(self.W.T, self.round, self.names, "W column", None)
@@ -195,11 +198,15 @@ class Server(ServerBase):
                                ("selected", int(np.count_nonzero(np.abs(self.W).max(axis=1)))),
                                ("l1inf_norm", l1inf_norm(self.W))):
                 self.path[key].append(value)
+            self.radius_solved()
             self.k += 1
             self.t, self.best = 0, np.inf                            # the next radius starts from this W
         if self.want_test:
             self.test = self.test_metrics(not LOSSES[self.config.loss].binary_labels)
         return True
+
+    def radius_solved(self):
+        """Called after each radius of the path, W and b at its best iterate (a hook: nothing here)."""
 
     def checkpoint_state(self):
         arrays = {"W": self.W, "W_best": self.W_best, "b": self.b, "b_best": self.b_best}
@@ -234,22 +241,26 @@ class JointSparseResult(RunResult):
 
 
 def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None, progress=None,
-          checkpointer=None, resume=None, radii=None):
+          checkpointer=None, resume=None, radii=None, b0=None, make_local=None, server_class=None):
     """Projected subgradient on every rank; the server returns a JointSparseResult.
 
     ``radii``: a regularization path (solved in the given order, each radius
     warm-started from the previous solution); default ``[config.radius]``.
+    ``W0`` / ``b0`` (server): the starting W and intercepts.  The hooks of
+    :mod:`hpcmtl.model_selection`: ``make_local()`` returns this rank's local
+    state over blocks already in memory (default: read them), ``server_class``
+    replaces :class:`Server` (same arguments).
     """
     from .checkpoint import read_compatible
     config.validate()
     if radii is not None and (len(radii) == 0 or any(not (float(r) > 0) for r in radii)):
         raise InputError(f"the regularization path needs radii > 0, got {list(radii)}")
 
-    make_local = engine.local_reader(LocalGradients, cluster, source, config, test_source)
+    make_local = make_local or engine.local_reader(LocalGradients, cluster, source, config, test_source)
 
     def make_server():
-        return Server(cluster, source, config, W0, progress, checkpointer, test=test_source is not None,
-                      radii=radii)
+        return (server_class or Server)(cluster, source, config, W0, progress, checkpointer,
+                                        test=test_source is not None, radii=radii, b0=b0)
 
     def result(server, _, extra):
         return JointSparseResult(W=server.W.copy(), intercept=server.b.copy(), history=server.history.arrays(),

@@ -161,6 +161,8 @@ PARAMS = {
     "radius": Param(POSITIVE, 1.0, "the ball radius C (or --path)"),
     "projection": Param(PROJECTIONS, "l1inf", "the constraint (l1 / l2: every task column in its own ball)"),
     "eta0": Param(POSITIVE, 1.0, "step size eta0 / sqrt(t)"),
+    "intercept_eta0": Param(POSITIVE, 1.0, "the intercepts' own step size intercept_eta0 / sqrt(t) (they are not "
+                                           "in the ball, so eta0, sized for it, does not fit them)"),
     # online rule (the coupled checks of norm, r, p, C and R are online.make_rule's)
     "update": Param(UPDATES, "implicit",
                     "implicit (Sec. 5), finite-horizon Perceptron (Sec. 3) or infinite horizon (Sec. 4)"),
@@ -369,13 +371,14 @@ def train_option_groups():
                                 help="the task covariance, from a result file (/model/Sigma) or a .npy file "
                                      "(required for fixed)")),
         ]),
-        ("lam chosen by validation (one job, warm-started from the largest lam down)", DISTRIBUTED_SDCA, [
-            (("--lam-grid",), dict(metavar="LO:HI:COUNT", type=log_grid_type("--lam-grid"),
+        ("lam (l1inf: the radius) chosen by validation (one job, warm-started)",
+         DISTRIBUTED_SDCA + ("l1inf",), [
+            (("--lam-grid",), dict(metavar="LO:HI:COUNT", type=log_grid_type("--lam-grid"), methods=DISTRIBUTED_SDCA,
                                    help="a log-spaced grid of lam, e.g. 1e-5:1:13 (instead of --lam)")),
             param("--validation-fraction"),
             param("--cv", metavar="K"),
             param("--metric"),
-            (("--no-warm-start",), dict(action="store_true",
+            (("--no-warm-start",), dict(action="store_true", methods=DISTRIBUTED_SDCA,
                                         help="solve every grid point from zero (for comparisons)")),
         ]),
         ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
@@ -397,6 +400,7 @@ def train_option_groups():
                                                          "the previous solution")),
             param("--projection"),
             param("--eta0"),
+            param("--intercept-eta0"),
         ]),
         ("online rule", ("online",), [
             param("--update"),

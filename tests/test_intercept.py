@@ -202,7 +202,7 @@ def test_estimators_predict_with_intercept():
 # ---------------------------------------------------------------------------
 # joint-sparse: an unpenalized, unprojected intercept for every loss
 # ---------------------------------------------------------------------------
-def projected_subgradient_reference(Xs, ys, loss, radius, eta0, rounds):
+def projected_subgradient_reference(Xs, ys, loss, radius, eta0, rounds, intercept_eta0=1.0):
     """The method written out in NumPy with a bisection l1,inf projection (tests/reference.py)."""
     from reference import project_l1inf_bisection
     from hpcmtl.losses import loss_and_derivative
@@ -220,18 +220,20 @@ def projected_subgradient_reference(Xs, ys, loss, radius, eta0, rounds):
         if t == rounds + 1:
             break
         eta = eta0 / np.sqrt(t)
-        b = b - eta * gb
+        b = b - intercept_eta0 / np.sqrt(t) * gb
         W = project_l1inf_bisection(W - eta * G, radius)
     return W_best, b_best, best
 
 
-@pytest.mark.parametrize("loss", ["squared", "hinge", "logistic"])
-def test_joint_sparse_intercept_agrees_with_a_slow_reference(loss):
+@pytest.mark.parametrize("loss,intercept_eta0", [("squared", 1.0), ("hinge", 1.0), ("logistic", 1.0),
+                                                 ("hinge", 0.2), ("squared", 3.0)])
+def test_joint_sparse_intercept_agrees_with_a_slow_reference(loss, intercept_eta0):
     Xs, ys = offset_tasks(seed=6, loss=loss, m=3, d=4, sizes=(12, 9, 15))
     radius, eta0, rounds = 1.0, 0.2, 40
     r = train_js(Cluster.serial(), MemoryTasks(Xs, ys), JointSparseConfig(loss=loss, radius=radius, eta0=eta0,
-                                                                          max_rounds=rounds))
-    W, b, best = projected_subgradient_reference(Xs, ys, loss, radius, eta0, rounds)
+                                                                          max_rounds=rounds,
+                                                                          intercept_eta0=intercept_eta0))
+    W, b, best = projected_subgradient_reference(Xs, ys, loss, radius, eta0, rounds, intercept_eta0)
     assert np.isfinite(best) and np.all(np.isfinite(r.intercept))
     assert r.history["best_objective"][-1] == pytest.approx(best, rel=1e-9)
     assert_allclose(r.W, W, atol=1e-7)
@@ -384,3 +386,22 @@ def test_report_shows_the_intercepts(tmp_path):
     b = paths[0][1]
     assert np.all(np.isfinite(b)) and b.min() > 5.0
     assert f"| {b.min():.4g} .. {b.max():.4g} |" in md and "| none |" in md
+
+
+def test_joint_sparse_intercept_with_the_papers_large_eta0_leaves_zero():
+    """eta0 = 100 (paper 002's setting, sized for the ball): the intercepts' own rate keeps them on the scale of
+    the labels, so the iterates improve on W = 0, b = 0 and beat the fit without intercepts (its problem is
+    the same with b = 0, so its optimum is no better); before, b stepped at eta0 and no iterate beat W = 0."""
+    from hpcmtl import synthetic
+    train, _, _ = synthetic.joint_sparse(0, n_train=40)
+    Xs, ys = train[0][:12], train[1][:12]
+    runs = {}
+    for fit_intercept in (True, False):
+        r = train_js(Cluster.serial(), MemoryTasks(Xs, ys), JointSparseConfig(radius=10.0, eta0=100.0,
+                                                                              max_rounds=150,
+                                                                              fit_intercept=fit_intercept))
+        runs[fit_intercept] = r.history["best_objective"]
+    start = runs[True][0]
+    assert np.isfinite(start) and start == pytest.approx(len(Xs))          # hinge at W = 0, b = 0: 1 a task
+    assert np.isfinite(runs[True][-1]) and runs[True][-1] < 0.95 * start
+    assert runs[True][-1] <= runs[False][-1] * 1.01

@@ -116,7 +116,8 @@ def config_from_args(args):
         if args.radius is None and args.path is None:
             raise InputError("method 'l1inf' needs --radius C (or --path C1,C2,...)")
         return JointSparseConfig(radius=args.radius or 1.0, loss=args.loss, projection=args.projection,
-                                 eta0=args.eta0, max_rounds=args.max_rounds or 200, gamma=args.gamma,
+                                 eta0=args.eta0, intercept_eta0=args.intercept_eta0,
+                                 max_rounds=args.max_rounds or 200, gamma=args.gamma,
                                  seed=args.seed, rff_dim=args.rff_dim, rff_gamma=args.rff_gamma,
                                  split_tasks=args.split_tasks, fit_intercept=not args.no_intercept,
                                  positive_label=args.positive_label).validate()
@@ -141,6 +142,16 @@ def selection_from_args(args, config):
     """A :class:`hpcmtl.model_selection.Selection` when a lam grid or a validation split is asked for, else None
     (validated here, identically on every rank)."""
     from ..model_selection import Selection
+    if args.method == "l1inf":                       # the radius of the ball, from --path (or --radius)
+        if args.validation_fraction is None and args.cv is None:
+            if args.metric is not None:
+                raise InputError("--metric goes with --validation-fraction or --cv")
+            return None
+        if args.resume or args.checkpoint_every or args.checkpoint_seconds:
+            raise InputError("checkpoints are for a radius path without validation, not with --validation-fraction "
+                             "or --cv")
+        grid = parse_radii(args.path) if args.path else [args.radius]
+        return Selection(grid, args.validation_fraction, args.cv, args.metric, name="radius").validate(config.loss)
     grid = getattr(args, "lam_grid", None)
     if grid is not None and args.lam is not None:
         raise InputError("give --lam or --lam-grid, not both")
@@ -276,7 +287,7 @@ def cmd_train(args, cluster):
     if args.quiet:
         args.log_level = "error"
     config = config_from_args(args) if args.method != "online" else None   # identical on every rank
-    selection = selection_from_args(args, config) if args.method in SDCA_METHODS else None
+    selection = selection_from_args(args, config) if args.method in SDCA_METHODS + ("l1inf",) else None
     checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
     error = None
     try:                                            # before any work; every rank fails together
@@ -319,7 +330,7 @@ def cmd_train(args, cluster):
         if test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features), test_source,
                                           result.task_names, intercept=result.intercept)
-    elif selection is not None:
+    elif selection is not None and args.method != "l1inf":
         from ..model_selection import train_path
         result = train_path(cluster, source, config, selection, test_source, sigma_fixed=sigma, progress=progress,
                             warn=warn_line(args, progress), note=warn_line(args, progress, kind="path"),
@@ -328,6 +339,12 @@ def cmd_train(args, cluster):
         checkpointer = Checkpointer(checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, signals,
                                     config.to_dict(), source, sigma) if cluster.is_server else None
         resume = checkpoint if args.resume else None
+        if selection is not None:                       # l1inf: the radius chosen by validation
+            from ..model_selection import train_radius_path
+            result = train_radius_path(cluster, source, config, selection, test_source, progress=progress,
+                                       note=warn_line(args, progress, kind="path"))
+            progress and progress.close()
+            return write_l1inf_result(args, cluster, source, result)
         if args.method == "l1inf":
             from ..joint_sparse import train as train_l1inf
             radii = parse_radii(args.path) if args.path else None
@@ -422,6 +439,13 @@ def write_l1inf_result(args, cluster, source, result):
     if result is None:
         return None
     path = dict(result.path)
+    selection = getattr(result, "selection", None)
+    selected = int(path["refit_selected"][-1] if selection else path["selected"][-1])
     summary = (f"{result.config['projection']} ball: best objective {result.history['best_objective'][-1]:.6g}, "
-               f"{int(path['selected'][-1])} of {result.W.shape[0]} features selected")
-    return save_result(args, cluster, source, result, None, {"path": path}, summary)
+               f"{selected} of {result.W.shape[0]} features selected")
+    if selection:
+        summary += f"; radius {selection['chosen_radius']:.4g} chosen by validation {selection['metric']}"
+    result = save_result(args, cluster, source, result, None, {"path": path}, summary)
+    for text in (selection["warnings"] if selection else ()):          # at every --log-level
+        print(f"hpcmtl: warning: {text}", file=sys.stderr, flush=True)
+    return result
