@@ -84,7 +84,7 @@ def test_supports_give_the_dense_rows_bitwise(loss, aggregation, intercept):
 
 def test_edges_an_empty_support_a_task_of_one_row_and_one_feature():
     rng = np.random.default_rng(4)
-    d = 400
+    d = 200
     Xs = [sp.random(30, d, density=0.01, random_state=1, format="csr"), sp.csr_matrix((20, d)),     # all-zero rows
           sp.random(1, d, density=0.05, random_state=2, format="csr"), sp.random(25, d, density=0.01, random_state=3,
                                                                                   format="csr")]
@@ -132,12 +132,14 @@ def per_round(h, rows=None):
 def test_squared_rounds_move_the_supports_only_and_match_the_dense_exchange_bitwise(data, tmp_path):
     path, support, m, d = data
     runs = {(ex, p): run(path, tmp_path, f"sq-{ex}-{p}", "squared", p, "--exchange", ex)
-            for ex, p in (("auto", 1), ("auto", 3), ("dense", 3))}
-    ref = runs["auto", 1]
+            for ex, p in (("auto", 3), ("dense", 3))}
+    ref = runs["dense", 3]
     assert ref["model"]["converged"] == 1
-    for key in (("auto", 3), ("dense", 3)):         # no local rounds for the squared loss: the same arithmetic
-        assert runs[key]["model"]["W"].tobytes() == ref["model"]["W"].tobytes(), key
-        assert runs[key]["history"]["primal"].tobytes() == ref["history"]["primal"].tobytes(), key
+    # no local rounds for the squared loss: the same arithmetic (P = 1: test_supports_give_the_dense_rows_bitwise)
+    assert runs["auto", 3]["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    assert runs["auto", 3]["model"]["intercept"].tobytes() == ref["model"]["intercept"].tobytes()
+    for key in ("primal", "dual", "step"):
+        assert runs["auto", 3]["history"][key].tobytes() == ref["history"][key].tobytes(), key
     # the issue's target: one vector up (delta b, 5 scalars) and one down (w, 3 scalars) on the supports
     auto, dense = per_round(runs["auto", 3]["history"]), per_round(runs["dense", 3]["history"])
     assert np.isfinite(auto) and np.isfinite(dense)
@@ -170,12 +172,30 @@ def test_hinge_supports_are_bitwise_at_every_rank_count_and_with_split_tasks(dat
     on_support = support + m
     assert 3 * 8 * on_support <= per_round(h, exchanged) <= 1.1 * 3 * 8 * on_support + 64 * 1024
     # the line aggregation never takes local rounds: auto and dense do the same arithmetic, split or not
-    for extra in ((), ("--split-tasks",)):
-        line = {ex: run(path, tmp_path, f"h-line-{ex}-{len(extra)}", "hinge", 3, "--aggregation", "line",
-                        "--exchange", ex, *extra) for ex in ("auto", "dense")}
-        assert np.array_equal(line["auto"]["model"]["W"], line["dense"]["model"]["W"]), extra
-        assert np.array_equal(line["auto"]["history"]["dual"], line["dense"]["history"]["dual"]), extra
-        assert 2 * 8 * on_support <= per_round(line["auto"]["history"]) <= 1.1 * 2 * 8 * on_support + 64 * 1024
+    # (task 0 cut in two at P = 3: its blocks' supports overlap; the other tasks stay whole)
+    line = {ex: run(path, tmp_path, f"h-line-{ex}", "hinge", 3, "--aggregation", "line", "--exchange", ex,
+                    "--split-tasks") for ex in ("auto", "dense")}
+    assert np.array_equal(line["auto"]["model"]["W"], line["dense"]["model"]["W"])
+    assert np.array_equal(line["auto"]["history"]["dual"], line["dense"]["history"]["dual"])
+    # the two pieces of task 0 carry at least its support together and at most twice it
+    most = on_support + np.unique(sparse_tasks()[0][0].indices).size + 1
+    assert 2 * 8 * on_support <= per_round(line["auto"]["history"]) <= 1.1 * 2 * 8 * most + 64 * 1024
+
+
+@pytest.mark.mpi
+def test_dense_tasks_keep_the_dense_exchange_and_its_bytes(tmp_path):
+    rng = np.random.default_rng(5)
+    d, m = 40, 4
+    Xs = [rng.normal(size=(n, d)) for n in (20, 30, 25, 15)]
+    ys = [X @ rng.normal(size=d) + 0.1 * rng.normal(size=X.shape[0]) for X in Xs]
+    path = tmp_path / "dense.h5"
+    store.write_tasks(path, Xs, ys, force=True)
+    runs = {ex: run(path, tmp_path, f"dense-{ex}", "squared", 3, "--exchange", ex) for ex in ("auto", "dense")}
+    auto, dense = runs["auto"], runs["dense"]
+    assert auto["model"]["W"].tobytes() == dense["model"]["W"].tobytes()
+    assert np.array_equal(auto["history"]["round"], dense["history"]["round"])
+    # the same collectives every round; once, GET_SUPPORTS: one number a block ([-1]: exchanged whole)
+    assert np.all(auto["history"]["bytes"] - dense["history"]["bytes"] == 8 * m + 32 * 2)     # + its control
 
 
 @pytest.mark.mpi
