@@ -151,36 +151,43 @@ class SupportLayout:
         self._positions = {}
 
     def positions(self, vectors, scalars):
-        """``(per vector: the flat positions of its values, (n_blocks x scalars) positions, total length)``."""
+        """``(flat positions of the vectors' values, the same values' positions in the flattened rows,
+        flat positions of the scalars, their positions in the flattened rows, total length)``."""
         key = (int(vectors), int(scalars))
         if key not in self._positions:
+            width = vectors * self.d + scalars
             lengths = vectors * self.sizes + scalars
             start = np.cumsum(lengths) - lengths
             base = start[self.row] + self.within
-            vec = [base + v * self.sizes[self.row] for v in range(vectors)]
-            scal = start[:, None] + vectors * self.sizes[:, None] + np.arange(scalars)[None, :]
-            self._positions[key] = (vec, scal, int(lengths.sum()))
+            step = self.sizes[self.row]
+            vec = np.concatenate([base + v * step for v in range(vectors)]) if vectors else np.zeros(0, np.int64)
+            cell = self.row * width + self.feature
+            vec_cell = np.concatenate([cell + v * self.d for v in range(vectors)]) if vectors else vec
+            blocks = np.arange(len(self.index))
+            scal = (start[:, None] + vectors * self.sizes[:, None] + np.arange(scalars)[None, :]).reshape(-1)
+            scal_cell = (blocks[:, None] * width + vectors * self.d + np.arange(scalars)[None, :]).reshape(-1)
+            self._positions[key] = (vec, vec_cell, scal, scal_cell, int(lengths.sum()))
         return self._positions[key]
 
     def pack(self, rows, vectors):
         """The flat values of per-block rows ``(n_blocks x (vectors d + scalars))`` on the supports."""
-        rows = np.asarray(rows)
-        vec, scal, total = self.positions(vectors, rows.shape[1] - vectors * self.d)
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        vec, vec_cell, scal, scal_cell, total = self.positions(vectors, rows.shape[1] - vectors * self.d)
         flat = np.empty(total)
-        for v in range(vectors):
-            flat[vec[v]] = rows[self.row, v * self.d + self.feature]
-        flat[scal] = rows[:, vectors * self.d:]
+        cells = rows.reshape(-1)
+        flat[vec] = cells[vec_cell]
+        flat[scal] = cells[scal_cell]
         return flat
 
     def rows(self, flat, vectors, scalars):
         """The per-block rows ``(n_blocks x (vectors d + scalars))`` of flat values, zeros off the supports."""
-        vec, scal, total = self.positions(vectors, scalars)
+        vec, vec_cell, scal, scal_cell, total = self.positions(vectors, scalars)
         if flat.size != total:
             raise ValueError(f"{flat.size} support values, the layout has {total}")
         out = np.zeros((len(self.index), vectors * self.d + scalars))
-        for v in range(vectors):
-            out[self.row, v * self.d + self.feature] = flat[vec[v]]
-        out[:, vectors * self.d:] = flat[scal]
+        cells = out.reshape(-1)
+        cells[vec_cell] = flat[vec]
+        cells[scal_cell] = flat[scal]
         return out
 
 
