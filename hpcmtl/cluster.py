@@ -320,6 +320,51 @@ class Cluster:
             self.comm.Scatterv(None, mine, root=0)
         return mine
 
+    def rank_totals(self, per_block) -> np.ndarray:
+        """Per rank, the sum of ``per_block`` (one integer a plan block) over the rank's blocks."""
+        totals = np.zeros(self.size, dtype=np.int64)
+        ranks = np.array([self.worker_rank(b.worker) for b in self.blocks], dtype=np.int64)
+        np.add.at(totals, ranks, np.asarray(per_block, dtype=np.int64))
+        return totals
+
+    def gather_counted(self, local: np.ndarray, counts) -> np.ndarray | None:
+        """Gatherv of one float vector per rank whose lengths every rank knows (``counts``, per rank, e.g.
+        the values of its blocks on their supports): the server gets them concatenated in rank order.  Unlike
+        :meth:`gather_variable` no sizes travel, only the values."""
+        local = np.ascontiguousarray(local, dtype=np.float64).reshape(-1)
+        counts = np.asarray(counts, dtype=np.int64)
+        if local.size != counts[self.rank]:
+            raise ValueError(f"rank {self.rank}: {local.size} values to gather, {counts[self.rank]} expected")
+        if self.size == 1:
+            return local.copy()
+        if self.is_server:
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            recv = np.empty(int(counts.sum()), dtype=np.float64)
+            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+            return recv
+        self.comm.Gatherv(local, None, root=0)
+        return None
+
+    def scatter_counted(self, send: np.ndarray | None, counts) -> np.ndarray:
+        """Scatterv of the server's ``send`` (every rank's piece, concatenated in rank order) by lengths every
+        rank knows (``counts``, per rank); each rank gets its piece."""
+        counts = np.asarray(counts, dtype=np.int64)
+        mine = np.empty(int(counts[self.rank]), dtype=np.float64)
+        if self.size == 1:
+            mine[...] = send
+            return mine
+        if self.is_server:
+            send = np.ascontiguousarray(send, dtype=np.float64).reshape(-1)
+            if send.size != counts.sum():
+                raise ValueError(f"{send.size} values to scatter, {int(counts.sum())} expected")
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.bytes_moved += int(counts.sum()) * 8
+        else:
+            self.comm.Scatterv(None, mine, root=0)
+        return mine
+
     def bcast_array(self, array: np.ndarray | None, shape, dtype=np.float64) -> np.ndarray:
         """Bcast a shared array (e.g. sigma_ii and rho) from the server."""
         buf = np.ascontiguousarray(array, dtype=dtype) if self.is_server else np.empty(shape, dtype=dtype)

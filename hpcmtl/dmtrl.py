@@ -106,6 +106,89 @@ class DMTRLCommand(Command):
     SET_LOCAL = 12, Down.SCATTER_ROWS, Up.NOTHING, ("width",), "set_local"
     # the same, back to the server (the W-step ended; a checkpoint)
     GET_LOCAL = 13, Down.NOTHING, Up.GATHER_ROWS, ("width",), "get_local"
+    # sparse blocks (issue 14): every block's support, once -> per rank, per block [|S_k|, S_k] ([-1]: exchanged
+    # whole, its support is not below d / 2)
+    GET_SUPPORTS = 14, Down.NOTHING, Up.GATHER_VECTORS, (), "get_supports"
+    # every plan block's exchange size (|S_k|, or d) to every rank: what sizes the rounds' values-only collectives
+    SET_SUPPORTS = 15, Down.BCAST, Up.NOTHING, ("width",), "set_supports"
+    # SDCA, TRIAL, SET_W and APPLY with each block's d-vectors on its support only (SupportLayout): the same rows
+    SDCA_ON_SUPPORT = 16, Down.NOTHING, Up.GATHER_SUPPORT, ("round", "vectors", "scalars"), "sdca_on_support"
+    SET_W_ON_SUPPORT = 17, Down.SCATTER_SUPPORT, Up.GATHER_ROWS, ("with_objective", "vectors", "scalars"), \
+        "set_w_on_support", "with_objective"
+    TRIAL_ON_SUPPORT = 18, Down.NOTHING, Up.GATHER_SUPPORT, ("round", "vectors", "scalars"), "trial_on_support"
+    APPLY_ON_SUPPORT = 19, Down.SCATTER_SUPPORT, Up.GATHER_ROWS, ("with_objective", "vectors", "scalars"), \
+        "apply_on_support", "with_objective"
+
+
+ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
+              DMTRLCommand.TRIAL: DMTRLCommand.TRIAL_ON_SUPPORT, DMTRLCommand.APPLY: DMTRLCommand.APPLY_ON_SUPPORT}
+
+
+def exchange_index(block, d):
+    """The features a block's d-vectors travel on: its support when clearly below d (``2 |S| < d``), else
+    None (the block is exchanged whole: dense rows, or a support too large to be worth the indexing)."""
+    support = block.support
+    return support if 2 * support.size < d else None
+
+
+class SupportLayout:
+    """Where each block's numbers sit in the flat buffer of a support collective (issue 14).
+
+    ``index``: per block (plan order; a worker: its own blocks), the sorted feature ids its d-vectors travel
+    on (all d for a block exchanged whole).  A block's segment is ``[v_1 on S_k, ..., v_V on S_k, scalars]``:
+    its rows ``[v_1, ..., v_V, scalars]`` (V d-vectors then the scalars, the dense commands' rows) restricted to
+    S_k; segments follow in plan order, which is rank order.  :meth:`pack` and :meth:`rows` convert, the rows
+    coming back with zeros off the supports: exactly the dense commands' rows where the vectors vanish there.
+    """
+
+    def __init__(self, index, d):
+        self.d = int(d)
+        self.index = [np.asarray(i, dtype=np.int64) for i in index]
+        self.sizes = np.array([i.size for i in self.index], dtype=np.int64)
+        self.row = np.repeat(np.arange(len(self.index)), self.sizes)
+        self.feature = np.concatenate(self.index) if self.index else np.zeros(0, dtype=np.int64)
+        self.within = np.arange(self.feature.size) - np.repeat(np.cumsum(self.sizes) - self.sizes, self.sizes)
+        self._positions = {}
+
+    def positions(self, vectors, scalars):
+        """``(flat positions of the vectors' values, the same values' positions in the flattened rows,
+        flat positions of the scalars, their positions in the flattened rows, total length)``."""
+        key = (int(vectors), int(scalars))
+        if key not in self._positions:
+            width = vectors * self.d + scalars
+            lengths = vectors * self.sizes + scalars
+            start = np.cumsum(lengths) - lengths
+            base = start[self.row] + self.within
+            step = self.sizes[self.row]
+            vec = np.concatenate([base + v * step for v in range(vectors)]) if vectors else np.zeros(0, np.int64)
+            cell = self.row * width + self.feature
+            vec_cell = np.concatenate([cell + v * self.d for v in range(vectors)]) if vectors else vec
+            blocks = np.arange(len(self.index))
+            scal = (start[:, None] + vectors * self.sizes[:, None] + np.arange(scalars)[None, :]).reshape(-1)
+            scal_cell = (blocks[:, None] * width + vectors * self.d + np.arange(scalars)[None, :]).reshape(-1)
+            self._positions[key] = (vec, vec_cell, scal, scal_cell, int(lengths.sum()))
+        return self._positions[key]
+
+    def pack(self, rows, vectors):
+        """The flat values of per-block rows ``(n_blocks x (vectors d + scalars))`` on the supports."""
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        vec, vec_cell, scal, scal_cell, total = self.positions(vectors, rows.shape[1] - vectors * self.d)
+        flat = np.empty(total)
+        cells = rows.reshape(-1)
+        flat[vec] = cells[vec_cell]
+        flat[scal] = cells[scal_cell]
+        return flat
+
+    def rows(self, flat, vectors, scalars):
+        """The per-block rows ``(n_blocks x (vectors d + scalars))`` of flat values, zeros off the supports."""
+        vec, vec_cell, scal, scal_cell, total = self.positions(vectors, scalars)
+        if flat.size != total:
+            raise ValueError(f"{flat.size} support values, the layout has {total}")
+        out = np.zeros((len(self.index), vectors * self.d + scalars))
+        cells = out.reshape(-1)
+        cells[vec_cell] = flat[vec]
+        cells[scal_cell] = flat[scal]
+        return out
 
 
 class DMTRLConvergenceWarning(UserWarning):
@@ -476,6 +559,8 @@ class LocalBlocks(LocalBase):
         self.pending_q = [None] * len(blocks)                   # box momentum: this round's p'
         self.gram = [None] * len(blocks)           # exact solver: eigendecomposition of X^T X per block
         self.local = []                            # local rounds: each block's TaskSteps
+        self.support_sizes = None                  # every plan block's exchange size (SET_SUPPORTS)
+        self.layout = None                         # this rank's blocks' SupportLayout (SET_SUPPORTS)
         self.reset_shrinking()
 
     def extra_bytes(self):
@@ -580,11 +665,45 @@ class LocalBlocks(LocalBase):
         ``delta`` is the pending local step and ``p`` the step applied in the
         previous round (momentum, squared loss; beta = 0 otherwise).
         """
-        d = ctrl.width - 3
+        return self.apply_rows(rows, ctrl.width - 3, ctrl.with_objective)
+
+    def apply_rows(self, rows, d, with_objective):
         self.w = np.ascontiguousarray(rows[:, :d])
         for k in range(len(self.blocks)):
             self.apply_step(k, float(rows[k, d]), float(rows[k, d + 1]), float(rows[k, d + 2]))
+        return self.objective_terms() if with_objective else None
+
+    # -- the exchange on supports (issue 14): the dense commands' rows, only each block's support travels --
+    def get_supports(self, ctrl, inputs):
+        """GET_SUPPORTS: per block ``[|S_k|, S_k]`` (``[-1]``: exchanged whole), concatenated in plan order."""
+        parts = []
+        for blk in self.blocks:
+            index = exchange_index(blk, self.d)
+            parts += [[-1.0]] if index is None else [[float(index.size)], index.astype(np.float64)]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def set_supports(self, ctrl, sizes):
+        """SET_SUPPORTS: every plan block's exchange size; this rank's blocks' layout."""
+        self.support_sizes = np.asarray(sizes, dtype=np.int64)
+        index = [exchange_index(blk, self.d) for blk in self.blocks]
+        self.layout = SupportLayout([np.arange(self.d) if i is None else i for i in index], self.d)
+
+    def sdca_on_support(self, ctrl, inputs):
+        """SDCA_ON_SUPPORT: SDCA's delta b rows, on the supports."""
+        return self.layout.pack(self.sdca_rows(ctrl.round, ctrl.vectors * self.d + ctrl.scalars), ctrl.vectors)
+
+    def trial_on_support(self, ctrl, inputs):
+        """TRIAL_ON_SUPPORT: TRIAL's rows, their d-vectors on the supports."""
+        return self.layout.pack(self.trial_rows(ctrl.round, ctrl.vectors * self.d + ctrl.scalars), ctrl.vectors)
+
+    def set_w_on_support(self, ctrl, flat):
+        """SET_W_ON_SUPPORT: w on each block's support (zero elsewhere: never read there); objective terms."""
+        self.w = self.layout.rows(flat, ctrl.vectors, ctrl.scalars)
         return self.objective_terms() if ctrl.with_objective else None
+
+    def apply_on_support(self, ctrl, flat):
+        """APPLY_ON_SUPPORT: APPLY's ``[w on the support, eta, beta, rho]`` per block."""
+        return self.apply_rows(self.layout.rows(flat, ctrl.vectors, ctrl.scalars), self.d, ctrl.with_objective)
 
     def local_steps(self, rows, out, d, safe):
         """Each block's steps from its local step ``rows[k]``, then b, w and alpha; ``out[k, 2:]``."""
@@ -951,6 +1070,8 @@ class Server(StepSolver, ServerBase):
         self.test = None
         self.warn = warn
         self.local_phase = False      # workers hold B (their b rows) during a W-step of local rounds
+        self.layout = None            # every block's SupportLayout (exchange 'auto', some block sparse), or None
+        self.supports_known = False   # registered at the first exchange (GET_SUPPORTS)
 
     @property
     def outer(self):
@@ -964,12 +1085,64 @@ class Server(StepSolver, ServerBase):
     def push_w(self, with_objective: bool, eta=None, beta=None):
         """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
         if self.safe:
-            return self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=with_objective,
-                                width=self.d)
+            return self.down_rows(DMTRLCommand.SET_W, self.WT[self.block_task], with_objective=with_objective)
         eta = np.zeros(self.m) if eta is None else eta
         beta = np.zeros(self.m) if beta is None else beta
         payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
-        return self.command(DMTRLCommand.APPLY, payload=payload, with_objective=with_objective, width=self.d + 3)
+        return self.down_rows(DMTRLCommand.APPLY, payload, with_objective=with_objective)
+
+    def push_dense_w(self):
+        """Every block's whole w column (after rounds on supports, w is only right on each block's support):
+        before anything scores other rows (test metrics, validation folds) or leaves the training."""
+        if self.layout is not None:
+            self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=0, width=self.d)
+
+    # -- the exchange on supports (issue 14) -----------------------------------
+    def supports(self):
+        """Every block's :class:`SupportLayout`, learned at the first exchange (GET_SUPPORTS, SET_SUPPORTS),
+        or None: the dense exchange (``exchange='dense'``, or no block's support below d / 2)."""
+        if not self.supports_known:
+            self.supports_known = True
+            if self.config.exchange == "auto":
+                self.layout = self.register_supports()
+        return self.layout
+
+    def register_supports(self):
+        pieces = self.command(DMTRLCommand.GET_SUPPORTS)
+        flat = np.concatenate(pieces) if pieces else np.zeros(0)
+        index, pos, sparse = [], 0, False
+        for _ in self.blocks:                  # plan order is rank order: the pieces follow it
+            size = int(flat[pos])
+            pos += 1
+            if size < 0:
+                index.append(np.arange(self.d, dtype=np.int64))
+            else:
+                index.append(flat[pos:pos + size].astype(np.int64))
+                pos += size
+                sparse = True
+        if not sparse:
+            return None
+        layout = SupportLayout(index, self.d)
+        self.command(DMTRLCommand.SET_SUPPORTS, payload=layout.sizes.astype(np.float64), width=len(self.blocks))
+        return layout
+
+    def up_rows(self, cmd, vectors, width, **fields):
+        """What ``cmd`` (SDCA, TRIAL) returns, per-block rows of ``vectors`` d-vectors and scalars: on the
+        supports when they are known (the same rows, zeros off the supports), else dense."""
+        layout = self.supports()
+        if layout is None:
+            return self.command(cmd, width=width, **fields)
+        scalars = width - vectors * self.d
+        flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
+        return layout.rows(flat, vectors, scalars)
+
+    def down_rows(self, cmd, payload, **fields):
+        """``cmd`` (SET_W, APPLY) with per-block rows ``[w, scalars]``: w on the supports when they are known."""
+        layout = self.supports()
+        if layout is None:
+            return self.command(cmd, payload=payload, width=payload.shape[1], **fields)
+        return self.command(ON_SUPPORT[cmd], payload=layout.pack(payload, 1), vectors=1,
+                            scalars=payload.shape[1] - self.d, **fields)
 
     # -- arithmetic ----------------------------------------------------------
     def recompute_w(self):
@@ -993,7 +1166,7 @@ class Server(StepSolver, ServerBase):
     # -- the algorithm ---------------------------------------------------------
     def round_safe(self, want_gap):
         """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
-        rows = self.per_task(self.command(DMTRLCommand.SDCA, round=self.round, width=self.d))
+        rows = self.per_task(self.up_rows(DMTRLCommand.SDCA, 1, self.d, round=self.round))
         check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
         self.BT += rows
         self.recompute_w()
@@ -1003,7 +1176,7 @@ class Server(StepSolver, ServerBase):
         """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
         d = self.d
         width = {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
-        rows = self.command(DMTRLCommand.TRIAL, round=self.round, width=width)
+        rows = self.up_rows(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, width, round=self.round)
         if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
             beta_max = np.full(self.m, np.inf)
             np.minimum.at(beta_max, self.block_task, rows[:, -1])
@@ -1146,6 +1319,7 @@ class Server(StepSolver, ServerBase):
         else:
             self.push_sigma()
         converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
+        self.push_dense_w()
         if self.want_test:
             self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
         return converged

@@ -52,6 +52,8 @@ class Down(enum.Enum):
     SCATTER_ROWS = "scatter rows"       # Scatterv (n_blocks x ctrl.width) rows: each rank gets its blocks' rows
     SCATTER_VECTORS = "scatter vectors" # Scatterv one float vector per rank (payload: a list in rank order)
     BCAST = "bcast"                     # Bcast one shared float vector of length ctrl.width
+    SCATTER_SUPPORT = "scatter support" # Scatterv per-block rows of ctrl.vectors x |S_k| + ctrl.scalars values
+                                        # (each block's d-vectors on its support S_k): flat, plan order
 
 
 class Up(enum.Enum):
@@ -61,6 +63,7 @@ class Up(enum.Enum):
     GATHER_VECTORS = "gather vectors"   # Gatherv one float vector per rank: a list in rank order
     GATHER_OBJECTS = "gather objects"   # gather one picklable object per rank: a list in rank order
     AGREE = "agree"                     # Cluster.agree on the error (str or None) each rank returns
+    GATHER_SUPPORT = "gather support"   # Gatherv per-block rows on supports (as SCATTER_SUPPORT): flat, plan order
 
 
 class Command(enum.IntEnum):
@@ -138,6 +141,8 @@ class Endpoint:
             inputs = cluster.scatter_variable(payload)
         elif cmd.down is Down.BCAST:
             inputs = cluster.bcast_array(payload, (ctrl.width,))
+        elif cmd.down is Down.SCATTER_SUPPORT:
+            inputs = cluster.scatter_counted(payload, self.support_counts(ctrl))
         else:
             inputs = payload
         out = getattr(self.local, cmd.compute)(ctrl, inputs)
@@ -149,8 +154,15 @@ class Endpoint:
             return cluster.gather_variable(out)
         if cmd.up is Up.GATHER_OBJECTS:
             return cluster.gather_objects(out)
+        if cmd.up is Up.GATHER_SUPPORT:
+            return cluster.gather_counted(out, self.support_counts(ctrl))
         cluster.agree(out)              # Up.AGREE
         return None
+
+    def support_counts(self, ctrl):
+        """Per rank, the values a support collective carries: ``vectors |S_k| + scalars`` summed over its blocks
+        (``local.support_sizes``: every plan block's |S_k|, known on every rank once registered)."""
+        return self.cluster.rank_totals(ctrl.vectors * np.asarray(self.local.support_sizes) + ctrl.scalars)
 
     def serve(self):
         """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""

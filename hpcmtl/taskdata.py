@@ -38,6 +38,7 @@ class TaskBlock:
     center: tuple | None = None         # (mu, ybar) of the whole task when the block was centered
     _sq_norms: np.ndarray | None = field(default=None, repr=False)
     _x_mu: np.ndarray | None = field(default=None, repr=False)
+    _support: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.rows, self.X = rows_of(self.X)
@@ -71,6 +72,22 @@ class TaskBlock:
                 inner = np.bincount(rows, weights=X.data * (X.data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
                 self._sq_norms = np.maximum(float(self.mu @ self.mu) + inner, 0.0)
         return self._sq_norms
+
+    @property
+    def support(self) -> np.ndarray:
+        """Sorted int64 ids of the features the block's rows can touch (issue 14): a CSR block's column
+        indices, with its implicit centering's mean (the whole task's features) and the augmented constant
+        column (a non-zero of every row); every feature for dense rows.  ``X^T v`` is zero outside it, and
+        the block's scores read ``w`` only on it."""
+        if self._support is None:
+            if self.sparse:
+                ids = np.unique(self.X.indices)
+                if self.mu is not None:
+                    ids = np.union1d(ids, np.flatnonzero(self.mu))
+                self._support = np.ascontiguousarray(ids, dtype=np.int64)
+            else:
+                self._support = np.arange(self.n_features, dtype=np.int64)
+        return self._support
 
     @property
     def x_mu(self) -> np.ndarray | None:
