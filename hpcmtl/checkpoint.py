@@ -38,9 +38,10 @@ from .errors import InputError
 MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
               "projection", "eta0",
               "rff_gamma", "eig_floor", "split_tasks", "shrinking",
-              "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling")
+              "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling",
+              "float32")
 # what a checkpoint written before a setting existed ran with (intercepts came later: none)
-OLD_DEFAULTS = {"fit_intercept": False}
+OLD_DEFAULTS = {"fit_intercept": False, "float32": False}
 
 
 def data_signature(source) -> str:
