@@ -197,7 +197,8 @@ def load_blocks(cluster, source, config, test_source=None):
             if getattr(config, "float32", False):
                 blk = as_float32(blk, f"{source.path}: task '{blk.name}' (#{b.task})")
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, phi))
+            mine.append(with_intercept(blk, config, source, rounded_map(phi) if getattr(config, "float32", False)
+                                       else phi))
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,
@@ -274,6 +275,12 @@ def as_float32(blk, where):
         raise InputError(f"{where}: field 'X': row {blk.row_start + big[0]}: {big[1]:.3g} does not fit float32 "
                          f"(--float32); rescale the features or train in float64")
     return blk.as_float32()
+
+
+def rounded_map(phi):
+    """The feature map ``phi`` (None: identity) followed by rounding to float32: the task means of centering
+    are then those of the rounded rows the solvers see (the same bits as a float32 file's)."""
+    return lambda X: (phi(X) if phi is not None else X).astype(np.float32)
 
 
 def check_scale(blk, where, loss=None):
