@@ -404,7 +404,7 @@ _Y_SALT = np.uint64(0xD6E8FEB86659FD93)
 _MASK = (1 << 64) - 1
 _F32_TAG = np.uint64(0x7FF8F32F00000000)     # float32 bits sit in the low half under a float64 NaN pattern
 FEATURE_DTYPES = ("float64", "float32")
-_CHUNK = 1 << 20          # elements hashed at a time (bounds the temporaries to a few MB)
+_CHUNK = 1 << 18          # elements hashed (or checked) at a time: temporaries of 2 MB, whatever the block
 
 
 def _mix(z):
@@ -435,7 +435,7 @@ def fingerprint_rows(X, y, row_start: int, n_features: int):
     """
     total = 0
     if sp.issparse(X):
-        data = _value_bits(X.data)
+        data = X.data
         indices, indptr = np.asarray(X.indices), np.asarray(X.indptr, dtype=np.int64)
         for s in range(0, data.size, _CHUNK):
             e = slice(s, s + _CHUNK)
@@ -444,13 +444,13 @@ def fingerprint_rows(X, y, row_start: int, n_features: int):
             r1 = int(np.searchsorted(indptr, stop - 1, side="right"))
             counts = np.diff(np.clip(indptr[r0:r1 + 1], s, stop))
             rows = np.repeat(np.arange(row_start + r0, row_start + r1, dtype=np.uint64), counts)
-            total += _element_sum(rows, indices[e].astype(np.uint64), data[e], n_features)
+            total += _element_sum(rows, indices[e].astype(np.uint64), _value_bits(data[e]), n_features)
     else:
-        bits = _value_bits(X)
-        cols = np.arange(bits.shape[1], dtype=np.uint64)
-        step = max(1, _CHUNK // max(1, bits.shape[1]))
-        for s in range(0, bits.shape[0], step):
-            b = bits[s:s + step]
+        X = np.asarray(X)
+        cols = np.arange(X.shape[1], dtype=np.uint64)
+        step = max(1, _CHUNK // max(1, X.shape[1]))
+        for s in range(0, X.shape[0], step):
+            b = _value_bits(X[s:s + step])
             rows = np.arange(row_start + s, row_start + s + b.shape[0], dtype=np.uint64)[:, None]
             total += _element_sum(rows, cols[None, :], b, n_features)
     ybits = np.ascontiguousarray(y, dtype=np.float64).view(np.uint64)
@@ -511,6 +511,12 @@ def _array(group, name, data):
     return group.create_dataset(name, data=data)
 
 
+def _all_finite(values) -> bool:
+    """No NaN or Inf in ``values``, checked ``_CHUNK`` at a time (no mask of the whole block in memory)."""
+    flat = np.asarray(values).reshape(-1)
+    return all(np.isfinite(flat[s:s + _CHUNK]).all() for s in range(0, flat.size, _CHUNK))
+
+
 def _check_task(path, i, name, X, y, n_features):
     where = f"{path}: task '{name}' (#{i})"
     n = X.shape[0]
@@ -522,8 +528,7 @@ def _check_task(path, i, name, X, y, n_features):
         raise InputError(f"{where}: field 'X': has {X.shape[1]} features, other tasks have {n_features}")
     if y.ndim != 1 or y.shape[0] != n:
         raise InputError(f"{where}: field 'y': has shape {y.shape}, expected ({n},)")
-    values = X.data if sp.issparse(X) else X
-    if not np.all(np.isfinite(values)):
+    if not _all_finite(X.data if sp.issparse(X) else X):
         raise InputError(f"{where}: field 'X': contains NaN or Inf")
     if not np.all(np.isfinite(y)):
         raise InputError(f"{where}: field 'y': contains NaN or Inf")
