@@ -4,6 +4,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -32,3 +33,16 @@ def hpcmtl(args, ranks=1):
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
+
+
+def medians(runs):
+    """``(median of every numeric key, mark)`` over runs' dicts; the mark is '>' unless every run converged."""
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "converged"}
+    return med, "" if all(r.get("converged", True) for r in runs) else ">"
+
+
+def work_dir(path, prefix):
+    """``path`` (created if missing), or a new temporary folder named ``prefix...``."""
+    path = path or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(path, exist_ok=True)
+    return path

@@ -5,6 +5,10 @@ projection.  No MPI, no I/O, no NumPy or Python objects in a loop: each public
 function checks its arguments, then runs with the GIL released.  (The online
 tau solvers are in ``_online.pyx``.)
 
+Rows are float64 or float32 (``Rows.single``); every kernel here reads both
+through ``row_dot`` / ``row_axpy`` / ``row_sq_norm`` (``_rows.pxd``) and computes
+in double, so float32 rows give the bits of the same values stored as float64.
+
 Local SDCA solves the DMTRL local subproblem (paper 001, Eq. 4) coordinate by
 coordinate: for coordinate j of task i, with
 ``u = w_i + (rho sigma_ii / lam) delta_b_i`` and
@@ -15,8 +19,8 @@ from libc.math cimport exp, log, log1p, fabs, INFINITY
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport malloc, free, qsort
 
-from hpcmtl._rows cimport (RowView, Rows, get_row, sparse_dot, cptr, mptr2, check_rows, check_length, check_shape,
-                           hpcmtl_no_doubles)
+from hpcmtl._rows cimport (RowView, Rows, row_dot, row_axpy, row_sq_norm, cptr, mptr2, check_rows, check_length,
+                           check_shape, hpcmtl_no_doubles)
 
 import numpy as np                 # output arrays only, allocated before a kernel runs
 
@@ -256,7 +260,7 @@ cdef inline double box_gradient(int loss, double y, double b, double ux, double 
 
 cdef int check_dual_rows(Rows rows, Py_ssize_t n, Py_ssize_t n_alpha, Py_ssize_t n_sq_norms) except -1:
     """The rows, dual variables and squared norms of a block of n rows agree in length."""
-    check_rows(rows, 0, n)
+    check_rows(rows, 0, n, True)
     check_length("alpha", n_alpha, n)
     check_length("sq_norms", n_sq_norms, n)
     return 0
@@ -313,10 +317,8 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef RowView view
     cdef uint64_t state = seed
     cdef Py_ssize_t step = 0, pos, j, n_steps, i
-    cdef int k, nnz, tmp
-    cdef const double* vals
+    cdef int k, tmp
     cdef const double* wp
-    cdef const int* idx
     cdef double ux, q, delta, c_u, c_b, b, G, PG, v
     cdef double inv_n
     cdef double* u
@@ -404,8 +406,7 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                     shuffle(&order[0], n, &state)
                 pos = 0
             j = order[pos]
-            nnz = get_row(&view, j, &vals, &idx)
-            ux = sparse_dot(vals, idx, nnz, u)
+            ux = row_dot(&view, j, u)
             if centered:                              # (x_j - mu) . (u_s - t mu)
                 ux = ux - t_mu * xmup[j] - mu_u
             if shrinking:
@@ -442,8 +443,7 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                 continue
             alpha[j] += delta
             c_u = rho_sigma_over_lam * delta * inv_n
-            for k in range(nnz):
-                u[idx[k]] += c_u * vals[k]           # u += (rho sigma / lam) delta x_j / n_i
+            row_axpy(&view, j, c_u, u)               # u += (rho sigma / lam) delta x_j / n_i
             if centered:                              # u += c_u (x_j - mu): the -c_u mu part kept in t_mu
                 t_mu += c_u
                 mu_u += c_u * (xmup[j] - mu_sq)
@@ -482,12 +482,9 @@ def objective_terms(Rows rows not None, const double[::1] y, const double[::1] a
     squared loss's intercept on CSR rows); 0 for the rows as they are."""
     cdef Py_ssize_t n = y.shape[0], j
     cdef RowView view
-    cdef const double* vals
-    cdef const int* idx
     cdef const double* wp
-    cdef int nnz
     cdef double loss_sum = 0.0, conj_sum = 0.0
-    check_rows(rows, 0, n)
+    check_rows(rows, 0, n, True)
     check_length("alpha", alpha.shape[0], n)
     check_length("w", w.shape[0], rows.n_features)
     check_loss(loss)
@@ -495,8 +492,7 @@ def objective_terms(Rows rows not None, const double[::1] y, const double[::1] a
     wp = cptr(w)
     with nogil:
         for j in range(n):
-            nnz = get_row(&view, j, &vals, &idx)
-            loss_sum += primal_loss(loss, sparse_dot(vals, idx, nnz, wp) - z_shift, y[j], gamma)
+            loss_sum += primal_loss(loss, row_dot(&view, j, wp) - z_shift, y[j], gamma)
             conj_sum += conjugate_neg(loss, alpha[j], y[j], gamma)
     return loss_sum, conj_sum
 
@@ -516,10 +512,9 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef RowView view
     cdef uint64_t state = seed
     cdef Py_ssize_t step = 0, pos, j, t
-    cdef int k, nnz, i, bad = -1
-    cdef const double* vals
-    cdef const int* idx
-    cdef const double* WTp
+    cdef int i, bad = -1
+    cdef double* WTp
+    cdef double* BTp
     cdef double ux, q, delta, c_b, c_w
     check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0])
     check_length("task_of_row", task_of_row.shape[0], n)
@@ -540,6 +535,7 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
         return 0
     view = rows.view
     WTp = mptr2(WT)
+    BTp = mptr2(BT)
     with nogil:
         pos = n
         while step < n_steps:
@@ -550,42 +546,31 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
             pos += 1
             step += 1
             i = task_of_row[j]
-            nnz = get_row(&view, j, &vals, &idx)
-            ux = sparse_dot(vals, idx, nnz, WTp + i * d)      # WT[i] . x_j
+            ux = row_dot(&view, j, WTp + i * d)               # WT[i] . x_j
             q = Sigma[i, i] * sq_norms[j] / (lam * n_of_task[i])
             delta = coordinate_delta(loss, y[j], alpha[j], ux, q, gamma)
             if delta == 0.0:
                 continue
             alpha[j] += delta
             c_b = delta / n_of_task[i]
-            for k in range(nnz):
-                BT[i, idx[k]] += c_b * vals[k]
+            row_axpy(&view, j, c_b, BTp + i * d)             # BT[i] += c_b x_j
             for t in range(m):
                 c_w = c_b * Sigma[i, t] / lam
                 if c_w != 0.0:
-                    for k in range(nnz):
-                        WT[t, idx[k]] += c_w * vals[k]
+                    row_axpy(&view, j, c_w, WTp + t * d)     # WT[t] += c_w x_j
     return step
 
 
 def row_sq_norms(Rows rows not None, Py_ssize_t n_rows):
     """``||x_j||^2`` for every row of a block."""
-    check_rows(rows, 0, n_rows)
+    check_rows(rows, 0, n_rows, True)
     cdef RowView view = rows.view
     out = np.empty(n_rows, dtype=np.float64)
     cdef double[::1] o = out
     cdef Py_ssize_t j
-    cdef int k, nnz
-    cdef const double* vals
-    cdef const int* idx
-    cdef double s
     with nogil:
         for j in range(n_rows):
-            nnz = get_row(&view, j, &vals, &idx)
-            s = 0.0
-            for k in range(nnz):
-                s += vals[k] * vals[k]
-            o[j] = s
+            o[j] = row_sq_norm(&view, j)
     return out
 
 

@@ -3,8 +3,19 @@
 
 A block's rows come through one struct, ``RowView``, whether the block is dense
 or CSR: a dense row is ``(shared 0..d-1 indices, X[i], d)``, a CSR row is
-``(indices[indptr[i]:indptr[i+1]], data[...], nnz)`` (``get_row``), so every
+``(indices[indptr[i]:indptr[i+1]], data[...], nnz)`` (``row_span``), so every
 solver loop is written once.
+
+Values are float64 or float32 (``Rows.single``): the view holds one typed
+pointer per dtype (the other points at an empty dummy).  The loops over a
+row's entries (``sparse_dot``, ``sparse_axpy``, ``sparse_sq``) are written once
+over Cython's fused ``floating`` type, so the compiler emits a float and a
+double version of each; ``row_dot``, ``row_axpy`` and ``row_sq_norm`` pick one
+per row (a branch per row, never per entry).  Every product and sum is in
+double: a float32 value is widened exactly when it is loaded, so a kernel on
+float32 rows gives the bits it gives on the same values stored as float64.
+``get_row`` (float64 values only) is what ``_online`` uses; its kernels refuse
+float32 rows in ``check_rows``.
 
 Python holds a block's rows as one ``Rows`` object, built once per block by
 ``hpcmtl.taskdata.rows_of``: the three arrays (given by keyword, so two cannot be
@@ -18,6 +29,7 @@ Everything here except the ``Rows`` type itself (``_rows.pyx``) is ``inline``:
 it compiles into each kernel module with that module's directives, so the
 bounds-checked build (``HPCMTL_DEBUG_KERNELS=1``, see setup.py) checks it too.
 """
+from cython cimport floating
 from libc.stdint cimport int64_t
 
 cdef extern from *:
@@ -25,49 +37,115 @@ cdef extern from *:
     /* What an empty array points at: a real object (never NULL, never &a[0] of a
        zero-length view), so p + 0 is defined and nothing is read. */
     static double hpcmtl_no_doubles[1];
+    #if defined(__GNUC__)
+    __attribute__((unused))
+    #endif
+    static float hpcmtl_no_floats[1];
     """
     double hpcmtl_no_doubles[1]
+    float hpcmtl_no_floats[1]
 
 
 cdef struct RowView:
-    const double* data        # dense: n x d row-major values; CSR: data
+    const double* data        # float64 values (dense: n x d row-major; CSR: data); a dummy when single
+    const float* data32       # float32 values, the same layout; a dummy unless single
     const int* indices        # dense: shared 0..d-1; CSR: column indices
     const int64_t* indptr     # CSR row pointers (unused when dense)
     int dense
+    int single                # 1: the values are float32 (data32)
     int n_features
 
 
 cdef class Rows:
-    cdef readonly const double[::1] data
+    cdef readonly object data                 # the values (a float64 or float32 view of the array given)
+    cdef const double[::1] data64
+    cdef const float[::1] data32
     cdef readonly const int[::1] indices
     cdef readonly const int64_t[::1] indptr
     cdef readonly bint dense
+    cdef readonly bint single                 # float32 values
+    cdef readonly Py_ssize_t n_values
     cdef readonly int n_features
-    cdef RowView view                 # pointers into the three arrays above (held, so never moved)
+    cdef RowView view                 # pointers into the arrays above (held, so never moved)
+
+
+cdef inline int row_span(const RowView* rows, Py_ssize_t i, int64_t* start, const int** idx) noexcept nogil:
+    """Set ``start`` to the offset of row ``i``'s first value and ``idx`` to its indices; return its entries."""
+    if rows.dense:
+        start[0] = i * rows.n_features
+        idx[0] = rows.indices
+        return rows.n_features
+    start[0] = rows.indptr[i]
+    idx[0] = rows.indices + start[0]
+    return <int>(rows.indptr[i + 1] - start[0])
 
 
 cdef inline int get_row(const RowView* rows, Py_ssize_t i,
                         const double** values, const int** idx) noexcept nogil:
-    """Point ``values``/``idx`` at row ``i``; return its number of entries."""
+    """Point ``values``/``idx`` at row ``i`` of float64 rows; return its number of entries."""
     cdef int64_t start
-    if rows.dense:
-        values[0] = rows.data + i * rows.n_features
-        idx[0] = rows.indices
-        return rows.n_features
-    start = rows.indptr[i]
+    cdef int nnz = row_span(rows, i, &start, idx)
     values[0] = rows.data + start
-    idx[0] = rows.indices + start
-    return <int>(rows.indptr[i + 1] - start)
+    return nnz
 
 
-cdef inline double sparse_dot(const double* values, const int* idx, int nnz,
+cdef inline double sparse_dot(const floating* values, const int* idx, int nnz,
                               const double* w) noexcept nogil:
-    # np.dot(x_row, w)
+    # np.dot(x_row, w), in double
     cdef double s = 0.0
     cdef int k
     for k in range(nnz):
         s += values[k] * w[idx[k]]
     return s
+
+
+cdef inline void sparse_axpy(double c, const floating* values, const int* idx, int nnz,
+                             double* out) noexcept nogil:
+    # out[idx] += c * x_row, in double
+    cdef int k
+    for k in range(nnz):
+        out[idx[k]] += c * values[k]
+
+
+cdef inline double sparse_sq(const floating* values, int nnz) noexcept nogil:
+    # np.dot(x_row, x_row), in double
+    cdef double s = 0.0, v
+    cdef int k
+    for k in range(nnz):
+        v = values[k]
+        s += v * v
+    return s
+
+
+cdef inline double row_dot(const RowView* rows, Py_ssize_t i, const double* w) noexcept nogil:
+    """``x_i . w`` of row ``i`` (either dtype)."""
+    cdef int64_t start
+    cdef const int* idx
+    cdef int nnz = row_span(rows, i, &start, &idx)
+    if rows.single:
+        return sparse_dot(rows.data32 + start, idx, nnz, w)
+    return sparse_dot(rows.data + start, idx, nnz, w)
+
+
+cdef inline void row_axpy(const RowView* rows, Py_ssize_t i, double c, double* out) noexcept nogil:
+    """``out += c x_i`` over row ``i``'s entries (either dtype)."""
+    cdef int64_t start
+    cdef const int* idx
+    cdef int nnz = row_span(rows, i, &start, &idx)
+    if rows.single:
+        sparse_axpy(c, rows.data32 + start, idx, nnz, out)
+    else:
+        sparse_axpy(c, rows.data + start, idx, nnz, out)
+
+
+cdef inline double row_sq_norm(const RowView* rows, Py_ssize_t i) noexcept nogil:
+    """``||x_i||^2`` (either dtype)."""
+    cdef int64_t start
+    cdef const int* idx
+    cdef int nnz = row_span(rows, i, &start, &idx)
+    if rows.single:
+        return sparse_sq(rows.data32 + start, nnz)
+    return sparse_sq(rows.data + start, nnz)
 
 
 # ---------------------------------------------------------------------------
@@ -87,20 +165,25 @@ cdef inline const double* cptr2(const double[:, ::1] a) noexcept:
     return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else hpcmtl_no_doubles
 
 
-cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop) except -1:
+cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop, bint float32_ok=False) except -1:
     """Raise ValueError unless rows ``start..stop-1`` exist with every column in ``0..n_features-1``.
+
+    Float32 rows only where the caller reads them through ``row_dot`` /
+    ``row_axpy`` / ``row_sq_norm`` (``float32_ok``): ``get_row`` reads float64.
 
     Dense: ``data`` holds ``stop x n_features`` values and ``indices`` is ``0..d-1``
     (O(d)).  CSR: ``indptr[start..stop]`` is non-decreasing inside ``data`` and
     ``indices``, and each of those rows' column indices is in range (O(rows + nnz)).
     (A ``Rows`` argument typed ``not None`` by the caller: None never gets here.)
     """
-    cdef const double[::1] data = rows.data
+    cdef Py_ssize_t n_values = rows.n_values
     cdef const int[::1] indices = rows.indices
     cdef const int64_t[::1] indptr = rows.indptr
     cdef int n_features = rows.n_features
     cdef Py_ssize_t i, p = 0, lo, hi
     cdef int bad = 0
+    if rows.single and not float32_ok:
+        raise ValueError("rows: this kernel takes float64 values, not float32")
     if n_features < 0:
         raise ValueError(f"rows: n_features must be >= 0. Got {n_features} instead.")
     if start < 0 or stop < start:
@@ -109,8 +192,8 @@ cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop) except 
         if indices.shape[0] != n_features:
             raise ValueError(f"dense rows: the shared index array has {indices.shape[0]} entries, "
                              f"expected n_features = {n_features}")
-        if n_features > 0 and data.shape[0] // n_features < stop:
-            raise ValueError(f"dense rows: {data.shape[0]} values hold fewer than {stop} rows "
+        if n_features > 0 and n_values // n_features < stop:
+            raise ValueError(f"dense rows: {n_values} values hold fewer than {stop} rows "
                              f"of {n_features} features")
         with nogil:
             for i in range(n_features):
@@ -124,8 +207,8 @@ cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop) except 
         raise ValueError(f"CSR rows: indptr has {indptr.shape[0]} entries, {stop} rows need {stop + 1}")
     lo = indptr[start]
     hi = indptr[stop]
-    if lo < 0 or hi > data.shape[0] or hi > indices.shape[0]:
-        raise ValueError(f"CSR rows: indptr points outside data ({data.shape[0]}) or indices "
+    if lo < 0 or hi > n_values or hi > indices.shape[0]:
+        raise ValueError(f"CSR rows: indptr points outside data ({n_values}) or indices "
                          f"({indices.shape[0]})")
     with nogil:
         for i in range(start, stop):

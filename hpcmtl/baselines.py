@@ -136,7 +136,7 @@ def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None, w
     A = np.zeros((m * d, m * d))
     c = np.zeros(m * d)
     for i, b in enumerate(state.blocks):
-        Xi = b.X.toarray() if sp.issparse(b.X) else b.X
+        Xi = np.asarray(b.X.toarray() if sp.issparse(b.X) else b.X, dtype=np.float64)     # (float32 files)
         A[i * d:(i + 1) * d, i * d:(i + 1) * d] = Xi.T @ Xi / state.n[i]     # X_i^T X_i / n_i
         c[i * d:(i + 1) * d] = Xi.T @ b.y / state.n[i]
 
@@ -148,7 +148,7 @@ def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None, w
         # the optimal dual point: alpha = y - X w; B = [X_i^T alpha_i / n_i]
         for i, b in enumerate(state.blocks):
             state.alpha_of(i)[:] = b.y - b.decision(WT[i])
-            state.BT[i] = np.asarray(b.X.T @ state.alpha_of(i)).ravel() / state.n[i]
+            state.BT[i] = b.rmatvec(state.alpha_of(i)) / state.n[i]
         state.WT = state.Sigma @ state.BT / lam
         state.round += 1
         row = state.record(p)

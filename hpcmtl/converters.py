@@ -1752,7 +1752,7 @@ def _inspect_hdf5(path, out):
     if fmt == store.TASKS_FORMAT:
         with store.TaskFile(path) as tf:
             info = tf.info()
-        out["format"] = f"hpcmtl task dataset ({info['storage']})"
+        out["format"] = f"hpcmtl task dataset ({info['storage']}{', float32' if info['dtype'] == 'float32' else ''})"
         out["variables"] = [{"name": t["name"], "shape": [t["n_samples"], info["n_features"]], "dtype": "task",
                              "first": [f"nnz {t['nnz']}"]} for t in info["tasks"]]
         out["layout"] = f"{info['n_tasks']} tasks, {info['n_features']} features: ready for hpcmtl train"

@@ -214,6 +214,7 @@ class DMTRLConfig:
     rff_dim: int = 0                # random Fourier features (0 = linear)
     rff_gamma: float = 1.0
     split_tasks: bool = False       # split tasks larger than a worker's share over several workers
+    float32: bool = False           # features rounded to float32 as they are read (engine.load_blocks)
     fit_intercept: bool = True      # per-task intercepts (squared: centering, exact; others: augmented feature)
     intercept_scaling: float = 1.0  # the augmented feature's value (hinge, smoothed hinge, logistic)
     shrinking: bool = True          # liblinear-style shrinking in local SDCA (hinge, smoothed hinge)
@@ -235,7 +236,7 @@ class DMTRLConfig:
                 "subproblems)", self.local_solver)
         self._check(("lam", "tol", "local_iters", "eta", "gamma", "eig_floor", "outer_tol", "max_rounds", "outer",
                      "gap_every", "rff_dim") + (("rff_gamma",) if self.rff_dim else ())
-                    + ("seed", "split_tasks", "shrinking", "fit_intercept", "intercept_scaling"), owner)
+                    + ("seed", "split_tasks", "float32", "shrinking", "fit_intercept", "intercept_scaling"), owner)
         self.positive_label = check_positive_label(self.positive_label, self.loss, owner)
         return self
 

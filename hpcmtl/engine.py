@@ -41,6 +41,7 @@ from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import get_loss, signed_labels
 from .metrics import summarize, task_metrics
+from .taskdata import float32_overflow
 
 
 # ---------------------------------------------------------------------------
@@ -206,13 +207,17 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
             blk.y = signed_labels(loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
+            if getattr(config, "float32", False):
+                blk = as_float32(blk, f"{source.path}: task '{blk.name}' (#{b.task})")
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, phi) if prepare else blk)
+            mine.append(with_intercept(blk, config, source, means_map(config, phi)) if prepare else blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,
                                        f"{test_source.path}: task '{test.name}' (#{b.task})")
                 test = test.transformed(phi) if phi is not None else test
+                if getattr(config, "float32", False):
+                    test = as_float32(test, f"{test_source.path}: task '{test.name}' (#{b.task})")
                 check_scale(test, f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
                 # scored with the training block's intercept (LocalBase.test_metrics); augmented like it
                 tests[b.task] = test.augmented(config.intercept_scaling) if intercept_mode(config) == "augment" \
@@ -266,12 +271,34 @@ def split_intercept(W, config, source):
         return W[:-1].copy(), config.intercept_scaling * W[-1].copy()
     if mode == "center":
         phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
+        phi = means_map(config, phi)
         b = np.zeros(W.shape[1])
         for i in range(W.shape[1]):
             mu, ybar = source.task_means(i, phi)
             b[i] = ybar - float(mu @ W[:, i])
         return W.copy(), b
     return W.copy(), np.zeros(W.shape[1])
+
+
+def as_float32(blk, where):
+    """``--float32``: the block with its features rounded to float32, a value beyond float32's range refused
+    (:class:`InputError` naming ``where``, the field and the row: exit 2 on every rank)."""
+    big = float32_overflow(blk.X)
+    if big is not None:
+        raise InputError(f"{where}: field 'X': row {blk.row_start + big[0]}: {big[1]:.3g} does not fit float32 "
+                         f"(--float32); rescale the features or train in float64")
+    return blk.as_float32()
+
+
+def means_map(config, phi):
+    """The map the task means of centering read rows through: ``phi``, rounded to float32 under ``--float32``."""
+    return rounded_map(phi) if getattr(config, "float32", False) else phi
+
+
+def rounded_map(phi):
+    """The feature map ``phi`` (None: identity) followed by rounding to float32: the task means of centering
+    are then those of the rounded rows the solvers see (the same bits as a float32 file's)."""
+    return lambda X: (phi(X) if phi is not None else X).astype(np.float32)
 
 
 def check_scale(blk, where, loss=None):

@@ -389,8 +389,8 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     folds, task_ids = local_folds(source, blocks, selection, config.seed, stratify)
     shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
     grid, n_folds, warm = selection.grid, selection.n_folds, selection.warm_start
-    phi = (features.rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim
-           else None)
+    phi = engine.means_map(config, features.rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed)
+                           if config.rff_dim else None)
     means = all_means = None
     if center and cluster.is_server:             # every task's, for the fold fits' intercepts
         all_means = fold_means(source, server_task_folds(info, plan, source.n_tasks), n_folds, phi)

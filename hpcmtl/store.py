@@ -35,6 +35,17 @@ a mixed hash of (row, column, value bits), so the fingerprints of row ranges
 read on different ranks add up to the task's (a split task is verified too).
 Files written before fingerprints existed load as before: the fingerprint is
 computed from what is read (see :mod:`hpcmtl.checkpoint`).
+
+Feature dtype: a task file stores ``X`` (dense, or the CSR ``data``) as float64
+or, written with ``float32=True`` (``hpcmtl data ... --float32``), as float32;
+the root attribute ``dtype`` says which (absent: float64, files written before
+it existed).  Reading keeps the stored dtype (a float32 file gives float32
+blocks, never a float64 copy); any other stored type is refused.  A float32
+element is hashed from its 32 IEEE bits tagged with a NaN pattern in the upper
+half (``_F32_TAG``), so its fingerprint differs from the same values stored as
+float64 (whose finite elements never carry those bits): a checkpoint resume
+cannot mistake a float32 file for its float64 original.  Labels are float64
+in both.
 """
 from __future__ import annotations
 
@@ -52,7 +63,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import InputError
-from .taskdata import TaskBlock, task_means as _task_means
+from .taskdata import TaskBlock, float32_overflow, task_means as _task_means
 
 TASKS_FORMAT = "hpcmtl-tasks"
 RESULT_FORMAT = "hpcmtl-result"
@@ -391,7 +402,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _Y_SALT = np.uint64(0xD6E8FEB86659FD93)
 _MASK = (1 << 64) - 1
-_CHUNK = 1 << 20          # elements hashed at a time (bounds the temporaries to a few MB)
+_F32_TAG = np.uint64(0x7FF8F32F00000000)     # float32 bits sit in the low half under a float64 NaN pattern
+FEATURE_DTYPES = ("float64", "float32")
+_CHUNK = 1 << 18          # elements hashed (or checked) at a time: temporaries of 2 MB, whatever the block
 
 
 def _mix(z):
@@ -422,7 +435,7 @@ def fingerprint_rows(X, y, row_start: int, n_features: int):
     """
     total = 0
     if sp.issparse(X):
-        data = np.ascontiguousarray(X.data, dtype=np.float64).view(np.uint64)
+        data = X.data
         indices, indptr = np.asarray(X.indices), np.asarray(X.indptr, dtype=np.int64)
         for s in range(0, data.size, _CHUNK):
             e = slice(s, s + _CHUNK)
@@ -431,13 +444,13 @@ def fingerprint_rows(X, y, row_start: int, n_features: int):
             r1 = int(np.searchsorted(indptr, stop - 1, side="right"))
             counts = np.diff(np.clip(indptr[r0:r1 + 1], s, stop))
             rows = np.repeat(np.arange(row_start + r0, row_start + r1, dtype=np.uint64), counts)
-            total += _element_sum(rows, indices[e].astype(np.uint64), data[e], n_features)
+            total += _element_sum(rows, indices[e].astype(np.uint64), _value_bits(data[e]), n_features)
     else:
-        bits = np.ascontiguousarray(X, dtype=np.float64).view(np.uint64)
-        cols = np.arange(bits.shape[1], dtype=np.uint64)
-        step = max(1, _CHUNK // max(1, bits.shape[1]))
-        for s in range(0, bits.shape[0], step):
-            b = bits[s:s + step]
+        X = np.asarray(X)
+        cols = np.arange(X.shape[1], dtype=np.uint64)
+        step = max(1, _CHUNK // max(1, X.shape[1]))
+        for s in range(0, X.shape[0], step):
+            b = _value_bits(X[s:s + step])
             rows = np.arange(row_start + s, row_start + s + b.shape[0], dtype=np.uint64)[:, None]
             total += _element_sum(rows, cols[None, :], b, n_features)
     ybits = np.ascontiguousarray(y, dtype=np.float64).view(np.uint64)
@@ -446,6 +459,14 @@ def fingerprint_rows(X, y, row_start: int, n_features: int):
     key += _Y_SALT
     key ^= ybits
     return total & _MASK, int(_mix(key).sum(dtype=np.uint64))
+
+
+def _value_bits(values) -> np.ndarray:
+    """uint64 keys of feature values: float64 bits, or float32 bits under ``_F32_TAG``."""
+    values = np.asarray(values)
+    if values.dtype == np.float32:
+        return np.ascontiguousarray(values).view(np.uint32).astype(np.uint64) | _F32_TAG
+    return np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
 
 
 def fingerprint_hex(x_sum: int, y_sum: int) -> str:
@@ -490,6 +511,12 @@ def _array(group, name, data):
     return group.create_dataset(name, data=data)
 
 
+def _all_finite(values) -> bool:
+    """No NaN or Inf in ``values``, checked ``_CHUNK`` at a time (no mask of the whole block in memory)."""
+    flat = np.asarray(values).reshape(-1)
+    return all(np.isfinite(flat[s:s + _CHUNK]).all() for s in range(0, flat.size, _CHUNK))
+
+
 def _check_task(path, i, name, X, y, n_features):
     where = f"{path}: task '{name}' (#{i})"
     n = X.shape[0]
@@ -501,14 +528,13 @@ def _check_task(path, i, name, X, y, n_features):
         raise InputError(f"{where}: field 'X': has {X.shape[1]} features, other tasks have {n_features}")
     if y.ndim != 1 or y.shape[0] != n:
         raise InputError(f"{where}: field 'y': has shape {y.shape}, expected ({n},)")
-    values = X.data if sp.issparse(X) else X
-    if not np.all(np.isfinite(values)):
+    if not _all_finite(X.data if sp.issparse(X) else X):
         raise InputError(f"{where}: field 'X': contains NaN or Inf")
     if not np.all(np.isfinite(y)):
         raise InputError(f"{where}: field 'y': contains NaN or Inf")
 
 
-def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, preprocessing=None):
+def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, preprocessing=None, float32=False):
     """Write a task dataset.
 
     Parameters
@@ -519,6 +545,8 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
     truth : optional dict of arrays (ground truth of synthetic data)
     attrs : optional dict of extra root attributes (strings / numbers)
     preprocessing : optional dict of arrays (e.g. the standardization applied)
+    float32 : store the feature values as float32 (root attribute ``dtype``);
+        a finite value beyond float32's range is refused
     """
     path = os.fspath(path)
     if len(Xs) != len(ys) or len(Xs) == 0:
@@ -531,12 +559,19 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         raise InputError(f"{path}: task name '{dup[0]}' is used by tasks #{dup[1]} and #{dup[2]} "
                          f"(task names must be unique)")
     storage = "csr" if any(sp.issparse(X) for X in Xs) else "dense"
+    dtype = np.float32 if float32 else np.float64
     d = None
     mats = []
     for i, (X, y) in enumerate(zip(Xs, ys)):
         X = sp.csr_matrix(X, dtype=np.float64) if storage == "csr" else np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64).reshape(-1) if np.ndim(y) <= 2 else np.asarray(y)
         _check_task(path, i, names[i], X, y, d)
+        if float32:
+            big = float32_overflow(X)
+            if big is not None:
+                raise InputError(f"{path}: task '{names[i]}' (#{i}): field 'X': row {big[0]}: {big[1]:.3g} does "
+                                 f"not fit float32; rescale the features or write float64")
+            X = X.astype(dtype)
         d = X.shape[1]
         mats.append((X, y))
     with atomic_h5(path, force=force, what="data file") as f:
@@ -545,6 +580,7 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         f.attrs["n_tasks"] = len(mats)
         f.attrs["n_features"] = d
         f.attrs["storage"] = storage
+        f.attrs["dtype"] = np.dtype(dtype).name
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         table = np.zeros(len(mats), dtype=[("name", h5py.string_dtype()), ("n_samples", "i8"), ("nnz", "i8"),
@@ -607,6 +643,11 @@ class TaskFile(_OpenFile):
         if self.storage not in ("dense", "csr"):
             self.close()
             raise InputError(f"{self.path}: attribute 'storage' is {self.storage!r}, expected 'dense' or 'csr'")
+        dtype = f.attrs.get("dtype", "float64")
+        self.dtype = dtype.decode() if isinstance(dtype, bytes) else str(dtype)
+        if self.dtype not in FEATURE_DTYPES:
+            self.close()
+            raise InputError(f"{self.path}: attribute 'dtype' is {self.dtype!r}, expected 'float64' or 'float32'")
         if len(table) != self.n_tasks:
             self.close()
             raise InputError(f"{self.path}: '{_TABLE}' has {len(table)} rows but n_tasks is {self.n_tasks}")
@@ -673,6 +714,7 @@ class TaskFile(_OpenFile):
                     raise InputError(f"{where}: field 'X' is missing")
                 if g["X"].ndim != 2 or g["X"].shape[0] != n:
                     raise InputError(f"{where}: field 'X': has shape {g['X'].shape}, task table says {n} rows")
+                self._check_dtype(where, "X", g["X"])
                 X = g["X"][start:stop]
             else:
                 for field_name in ("data", "indices", "indptr"):
@@ -684,6 +726,7 @@ class TaskFile(_OpenFile):
                 lo, hi = int(indptr[0]), int(indptr[-1])
                 if np.any(np.diff(indptr) < 0) or hi > g["data"].shape[0] or hi > g["indices"].shape[0]:
                     raise InputError(f"{where}: field 'indptr': not a valid CSR row pointer")
+                self._check_dtype(where, "data", g["data"])
                 data = g["data"][lo:hi]
                 indices = g["indices"][lo:hi]
                 if indices.size and (indices.min() < 0 or indices.max() >= self.n_features):
@@ -696,6 +739,12 @@ class TaskFile(_OpenFile):
         y = np.asarray(y, dtype=np.float64)
         _check_task(self.path, i, self.names[i], X, y, self.n_features)
         return X, y
+
+    def _check_dtype(self, where, field_name, dataset):
+        """The stored feature values are of the file's ``dtype`` (float64 or float32), before any is read."""
+        if dataset.dtype != np.dtype(self.dtype):
+            raise InputError(f"{where}: field '{field_name}': stored as {dataset.dtype}, the file's dtype is "
+                             f"{self.dtype} (task files hold float64 or float32 features)")
 
     def read_labels(self, i: int) -> np.ndarray:
         """Task ``i``'s labels only (no X): a validation split stratified over a task cut into several blocks."""
@@ -733,7 +782,7 @@ class TaskFile(_OpenFile):
         total = int(self.n_samples.sum())
         density = float(self.nnz.sum()) / max(1, total * self.n_features)
         return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
-                "storage": self.storage, "n_samples": total, "nnz": int(self.nnz.sum()),
+                "storage": self.storage, "dtype": self.dtype, "n_samples": total, "nnz": int(self.nnz.sum()),
                 "density": density, "has_truth": _TRUTH in self._f, "tasks": tasks}
 
 

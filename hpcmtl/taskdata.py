@@ -13,6 +13,16 @@ which :meth:`TaskBlock.decision`, :meth:`TaskBlock.rmatvec`, :meth:`TaskBlock.gr
 ``sq_norms`` and the kernels' ``mu`` / ``x_mu`` arguments honour, so a CSR block is
 never densified) and :meth:`TaskBlock.augmented` (hinge and logistic losses: a
 constant extra feature, one more non-zero a CSR row).
+
+Feature values are float64 or float32 (``hpcmtl train --float32``, float32 task
+files): a float32 block keeps its ``X`` (and ``rows``) in float32, and everything
+computed from it is float64: ``sq_norms`` and ``x_mu`` (the kernels accumulate in
+double), :meth:`TaskBlock.decision`, :meth:`TaskBlock.rmatvec` and
+:meth:`TaskBlock.gram` (NumPy/SciPy on float64 copies of at most
+``FLOAT32_CHUNK_VALUES`` values at a time, so no float64 copy of the block is
+ever formed).  Centering a dense float32 block computes ``x - mu`` in double
+(``mu`` float64) and rounds the result once to float32; the means stay float64.
+Labels are always float64.
 """
 from __future__ import annotations
 
@@ -41,7 +51,7 @@ class TaskBlock:
     _support: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        self.rows, self.X = rows_of(self.X)
+        self.rows, self.X = rows_of(self.X, keep_float32=True)
         self.y = np.ascontiguousarray(self.y, dtype=np.float64)
 
     @property
@@ -57,6 +67,11 @@ class TaskBlock:
         return not self.rows.dense
 
     @property
+    def float32(self) -> bool:
+        """The feature values are stored in float32."""
+        return self.rows.single
+
+    @property
     def nnz(self) -> int:
         return int(self.X.nnz) if self.sparse else int(self.X.size)
 
@@ -69,7 +84,8 @@ class TaskBlock:
                 # ||x - mu||^2 = ||mu||^2 + sum over the row's non-zeros of x_k (x_k - 2 mu_k)
                 X = self.X
                 rows = np.repeat(np.arange(self.n_rows), np.diff(X.indptr))
-                inner = np.bincount(rows, weights=X.data * (X.data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
+                data = X.data.astype(np.float64)
+                inner = np.bincount(rows, weights=data * (data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
                 self._sq_norms = np.maximum(float(self.mu @ self.mu) + inner, 0.0)
         return self._sq_norms
 
@@ -93,7 +109,7 @@ class TaskBlock:
     def x_mu(self) -> np.ndarray | None:
         """``x_j . mu`` per row (implicitly centered rows; the kernels' ``x_mu``), else None."""
         if self.mu is not None and self._x_mu is None:
-            self._x_mu = np.ascontiguousarray(np.asarray(self.X @ self.mu).reshape(-1), dtype=np.float64)
+            self._x_mu = np.ascontiguousarray(matvec(self.X, self.mu), dtype=np.float64)
         return self._x_mu
 
     def z_shift(self, w: np.ndarray) -> float:
@@ -102,20 +118,22 @@ class TaskBlock:
 
     def decision(self, w: np.ndarray) -> np.ndarray:
         """Scores ``X w`` of the block's rows (``(X - 1 mu^T) w`` when implicitly centered)."""
-        z = np.asarray(self.X @ w).reshape(-1)
+        z = matvec(self.X, w)
         return z - self.z_shift(w) if self.mu is not None else z
 
     def rmatvec(self, v: np.ndarray) -> np.ndarray:
         """``X^T v`` (``X^T v - mu sum(v)`` when implicitly centered)."""
-        out = np.asarray(self.X.T @ v).reshape(-1)
+        out = rmatvec(self.X, v)
         return out - self.mu * float(np.sum(v)) if self.mu is not None else out
 
     def gram(self) -> np.ndarray:
         """``X^T X`` as a dense d x d array (of the centered rows when implicitly centered)."""
-        G = self.X.T @ self.X
-        G = G.toarray() if hasattr(G, "toarray") else np.asarray(G)
+        G = np.zeros((self.n_features, self.n_features))
+        for X in float64_chunks(self.X):
+            P = X.T @ X
+            G += P.toarray() if hasattr(P, "toarray") else P
         if self.mu is not None:
-            s = np.asarray(self.X.sum(axis=0)).reshape(-1)
+            s = rmatvec(self.X, np.ones(self.n_rows)) if self.float32 else np.asarray(self.X.sum(axis=0)).reshape(-1)
             G = G - np.outer(self.mu, s) - np.outer(s, self.mu) + self.n_rows * np.outer(self.mu, self.mu)
         return G
 
@@ -143,8 +161,23 @@ class TaskBlock:
         if self.sparse:
             return TaskBlock(self.task, self.name, self.n_task, self.row_start, self.X, y, self.part,
                              mu=mu, center=(mu, float(ybar)))
-        return TaskBlock(self.task, self.name, self.n_task, self.row_start, self.X - mu, y, self.part,
+        if self.float32:                    # x - mu in double, rounded once to float32, a chunk at a time
+            Xc = np.empty_like(self.X)
+            for start, stop in chunk_bounds(self.n_rows, self.n_features):
+                Xc[start:stop] = self.X[start:stop] - mu
+        else:
+            Xc = self.X - mu
+        return TaskBlock(self.task, self.name, self.n_task, self.row_start, Xc, y, self.part,
                          center=(mu, float(ybar)))
+
+    def as_float32(self) -> "TaskBlock":
+        """The same block with its feature values rounded to float32 (``--float32``); the caller checks the
+        values fit (:func:`float32_overflow`)."""
+        if self.float32:
+            return self
+        X = self.X.astype(np.float32)
+        return TaskBlock(self.task, self.name, self.n_task, self.row_start, X, self.y, self.part,
+                         mu=self.mu, center=self.center)
 
     def augmented(self, scaling: float) -> "TaskBlock":
         """The block with a constant last feature of value ``scaling`` (liblinear's intercept feature)."""
@@ -155,33 +188,90 @@ class TaskBlock:
 def with_constant_column(X, value: float):
     """``[X, value * 1]``: dense or CSR (one more non-zero a row, at column d)."""
     n, d = X.shape
+    dtype = feature_dtype(X)
     if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
+        X = sp.csr_matrix(X, dtype=dtype)
         X.sort_indices()
-        data = np.insert(X.data, X.indptr[1:], value)          # after each row's last entry
+        data = np.insert(X.data, X.indptr[1:], dtype(value))   # after each row's last entry
         indices = np.insert(X.indices, X.indptr[1:], d).astype(np.int32)
         indptr = X.indptr.astype(np.int64) + np.arange(n + 1, dtype=np.int64)
         return sp.csr_matrix((data, indices, indptr), shape=(n, d + 1))
-    return np.hstack([np.asarray(X, dtype=np.float64), np.full((n, 1), float(value))])
+    return np.hstack([np.asarray(X, dtype=dtype), np.full((n, 1), value, dtype=dtype)])
 
 
-def rows_of(X):
+def feature_dtype(X):
+    """float32 for float32 feature values, else float64 (the two types the kernels read)."""
+    return np.float32 if getattr(X, "dtype", None) == np.float32 else np.float64
+
+
+def rows_of(X, keep_float32=False):
     """``(Rows, X)``: the kernels' row interface over a dense or CSR matrix, and the matrix it reads.
 
     CSR: float64 data, int32 sorted column indices, int64 row pointers.  Dense:
-    C-ordered float64 with the shared index array ``0..d-1``.  The arrays are
-    the returned matrix's own (no copy when it already has these types).
+    C-ordered float64 with the shared index array ``0..d-1``.  With
+    ``keep_float32``, float32 values stay float32 (TaskBlock; the ``_online``
+    kernels take float64 only).  The arrays are the returned matrix's own (no
+    copy when it already has these types).
     """
+    dtype = feature_dtype(X) if keep_float32 else np.float64
     if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
+        X = sp.csr_matrix(X, dtype=dtype)
         X.sort_indices()
-        return Rows(data=np.ascontiguousarray(X.data, dtype=np.float64),
+        return Rows(data=np.ascontiguousarray(X.data, dtype=dtype),
                     indices=np.ascontiguousarray(X.indices, dtype=np.int32),
                     indptr=np.ascontiguousarray(X.indptr, dtype=np.int64),
                     dense=False, n_features=X.shape[1]), X
-    X = np.ascontiguousarray(X, dtype=np.float64)
+    X = np.ascontiguousarray(X, dtype=dtype)
     return Rows(data=X.reshape(-1), indices=np.arange(X.shape[1], dtype=np.int32),
                 indptr=np.zeros(1, dtype=np.int64), dense=True, n_features=X.shape[1]), X
+
+
+FLOAT32_CHUNK_VALUES = 1 << 20     # float64 temporaries of float32 blocks: at most this many values (8 MB)
+
+
+def chunk_bounds(n_rows: int, n_values_per_row: int):
+    """Row ranges ``(start, stop)`` of at most ``FLOAT32_CHUNK_VALUES`` values (one row at least)."""
+    step = max(1, FLOAT32_CHUNK_VALUES // max(1, n_values_per_row))
+    return [(s, min(n_rows, s + step)) for s in range(0, n_rows, step)]
+
+
+def float64_chunks(X):
+    """``X`` itself when float64, else its rows as float64 copies, a chunk at a time (dense or CSR)."""
+    if feature_dtype(X) is np.float64:
+        yield X
+        return
+    per_row = max(1, X.nnz // max(1, X.shape[0])) if sp.issparse(X) else X.shape[1]
+    for start, stop in chunk_bounds(X.shape[0], per_row):
+        yield X[start:stop].astype(np.float64)
+
+
+def matvec(X, w) -> np.ndarray:
+    """``X w`` in float64 (float32 ``X``: a chunk of rows at a time, never the whole block upcast)."""
+    if feature_dtype(X) is np.float64:
+        return np.asarray(X @ w).reshape(-1)
+    return np.concatenate([np.asarray(C @ w).reshape(-1) for C in float64_chunks(X)] or [np.zeros(0)])
+
+
+def rmatvec(X, v) -> np.ndarray:
+    """``X^T v`` in float64 (float32 ``X``: summed over chunks of rows)."""
+    out, start = None, 0
+    for C in float64_chunks(X):
+        part = np.asarray(C.T @ v[start:start + C.shape[0]]).reshape(-1)
+        out = part if out is None else out + part
+        start += C.shape[0]
+    return out if out is not None else np.zeros(X.shape[1])
+
+
+def float32_overflow(X):
+    """``(row, value)`` of the first finite value of ``X`` beyond float32's range, or None."""
+    limit = float(np.finfo(np.float32).max)
+    data = X.data if sp.issparse(X) else np.asarray(X).reshape(-1)
+    big = np.flatnonzero(np.abs(data) > limit)
+    if not big.size:
+        return None
+    p = int(big[0])
+    row = int(np.searchsorted(X.indptr, p, side="right") - 1) if sp.issparse(X) else p // max(1, X.shape[1])
+    return row, float(data[p])
 
 
 def dense_or_csr(X):

@@ -48,6 +48,8 @@ def add_parser(sub):
     conv.add_argument("--seed", type=_count("--seed", 0), default=0,
                       help="mnist: the negatives drawn; --shuffle: the order of the rounds")
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    conv.add_argument("--float32", action="store_true", help="task datasets: store the features as float32 "
+                      "(half the size; labels stay float64)")
 
     split = dsub.add_parser("split", help="split every task into train and test (stratified for +-1 labels)")
     split.add_argument("input", metavar="IN.h5")
@@ -56,12 +58,15 @@ def add_parser(sub):
     split.add_argument("--test-fraction", type=_positive_float("--test-fraction"), default=0.25)
     split.add_argument("--seed", type=_count("--seed", 0), default=0)
     split.add_argument("--force", action="store_true")
+    split.add_argument("--float32", action="store_true", help="store the features as float32 (default: as the "
+                       "input stores them)")
 
     stdz = dsub.add_parser("standardize", help="scale features with statistics of the training file")
     stdz.add_argument("train", metavar="TRAIN.h5")
     stdz.add_argument("output", metavar="OUT_TRAIN.h5")
     stdz.add_argument("--test", nargs=2, metavar=("TEST.h5", "OUT_TEST.h5"), help="apply the same scaling to a test file")
     stdz.add_argument("--force", action="store_true")
+    stdz.add_argument("--float32", action="store_true", help="store the features as float32 (half the size; labels stay float64)")
 
     info = dsub.add_parser("info", help="tasks, sizes, nnz, label balance")
     info.add_argument("input", metavar="FILE.h5")
@@ -80,6 +85,8 @@ def add_parser(sub):
                        help="size multiplier (mnist-scale / mds-scale: 1 = MNIST- / MDS-sized)")
     synth.add_argument("--n-train", type=_count("--n-train"), default=100, help="joint-sparse: examples per task")
     synth.add_argument("--force", action="store_true")
+    synth.add_argument("--float32", action="store_true", help="task datasets: store the features as float32 "
+                       "(half the size; labels stay float64)")
 
 
 def cmd_data(args):
@@ -99,7 +106,7 @@ def cmd_data(args):
                 print(f"  {t['name']:>20s}  +1 {t['positive']:<8d} -1 {t['negative']:<8d} dormant {t['dormant']}")
         else:
             print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
-                  f"{info['storage']}, {info['n_samples']} samples, density {info['density']:.4g}")
+                  f"{info['storage']} {info['dtype']}, {info['n_samples']} samples, density {info['density']:.4g}")
             for t in info["tasks"]:
                 extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
                          else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}")
@@ -150,6 +157,7 @@ def data_split(args):
     with store.TaskFile(args.input) as tf:
         blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
         truth, names = tf.read_truth(), tf.names
+        float32 = args.float32 or tf.dtype == "float32"
     train, test = ([], []), ([], [])
     for b in blocks:
         binary = np.all(np.abs(b.y) == 1) and min(np.sum(b.y == 1), np.sum(b.y == -1)) >= 2
@@ -161,8 +169,8 @@ def data_split(args):
         for part, rows in ((train, np.sort(tr_idx)), (test, np.sort(te_idx))):
             part[0].append(b.X[rows])
             part[1].append(b.y[rows])
-    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force)
-    store.write_tasks(args.test, *test, names=names, force=args.force)
+    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force, float32=float32)
+    store.write_tasks(args.test, *test, names=names, force=args.force, float32=float32)
     print(f"wrote {args.train} and {args.test}")
     return 0
 
@@ -183,7 +191,7 @@ def data_standardize(args):
             names, truth = tf.names, tf.read_truth()
         Xs = [converters.apply_standardization(b.X, mean, scale) for b in blocks]
         store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth,
-                          preprocessing={"mean": mean, "scale": scale}, force=args.force)
+                          preprocessing={"mean": mean, "scale": scale}, force=args.force, float32=args.float32)
     print("wrote " + " and ".join(out for _, out in pairs))
     return 0
 
@@ -202,7 +210,8 @@ def data_synth(args):
         train, test, truth = synthetic.scaled(name.split("-")[0], args.seed, args.scale)
     elif name == "seasonal":
         full, truth = synthetic.seasonal(args.seed, n_per_month=int(470 * args.scale))
-        store.write_tasks(args.output, *full[:2], names=full[2], truth=truth, force=args.force)
+        store.write_tasks(args.output, *full[:2], names=full[2], truth=truth, force=args.force,
+                          float32=args.float32)
         if args.test:
             raise InputError("seasonal: split it with 'hpcmtl data split' (the study needs train/validation/test)")
         print(f"wrote {args.output}")
@@ -216,9 +225,9 @@ def data_synth(args):
             store.write_stream(args.test, X[T:], Y[T:], truth=truth, force=args.force)
         print("wrote " + " and ".join(outputs))
         return 0
-    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force)
+    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force, float32=args.float32)
     if args.test:
-        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force)
+        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force, float32=args.float32)
     print("wrote " + " and ".join(outputs))
     return 0
 
@@ -248,6 +257,8 @@ def check_convert_options(args):
         raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
     if args.test_out and args.stream and fmt != "reuters":
         raise InputError("--test-out with --stream is only for reuters; split a stream's source first")
+    if args.float32 and args.stream:
+        raise InputError("--float32 is for task datasets; a stream stores float64 (the online kernels read float64)")
     if args.shuffle and not args.stream:
         raise InputError("--shuffle orders the rounds of a stream: add --stream (task datasets keep the file's order)")
     for option, value in (("--features", args.features), ("--drop", args.drop)):
@@ -297,10 +308,11 @@ def data_convert(args):
                          else "mnist --test-out needs the MNIST directory (the t10k files are read from it)")
     if labels is not None:
         labels.check_used(", ".join(inputs))
-    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force)
+    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force, float32=args.float32)
     written = [args.output]
     if args.test_out:
-        store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force)
+        store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force,
+                          float32=args.float32)
         written.append(args.test_out)
     print("wrote " + " and ".join(written))
     return 0

@@ -134,6 +134,7 @@ def config_from_args(args):
                        eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        aggregation=args.aggregation, exchange=args.exchange,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
+                       float32=getattr(args, "float32", False),
                        fit_intercept=not args.no_intercept, intercept_scaling=args.intercept_scaling,
                        method=args.method, positive_label=args.positive_label).validate()
 
