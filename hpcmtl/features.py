@@ -7,11 +7,12 @@ gamma, seed), so every rank and every later evaluation builds the same one.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.kernel_approximation import RBFSampler
 
 
 def rff_map(n_features: int, dim: int, gamma: float, seed: int):
     """Return ``phi(X)``: X (n x n_features, dense or sparse) -> dense (n x dim)."""
+    # imported here: scikit-learn takes ~1.8 s to import, which every rank of every job paid at start-up
+    from sklearn.kernel_approximation import RBFSampler
     sampler = RBFSampler(gamma=gamma, n_components=dim, random_state=seed)
     sampler.fit(np.zeros((1, n_features)))
 

@@ -22,7 +22,6 @@ import re
 
 import numpy as np
 import scipy.sparse.csgraph
-from sklearn.metrics.pairwise import pairwise_kernels
 
 from .errors import InputError
 
@@ -183,6 +182,7 @@ def product_gram(X, tasks, K, kernel="rbf", Y=None, tasks_Y=None, **kernel_param
     """
     if Y is None:
         Y, tasks_Y = X, tasks
+    from sklearn.metrics.pairwise import pairwise_kernels     # lazily: scikit-learn is slow to import
     base = pairwise_kernels(X, Y, metric=kernel, **kernel_params)
     return base * np.asarray(K)[np.ix_(np.asarray(tasks), np.asarray(tasks_Y))]
 
