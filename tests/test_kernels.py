@@ -469,3 +469,32 @@ def test_augmented_rows_add_one_entry_a_row():
     dense = TaskBlock(0, "t", 3, 0, X.toarray(), np.ones(3)).augmented(4.0)
     assert_array_equal(dense.X, blk.X.toarray())
     assert_array_equal(blk.sq_norms, [20.0, 16.0, 17.0])
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_tiny_float32_tasks_with_shrinking_through_several_omega_steps(kernel_build, sparse):
+    """float32 rows (--float32: the fused row loops) and, on CSR rows, the support exchange through the whole
+    engine on the build under test: 16 hinge tasks of 1-3 rows, some rows without non-zeros, shrinking on,
+    four Omega-steps; the model equals, bit for bit, the float64 run on the same (float32-rounded) values."""
+    import scipy.sparse as sp
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import DMTRLConfig, train
+    from hpcmtl.estimators import MemoryTasks
+    rng = np.random.default_rng(5)
+    Xs, ys = [], []
+    for i in range(16):
+        n = 1 + i % 3
+        X = (rng.normal(size=(n, 12)) * (rng.random((n, 12)) < 0.3)).astype(np.float32).astype(np.float64)
+        if n == 3:
+            X[2] = 0.0
+        Xs.append(sp.csr_matrix(X) if sparse else X)
+        ys.append(np.where(rng.random(n) < 0.5, -1.0, 1.0))
+    runs = {}
+    for single in (True, False):
+        config = DMTRLConfig(loss="hinge", lam=1e-2, tol=1e-6, outer=4, outer_tol=0.0, max_rounds=3000,
+                             shrinking=True, float32=single)
+        runs[single] = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    r = runs[True]
+    assert r.converged and len(r.wsteps["converged"]) == 4
+    assert np.all(np.isfinite(r.wsteps["rel_gap"])) and np.all(r.wsteps["rel_gap"] <= 1e-6)
+    assert np.all(np.isfinite(r.W)) and np.array_equal(r.W, runs[False].W)
