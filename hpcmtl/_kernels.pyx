@@ -561,6 +561,23 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
     return step
 
 
+def ordered_dot(const double[::1] a, const double[::1] b):
+    """``sum_k a[k] b[k]`` with one accumulator, in index order.
+
+    Exact zeros between the terms leave the sum's bits alone, so a d-vector and
+    its values on a support (the same order, the zeros dropped) give the same
+    result: the compact blocks of the support exchange (issue 14) score and
+    center in the dense exchange's bits.  (BLAS dot products split the sum by
+    position and length, so they do not.)
+    """
+    check_length("b", b.shape[0], a.shape[0])
+    cdef Py_ssize_t k
+    cdef double total = 0.0
+    for k in range(a.shape[0]):
+        total += a[k] * b[k]
+    return total
+
+
 def row_sq_norms(Rows rows not None, Py_ssize_t n_rows):
     """``||x_j||^2`` for every row of a block."""
     check_rows(rows, 0, n_rows, True)

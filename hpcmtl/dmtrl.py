@@ -118,10 +118,15 @@ class DMTRLCommand(Command):
     TRIAL_ON_SUPPORT = 18, Down.NOTHING, Up.GATHER_SUPPORT, ("round", "vectors", "scalars"), "trial_on_support"
     APPLY_ON_SUPPORT = 19, Down.SCATTER_SUPPORT, Up.GATHER_ROWS, ("with_objective", "vectors", "scalars"), \
         "apply_on_support", "with_objective"
+    # SET_LOCAL and GET_LOCAL with b (and dP) on the supports (a W-step of local rounds starts, ends; 21 is taken)
+    SET_LOCAL_ON_SUPPORT = 20, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_local_on_support"
+    GET_LOCAL_ON_SUPPORT = 22, Down.NOTHING, Up.GATHER_SUPPORT, ("vectors", "scalars"), "get_local_on_support"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
-              DMTRLCommand.TRIAL: DMTRLCommand.TRIAL_ON_SUPPORT, DMTRLCommand.APPLY: DMTRLCommand.APPLY_ON_SUPPORT}
+              DMTRLCommand.TRIAL: DMTRLCommand.TRIAL_ON_SUPPORT, DMTRLCommand.APPLY: DMTRLCommand.APPLY_ON_SUPPORT,
+              DMTRLCommand.SET_LOCAL: DMTRLCommand.SET_LOCAL_ON_SUPPORT,
+              DMTRLCommand.GET_LOCAL: DMTRLCommand.GET_LOCAL_ON_SUPPORT}
 
 
 def exchange_index(block, d):
@@ -543,25 +548,41 @@ class LocalBlocks(LocalBase):
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
     that command on this rank's blocks: ``(ctrl, inputs) -> rows`` (or None),
     with the collectives left to the engine.
+
+    With the support exchange (``exchange='auto'``) a block exchanged on its support S_k
+    (:func:`exchange_index`) is also computed on it (issue 14): its columns are renumbered
+    ``0 .. |S_k| - 1`` at construction (:meth:`TaskBlock.on_features`), and its w, its local
+    steps and its local-round state are vectors of ``|S_k|`` numbers, never d.  The support
+    commands' values are then these vectors as they are; the dense commands' rows are
+    converted at the boundary (:meth:`dense_rows`, :meth:`from_rows`).  ``features[k]`` is S_k
+    (None: the block keeps all d columns).
     """
 
     COMMANDS = (EngineCommand, DMTRLCommand)
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None):
-        super().__init__(cluster, blocks, config, test_blocks)
-        self.state = [BlockState(np.zeros(b.n_rows), np.arange(b.n_rows, dtype=np.int32), None) for b in blocks]
-        self.sigma_ii = np.ones(len(blocks))
-        self.rho = 1.0
-        self.rho_block = np.ones(len(blocks))      # per-block rho (aggregations other than safe)
-        self.pending = [None] * len(blocks)        # local steps waiting for their eta
+        super().__init__(cluster, list(blocks), config, test_blocks)
+        on_support = config.exchange == "auto"
         self.exact = uses_exact_solver(config, self.d)
+        # features[k]: the block's support S_k as exchanged; columns[k]: the d features its own columns stand
+        # for (None: all d).  The exact squared-loss solver keeps all d (d <= EXACT_MAX_FEATURES, its
+        # eigendecomposition of X^T X in the dense exchange's bits)
+        self.features = [exchange_index(b, self.d) if on_support else None for b in self.blocks]
+        self.columns = [None if self.exact else f for f in self.features]
+        self.blocks = [b if f is None else b.on_features(f) for b, f in zip(self.blocks, self.columns)]
+        self.w = [np.zeros(b.n_features) for b in self.blocks]
+        self.w_dense = None       # every block's whole w row, when SET_W sent it (scores of rows off the supports)
+        self.state = [BlockState(np.zeros(b.n_rows), np.arange(b.n_rows, dtype=np.int32), None) for b in self.blocks]
+        self.sigma_ii = np.ones(len(self.blocks))
+        self.rho = 1.0
+        self.rho_block = np.ones(len(self.blocks))      # per-block rho (aggregations other than safe)
+        self.pending = [None] * len(self.blocks)        # local steps waiting for their eta
         self.momentum = uses_momentum(config)
-        self.previous = [np.zeros(b.n_rows) for b in blocks]    # momentum: the step applied last round
-        self.pending_q = [None] * len(blocks)                   # box momentum: this round's p'
-        self.gram = [None] * len(blocks)           # exact solver: eigendecomposition of X^T X per block
-        self.local = []                            # local rounds: each block's TaskSteps
-        self.support_sizes = None                  # every plan block's exchange size (SET_SUPPORTS)
-        self.layout = None                         # this rank's blocks' SupportLayout (SET_SUPPORTS)
+        self.previous = [np.zeros(b.n_rows) for b in self.blocks]    # momentum: the step applied last round
+        self.pending_q = [None] * len(self.blocks)                   # box momentum: this round's p'
+        self.gram = [None] * len(self.blocks)           # exact solver: eigendecomposition of X^T X per block
+        self.local = []                                 # local rounds: each block's TaskSteps
+        self.support_sizes = None                       # every plan block's exchange size (SET_SUPPORTS)
         self.reset_shrinking()
 
     def extra_bytes(self):
@@ -573,27 +594,94 @@ class LocalBlocks(LocalBase):
         for s, b in zip(self.state, self.blocks):
             s.shrink = _kernels.new_shrink_state(b.n_rows, enabled)
 
+    # -- a block's vectors: on its own columns inside; dense rows or support values on the wire --------------
+    def dense_rows(self, parts, vectors, width):
+        """Per-block ``(vectors, scalars)`` -> the dense commands' rows ``(n_blocks x width)``, ``width = vectors
+        d + scalars`` (the command's: a rank without blocks knows no d), zeros off each block's support."""
+        d = self.d
+        out = np.zeros((len(self.blocks), width))
+        for k, (vecs, sc) in enumerate(parts):
+            f = self.columns[k]
+            for v, vec in enumerate(vecs):
+                if f is None:
+                    out[k, v * d:(v + 1) * d] = vec
+                else:
+                    out[k, v * d + f] = vec
+            out[k, vectors * d:] = sc
+        return out
+
+    def from_rows(self, rows, vectors):
+        """The dense commands' rows -> per block ``(vectors on its own columns, scalars)``."""
+        d = self.d
+        parts = []
+        for k, f in enumerate(self.columns):
+            vecs = [rows[k, v * d:(v + 1) * d] for v in range(vectors)]
+            parts.append(([np.ascontiguousarray(v if f is None else v[f]) for v in vecs], rows[k, vectors * d:]))
+        return parts
+
+    def support_values(self, parts):
+        """Per-block ``(vectors, scalars)`` -> the support commands' flat values (SupportLayout's segments)."""
+        pieces = []
+        for k, (vecs, sc) in enumerate(parts):
+            cut = self.features[k] is not None and self.columns[k] is None     # whole columns, sent on S_k
+            pieces += [v[self.features[k]] if cut else v for v in vecs]
+            pieces.append(np.asarray(sc, dtype=np.float64).reshape(-1))
+        return np.concatenate(pieces) if pieces else np.zeros(0)
+
+    def from_support(self, flat, vectors, scalars):
+        """The support commands' flat values -> per block ``(vectors on its own columns, scalars)``."""
+        parts, pos = [], 0
+        for k, blk in enumerate(self.blocks):
+            index = self.features[k]
+            f = blk.n_features if index is None else index.size
+            vecs = [flat[pos + v * f:pos + (v + 1) * f] for v in range(vectors)]
+            if index is not None and self.columns[k] is None:      # whole columns: zeros off S_k
+                vecs = [self.spread(index, v) for v in vecs]
+            parts.append((vecs, flat[pos + vectors * f:pos + vectors * f + scalars]))
+            pos += vectors * f + scalars
+        if pos != flat.size:
+            raise ValueError(f"{flat.size} support values, this rank's blocks take {pos}")
+        return parts
+
+    def full_w(self, k):
+        """Block k's whole w (d numbers) for rows off its support (test rows): SET_W's row when it sent one,
+        else w on the support and zero elsewhere (right under a diagonal Sigma: w_i = sigma_ii b_i / lam)."""
+        if self.w_dense is not None:
+            return self.w_dense[k]
+        f = self.columns[k]
+        return self.w[k] if f is None else self.spread(f, self.w[k])
+
+    def spread(self, index, values):
+        """A d-vector with ``values`` at ``index``, zero elsewhere."""
+        full = np.zeros(self.d)
+        full[index] = values
+        return full
+
+    # -- the rounds' computations --------------------------------------------------------------------------
     def sdca(self, ctrl, inputs):
         """SDCA: local SDCA on every block -> delta b per block (n_blocks x d), alpha updated."""
-        return self.sdca_rows(ctrl.round, ctrl.width)
+        return self.dense_rows([([s], ()) for s in self.sdca_steps(ctrl.round)], 1, ctrl.width)
 
-    def sdca_rows(self, round_, width):
+    def sdca_steps(self, round_):
+        """Local SDCA on every block: its delta b (on its own columns), alpha updated."""
         cfg = self.config
-        out = np.zeros((len(self.blocks), width))
+        steps = []
         for k, blk in enumerate(self.blocks):
             st = self.state[k]
+            out = np.zeros(blk.n_features)
             with self.working_on(blk, round_):
                 old = st.alpha.copy() if cfg.eta != 1.0 else None
-                _kernels.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out[k], blk.sq_norms,
+                _kernels.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out, blk.sq_norms,
                                     st.order, st.shrink, self.loss.kernel_id, cfg.gamma,
                                     self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
                                     block_seed(cfg.seed, blk.task, blk.part, round_), blk.mu, blk.x_mu)
                 if old is not None:   # alpha <- alpha + eta delta_alpha
                     st.alpha = old + cfg.eta * (st.alpha - old)
-                    out[k] *= cfg.eta
-                if nan_fault(round_, blk.task):
-                    out[k, 0] = np.nan
-        return out
+                    out *= cfg.eta
+                if nan_fault(round_, blk.task) and out.size:
+                    out[0] = np.nan
+            steps.append(out)
+        return steps
 
     def trial(self, ctrl, inputs):
         """TRIAL: local SDCA with each block's rho on a copy of alpha; the step stays pending.
@@ -602,14 +690,14 @@ class LocalBlocks(LocalBase):
         ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` (exact for
         hinge, smoothed hinge and squared; the chord, an upper bound, for logistic).
         With momentum (squared loss) also ``[(a - y).p, p.p, delta.p]`` for the
-        previous step p.
+        previous step p; box momentum: ``[delta b, delta q, c1, c2, c1q, c2q, cross, beta_max]``.
         """
-        return self.trial_rows(ctrl.round, ctrl.width)
+        return self.dense_rows(self.trial_parts(ctrl.round), 2 if self.momentum == "box" else 1, ctrl.width)
 
-    def trial_rows(self, round_, width):
+    def trial_parts(self, round_):
+        """TRIAL's computation: per block ``(vectors on its own columns, scalars)``."""
         cfg = self.config
-        d = {None: width - 2, "free": width - 5, "box": (width - 6) // 2}[self.momentum]
-        out = np.zeros((len(self.blocks), width))
+        parts = []
         for k, blk in enumerate(self.blocks):
             st = self.state[k]
             with self.working_on(blk, round_):
@@ -617,30 +705,31 @@ class LocalBlocks(LocalBase):
                 c = self.rho_block[k] * self.sigma_ii[k] / cfg.lam
                 if self.exact:
                     delta = self.exact_step(k, c)
-                    out[k, :d] = blk.rmatvec(delta) / blk.n_task
+                    db = blk.rmatvec(delta) / blk.n_task
                 else:
-                    trial = a.copy()
-                    _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], out[k, :d], blk.sq_norms,
+                    trial, db = a.copy(), np.zeros(blk.n_features)
+                    _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], db, blk.sq_norms,
                                         st.order, st.shrink, self.loss.kernel_id, cfg.gamma, c,
                                         float(blk.n_task), cfg.local_iters,
                                         block_seed(cfg.seed, blk.task, blk.part, round_), blk.mu, blk.x_mu)
                     delta = trial - a
                 self.pending[k] = delta
                 c12 = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
-                if self.momentum != "box":
-                    out[k, d:d + 2] = c12
                 if self.momentum == "free":
                     p = self.previous[k]
-                    out[k, d + 2:] = (float((a - blk.y) @ p), float(p @ p), float(delta @ p))
+                    vecs, scalars = [db], [*c12, float((a - blk.y) @ p), float(p @ p), float(delta @ p)]
                 elif self.momentum == "box":
                     q, beta_max = box_direction(a, self.previous[k], blk.y)
                     self.pending_q[k] = q
-                    out[k, d:2 * d] = blk.rmatvec(q) / blk.n_task     # [dB, dQ, c1, c2, ...]
-                    out[k, 2 * d:] = (*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma),
-                                      beta_max)
+                    vecs = [db, blk.rmatvec(q) / blk.n_task]
+                    scalars = [*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma), beta_max]
+                else:
+                    vecs, scalars = [db], list(c12)
+                scalars = np.array(scalars, dtype=np.float64)
                 if nan_fault(round_, blk.task):
-                    out[k, 0] = np.nan
-        return out
+                    scalars[0] = np.nan
+            parts.append((vecs, scalars))
+        return parts
 
     def exact_step(self, k, c):
         """The squared-loss local subproblem solved exactly (what SDCA approaches as H grows).
@@ -666,51 +755,51 @@ class LocalBlocks(LocalBase):
         ``delta`` is the pending local step and ``p`` the step applied in the
         previous round (momentum, squared loss; beta = 0 otherwise).
         """
-        return self.apply_rows(rows, ctrl.width - 3, ctrl.with_objective)
+        return self.apply_parts(self.from_rows(rows, 1), ctrl.with_objective)
 
-    def apply_rows(self, rows, d, with_objective):
-        self.w = np.ascontiguousarray(rows[:, :d])
-        for k in range(len(self.blocks)):
-            self.apply_step(k, float(rows[k, d]), float(rows[k, d + 1]), float(rows[k, d + 2]))
+    def apply_parts(self, parts, with_objective):
+        self.w_dense = None
+        for k, (vecs, sc) in enumerate(parts):
+            self.w[k] = np.ascontiguousarray(vecs[0])
+            self.apply_step(k, float(sc[0]), float(sc[1]), float(sc[2]))
         return self.objective_terms() if with_objective else None
 
     # -- the exchange on supports (issue 14): the dense commands' rows, only each block's support travels --
     def get_supports(self, ctrl, inputs):
         """GET_SUPPORTS: per block ``[|S_k|, S_k]`` (``[-1]``: exchanged whole), concatenated in plan order."""
         parts = []
-        for blk in self.blocks:
-            index = exchange_index(blk, self.d)
+        for index in self.features:
             parts += [[-1.0]] if index is None else [[float(index.size)], index.astype(np.float64)]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def set_supports(self, ctrl, sizes):
-        """SET_SUPPORTS: every plan block's exchange size; this rank's blocks' layout."""
+        """SET_SUPPORTS: every plan block's exchange size (the support collectives' counts)."""
         self.support_sizes = np.asarray(sizes, dtype=np.int64)
-        index = [exchange_index(blk, self.d) for blk in self.blocks]
-        self.layout = SupportLayout([np.arange(self.d) if i is None else i for i in index], self.d)
 
     def sdca_on_support(self, ctrl, inputs):
         """SDCA_ON_SUPPORT: SDCA's delta b rows, on the supports."""
-        return self.layout.pack(self.sdca_rows(ctrl.round, ctrl.vectors * self.d + ctrl.scalars), ctrl.vectors)
+        return self.support_values([([s], ()) for s in self.sdca_steps(ctrl.round)])
 
     def trial_on_support(self, ctrl, inputs):
         """TRIAL_ON_SUPPORT: TRIAL's rows, their d-vectors on the supports."""
-        return self.layout.pack(self.trial_rows(ctrl.round, ctrl.vectors * self.d + ctrl.scalars), ctrl.vectors)
+        return self.support_values(self.trial_parts(ctrl.round))
 
     def set_w_on_support(self, ctrl, flat):
-        """SET_W_ON_SUPPORT: w on each block's support (zero elsewhere: never read there); objective terms."""
-        self.w = self.layout.rows(flat, ctrl.vectors, ctrl.scalars)
+        """SET_W_ON_SUPPORT: w on each block's support; objective terms."""
+        self.w_dense = None
+        self.w = [np.ascontiguousarray(vecs[0]) for vecs, _ in self.from_support(flat, 1, 0)]
         return self.objective_terms() if ctrl.with_objective else None
 
     def apply_on_support(self, ctrl, flat):
         """APPLY_ON_SUPPORT: APPLY's ``[w on the support, eta, beta, rho]`` per block."""
-        return self.apply_rows(self.layout.rows(flat, ctrl.vectors, ctrl.scalars), self.d, ctrl.with_objective)
+        return self.apply_parts(self.from_support(flat, 1, ctrl.scalars), ctrl.with_objective)
 
-    def local_steps(self, rows, out, d, safe):
-        """Each block's steps from its local step ``rows[k]``, then b, w and alpha; ``out[k, 2:]``."""
+    def local_steps(self, parts, out, safe):
+        """Each block's steps from its local step ``parts[k]``, then b, w and alpha; ``out[k, 2:]``."""
         cfg = self.config
         for k, t in enumerate(self.local):
-            row = rows[k]
+            vecs, scalars = parts[k]
+            row = np.concatenate([*vecs, scalars])
             if not np.all(np.isfinite(row)):
                 out[k] = np.nan
                 self.pending[k] = None
@@ -719,14 +808,14 @@ class LocalBlocks(LocalBase):
                 t.BT += row[None, :]
                 eta, beta = np.array([cfg.eta]), np.zeros(1)
             else:
-                eta, beta = t.solve_steps(row[None, :d], row[None, :])
+                eta, beta = t.solve_steps(row[None, :t.d], row[None, :])
                 t.step, t.beta = eta, beta
             t.WT = (t.Sigma @ t.BT) / cfg.lam
             self.w[k] = t.WT[0]
             if not safe:
                 t.adapt_rho(np.clip(eta, 0.0, cfg.eta))
                 self.apply_step(k, float(eta[0]), float(beta[0]), float(t.rho_task[0]))
-            out[k, 2:] = (float(t.BT[0] @ t.WT[0]), float(eta[0]), float(beta[0]))
+            out[k, 2:] = (_kernels.ordered_dot(t.BT[0], t.WT[0]), float(eta[0]), float(beta[0]))
 
     def apply_step(self, k, eta, beta, rho):
         """Block k: ``alpha += eta delta + beta p`` (the pending step and the momentum direction), next rho."""
@@ -743,31 +832,43 @@ class LocalBlocks(LocalBase):
         self.rho_block[k] = rho
 
     # -- local rounds: a diagonal Sigma couples nothing, so a block (= a task) takes its whole round alone --
+    def local_vectors(self):
+        return 2 if self.momentum == "free" else 1
+
     def reset_local(self, ctrl, inputs):
         """RESET_LOCAL: every block's b and dP zero, steps zero, rho 1 (the server's state at the start)."""
-        start = np.zeros((len(self.blocks), local_width(ctrl.width, self.momentum)))
-        start[:, -1] = 1.0
-        self.start_local(start, ctrl.width)
+        self.start_local([([np.zeros(b.n_features)] * self.local_vectors(), (0.0, 0.0, 1.0)) for b in self.blocks])
 
     def set_local(self, ctrl, rows):
         """SET_LOCAL: per block ``[b, dP (free momentum only), step, beta, rho]``."""
-        self.start_local(rows, (ctrl.width - 3) // (2 if self.momentum == "free" else 1))
+        self.start_local(self.from_rows(rows, self.local_vectors()))
 
-    def start_local(self, rows, d):
-        """Each block's one-task :class:`TaskSteps` from its row ``[b, (dP), step, beta, rho]``; w from b."""
-        e = 2 * d if self.momentum == "free" else d
-        self.local = [TaskSteps(self.config, self.sigma_ii[k], blk.n_task, rows[k, :d],
-                                rows[k, d:e] if e > d else np.zeros(d), *rows[k, e:e + 3])
-                      for k, blk in enumerate(self.blocks)]
-        self.w = np.array([t.WT[0] for t in self.local]).reshape(len(self.blocks), d)
+    def set_local_on_support(self, ctrl, flat):
+        """SET_LOCAL_ON_SUPPORT: SET_LOCAL's rows, b (and dP) on the supports."""
+        self.start_local(self.from_support(flat, ctrl.vectors, ctrl.scalars))
+
+    def start_local(self, parts):
+        """Each block's one-task :class:`TaskSteps` from its ``([b, (dP)], [step, beta, rho])``; w from b."""
+        self.w_dense = None
+        self.local = [TaskSteps(self.config, self.sigma_ii[k], blk.n_task, vecs[0],
+                                vecs[1] if len(vecs) > 1 else np.zeros(len(vecs[0])), *sc[:3])
+                      for k, (blk, (vecs, sc)) in enumerate(zip(self.blocks, parts))]
+        self.w = [t.WT[0] for t in self.local]
         for k, t in enumerate(self.local):
             self.rho_block[k] = float(t.rho_task[0])
 
+    def local_parts(self):
+        free = self.momentum == "free"
+        return [([t.BT[0]] + ([t.dPT[0]] if free else []), np.concatenate([t.step, t.beta, t.rho_task]))
+                for t in self.local]
+
     def get_local(self, ctrl, inputs):
         """GET_LOCAL: per block ``[b, (dP), step, beta, rho]``."""
-        free = self.momentum == "free"
-        return np.array([np.concatenate([t.BT[0]] + ([t.dPT[0]] if free else []) + [t.step, t.beta, t.rho_task])
-                         for t in self.local]).reshape(len(self.blocks), ctrl.width)
+        return self.dense_rows(self.local_parts(), self.local_vectors(), ctrl.width)
+
+    def get_local_on_support(self, ctrl, inputs):
+        """GET_LOCAL_ON_SUPPORT: GET_LOCAL's rows, b (and dP) on the supports."""
+        return self.support_values(self.local_parts())
 
     def local_round(self, ctrl, inputs):
         """LOCAL_ROUND: the server's round (:meth:`Server.round_steps` or ``round_safe``) on each block alone.
@@ -778,14 +879,11 @@ class LocalBlocks(LocalBase):
         conjugate sum, b . w, eta, beta]`` (the objective terms only with_objective); a
         block whose step is not finite reports NaN and keeps its state (the server names it).
         """
-        cfg = self.config
-        d = self.local[0].BT.shape[1] if self.local else 0
-        safe = cfg.aggregation == "safe"
-        width = d if safe else {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
-        rows = self.sdca_rows(ctrl.round, width) if safe else self.trial_rows(ctrl.round, width)
+        safe = self.config.aggregation == "safe"
+        parts = [([s], np.zeros(0)) for s in self.sdca_steps(ctrl.round)] if safe else self.trial_parts(ctrl.round)
         out = np.zeros((len(self.blocks), 5))
         with one_blas_thread():           # once a round: threadpoolctl's limits cost milliseconds each time
-            self.local_steps(rows, out, d, safe)
+            self.local_steps(parts, out, safe)
         if ctrl.with_objective:
             out[:, :2] = self.objective_terms()
         return out
@@ -799,8 +897,9 @@ class LocalBlocks(LocalBase):
         return terms
 
     def set_w(self, ctrl, rows):
-        """SET_W: every block's w column; objective terms when asked."""
-        self.w = rows
+        """SET_W: every block's w column (kept whole for rows off the supports); objective terms when asked."""
+        self.w = [np.ascontiguousarray(vecs[0]) for vecs, _ in self.from_rows(rows, 1)]
+        self.w_dense = rows if any(f is not None for f in self.columns) else None
         return self.objective_terms() if ctrl.with_objective else None
 
     def set_sigma(self, ctrl, shared):
@@ -914,6 +1013,16 @@ class StepSolver:
     ``blocks_per_task`` and ``momentum``.
     """
 
+    @staticmethod
+    def row_dots(X, Y):
+        """``x_i . y_i`` of every row pair."""
+        return np.einsum("ij,ij->i", X, Y)
+
+    @staticmethod
+    def gram_of(D):
+        """``D D^T``."""
+        return D @ D.T
+
     def steps(self, dBT, c1, c2):
         """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
 
@@ -922,8 +1031,8 @@ class StepSolver:
         ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
         """
         cfg = self.config
-        g = -np.einsum("ij,ij->i", self.WT, dBT) - c1 / self.n
-        A = self.Sigma * (dBT @ dBT.T) / cfg.lam + np.diag(c2 / self.n)
+        g = -self.row_dots(self.WT, dBT) - c1 / self.n
+        A = self.Sigma * self.gram_of(dBT) / cfg.lam + np.diag(c2 / self.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
             slope, curv = float(np.sum(g)), float(np.sum(A))
@@ -940,14 +1049,14 @@ class StepSolver:
         m, lam = self.m, self.config.lam
         D2 = np.vstack([dBT, dQT])
         idx = np.concatenate([np.arange(m), np.arange(m)])
-        A = self.Sigma[np.ix_(idx, idx)] * (D2 @ D2.T) / lam
+        A = self.Sigma[np.ix_(idx, idx)] * self.gram_of(D2) / lam
         tasks = np.arange(m)
         A[tasks, tasks] += c2 / self.n
         A[tasks + m, tasks + m] += c2q / self.n
         A[tasks, tasks + m] += cross / self.n
         A[tasks + m, tasks] += cross / self.n
         A = 0.5 * (A + A.T)
-        g = -np.einsum("ij,ij->i", np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1q / self.n])
+        g = -self.row_dots(np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1q / self.n])
         return A, g
 
     def steps_momentum(self, dBT, scalars):
@@ -1036,6 +1145,16 @@ class TaskSteps(StepSolver):
         self.blocks_per_task = np.ones(1)
         self.momentum = uses_momentum(config)
 
+    # a worker's block computes on its support's columns (LocalBlocks.columns): dot products added in index order
+    # give the bits of the same vectors with the zeros off the support (the dense exchange, every rank count)
+    @staticmethod
+    def row_dots(X, Y):
+        return np.array([_kernels.ordered_dot(x, y) for x, y in zip(X, Y)])
+
+    @staticmethod
+    def gram_of(D):
+        return np.array([[_kernels.ordered_dot(a, b) for b in D] for a in D]).reshape(len(D), len(D))
+
 
 # ---------------------------------------------------------------------------
 # The server's driver
@@ -1073,6 +1192,7 @@ class Server(StepSolver, ServerBase):
         self.local_phase = False      # workers hold B (their b rows) during a W-step of local rounds
         self.layout = None            # every block's SupportLayout (exchange 'auto', some block sparse), or None
         self.supports_known = False   # registered at the first exchange (GET_SUPPORTS)
+        self.scores_off_supports = False   # the workers score rows off their supports after training (validation)
 
     @property
     def outer(self):
@@ -1137,13 +1257,14 @@ class Server(StepSolver, ServerBase):
         flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
         return layout.rows(flat, vectors, scalars)
 
-    def down_rows(self, cmd, payload, **fields):
-        """``cmd`` (SET_W, APPLY) with per-block rows ``[w, scalars]``: w on the supports when they are known."""
+    def down_rows(self, cmd, payload, vectors=1, **fields):
+        """``cmd`` (SET_W, APPLY, SET_LOCAL) with per-block rows of ``vectors`` d-vectors and scalars: on the
+        supports when they are known."""
         layout = self.supports()
         if layout is None:
             return self.command(cmd, payload=payload, width=payload.shape[1], **fields)
-        return self.command(ON_SUPPORT[cmd], payload=layout.pack(payload, 1), vectors=1,
-                            scalars=payload.shape[1] - self.d, **fields)
+        return self.command(ON_SUPPORT[cmd], payload=layout.pack(payload, vectors), vectors=vectors,
+                            scalars=payload.shape[1] - vectors * self.d, **fields)
 
     # -- arithmetic ----------------------------------------------------------
     def recompute_w(self):
@@ -1211,14 +1332,15 @@ class Server(StepSolver, ServerBase):
         if np.any(self.BT) or np.any(self.dPT) or np.any(self.step) or np.any(self.beta) or np.any(self.rho_task != 1):
             parts = [self.BT] + ([self.dPT] if self.momentum == "free" else []) + [self.step, self.beta, self.rho_task]
             payload = np.column_stack(parts)[self.block_task]
-            self.command(DMTRLCommand.SET_LOCAL, payload=payload, width=local_width(self.d, self.momentum))
+            self.down_rows(DMTRLCommand.SET_LOCAL, payload, vectors=2 if self.momentum == "free" else 1)
         else:
             self.command(DMTRLCommand.RESET_LOCAL, width=self.d)
         self.local_phase = True
 
     def pull_local(self):
         """B, dP, steps and rho back from the workers (one block a task); W recomputed."""
-        rows = self.per_task(self.command(DMTRLCommand.GET_LOCAL, width=local_width(self.d, self.momentum)))
+        rows = self.per_task(self.up_rows(DMTRLCommand.GET_LOCAL, 2 if self.momentum == "free" else 1,
+                                          local_width(self.d, self.momentum)))
         d = self.d
         e = 2 * d if self.momentum == "free" else d
         self.BT = rows[:, :d].copy()
@@ -1320,7 +1442,8 @@ class Server(StepSolver, ServerBase):
         else:
             self.push_sigma()
         converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
-        self.push_dense_w()
+        if self.want_test or self.scores_off_supports:
+            self.push_dense_w()
         if self.want_test:
             self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
         return converged

@@ -401,9 +401,13 @@ class LocalBase:
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)
             if test is not None and blk.part == 0:
-                scores = test.decision(self.w[k]) + blk.intercept(self.w[k]) + self.b[k]   # centered: + ybar - mu . w
+                scores = test.decision(self.full_w(k)) + blk.intercept(self.w[k]) + self.b[k]   # centered: + ybar - mu.w
                 local[blk.task] = task_metrics(test.y, scores, regression)
         return local
+
+    def full_w(self, k):
+        """Block k's w over all d features (what scores rows off the block's own features)."""
+        return self.w[k]
 
     def extra_bytes(self) -> int:
         """Per-rank state beyond the data (dual variables, ...), for the memory report."""

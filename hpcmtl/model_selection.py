@@ -206,15 +206,13 @@ class PathBlocks(dmtrl.LocalBlocks):
 
     def dual_b(self, ctrl, inputs):
         """DUAL_B: ``b = X^T alpha / n_task`` of every block (of the centered rows when centered)."""
-        out = np.zeros((len(self.blocks), ctrl.width))
-        for k, blk in enumerate(self.blocks):
-            out[k] = blk.rmatvec(self.state[k].alpha) / blk.n_task
-        return out
+        return self.dense_rows([([blk.rmatvec(self.state[k].alpha) / blk.n_task], ())
+                                for k, blk in enumerate(self.blocks)], 1, ctrl.width)
 
     def validation_scores(self, ctrl, inputs):
         """VALIDATE: ``X w + b`` of every block's validation rows (b of the training block: ``ybar_f - mu_f.w``
         when centered, else 0), in plan order."""
-        parts = [h.decision(self.w[k]) + self.blocks[k].intercept(self.w[k])
+        parts = [h.decision(self.full_w(k)) + self.blocks[k].intercept(self.w[k])
                  for k, h in enumerate(self.held_out) if h is not None]
         return np.concatenate(parts) if parts else np.zeros(0)
 
@@ -225,6 +223,7 @@ class PathServer(dmtrl.Server):
     def __init__(self, *args, warm=False, validate=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.warm, self.validate = warm, validate
+        self.scores_off_supports = validate
         self.scores = None
 
     def run(self, resume=None):

@@ -86,7 +86,7 @@ class TaskBlock:
                 rows = np.repeat(np.arange(self.n_rows), np.diff(X.indptr))
                 data = X.data.astype(np.float64)
                 inner = np.bincount(rows, weights=data * (data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
-                self._sq_norms = np.maximum(float(self.mu @ self.mu) + inner, 0.0)
+                self._sq_norms = np.maximum(_kernels.ordered_dot(self.mu, self.mu) + inner, 0.0)
         return self._sq_norms
 
     @property
@@ -114,7 +114,7 @@ class TaskBlock:
 
     def z_shift(self, w: np.ndarray) -> float:
         """``mu . w``: what implicit centering subtracts from every score (0 without it)."""
-        return float(self.mu @ w) if self.mu is not None else 0.0
+        return _kernels.ordered_dot(self.mu, np.ascontiguousarray(w, dtype=np.float64)) if self.mu is not None else 0.0
 
     def decision(self, w: np.ndarray) -> np.ndarray:
         """Scores ``X w`` of the block's rows (``(X - 1 mu^T) w`` when implicitly centered)."""
@@ -142,7 +142,8 @@ class TaskBlock:
         if self.center is None:
             return 0.0
         mu, ybar = self.center
-        return float(ybar - mu @ w)
+        return float(ybar - _kernels.ordered_dot(np.ascontiguousarray(mu, dtype=np.float64),
+                                                 np.ascontiguousarray(w, dtype=np.float64)))
 
     def transformed(self, feature_map) -> "TaskBlock":
         """The same block with ``phi(X)`` in place of ``X`` (random features)."""
@@ -178,6 +179,23 @@ class TaskBlock:
         X = self.X.astype(np.float32)
         return TaskBlock(self.task, self.name, self.n_task, self.row_start, X, self.y, self.part,
                          mu=self.mu, center=self.center)
+
+    def on_features(self, ids: np.ndarray) -> "TaskBlock":
+        """The same CSR block with its columns renumbered ``0 .. len(ids) - 1`` (issue 14): column ``ids[c]``
+        becomes c.  ``ids`` (sorted) must hold :attr:`support`, so nothing is lost: scores, ``X^T v``, norms,
+        ``mu`` and the intercept read only those features.  A worker that exchanges the block on its support
+        computes on this one: its w and delta b have ``len(ids)`` entries instead of d."""
+        ids = np.asarray(ids, dtype=np.int64)
+        X = self.X
+        position = np.searchsorted(ids, X.indices)
+        if position.size and (position.max() >= ids.size or np.any(ids[position] != X.indices)):
+            raise ValueError("on_features: the ids do not hold the block's support")
+        Xc = sp.csr_matrix((X.data, position.astype(np.int32), X.indptr), shape=(X.shape[0], ids.size))
+        mu = None if self.mu is None else np.ascontiguousarray(self.mu[ids])
+        center = None if self.center is None else (np.ascontiguousarray(self.center[0][ids]), self.center[1])
+        out = TaskBlock(self.task, self.name, self.n_task, self.row_start, Xc, self.y, self.part, mu=mu, center=center)
+        out._sq_norms, out._x_mu = self._sq_norms, self._x_mu      # the same rows' values: nothing to recompute
+        return out
 
     def augmented(self, scaling: float) -> "TaskBlock":
         """The block with a constant last feature of value ``scaling`` (liblinear's intercept feature)."""

@@ -378,6 +378,64 @@ def test_tiny_csr_tasks_with_centered_intercepts_through_several_omega_steps(ker
     assert np.all(np.isfinite(result.intercept))
 
 
+@pytest.mark.parametrize("loss", ["hinge", "squared"])
+def test_tiny_tasks_computed_on_their_support_columns_through_several_omega_steps(kernel_build, loss):
+    """Blocks whose support is below d / 2 are computed on their own columns (issue 14): the kernels run on
+    blocks of 0 (an all-zero task without intercept), 1 and a few columns, tasks of 1-3 rows, shrinking on, local
+    rounds then four learned-Sigma W-steps, on the build under test; the same bits as every block on all d
+    columns."""
+    import scipy.sparse as sp
+    from hpcmtl import dmtrl
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.estimators import MemoryTasks
+    rng = np.random.default_rng(6)
+    d = 40
+    Xs, ys = [], []
+    for i in range(10):
+        n = 1 + i % 3
+        X = np.zeros((n, d))
+        cols = rng.choice(d, size=1 + i % 4, replace=False)
+        X[:, cols] = rng.normal(size=(n, cols.size)) * (rng.random((n, cols.size)) < 0.7)
+        if i == 4:
+            X[:] = 0.0                                        # no non-zero at all
+        Xs.append(sp.csr_matrix(X))
+        ys.append(np.where(rng.random(n) < 0.5, -1.0, 1.0) if loss == "hinge" else rng.normal(size=n))
+    intercept = loss == "squared"                              # hinge: no augmented column, an empty support
+    config = dmtrl.DMTRLConfig(loss=loss, lam=1e-2, tol=1e-7, outer=4, outer_tol=0.0, max_rounds=3000,
+                               shrinking=True, fit_intercept=intercept, local_solver="sdca")
+    local = dmtrl.LocalBlocks(Cluster.serial(), [MemoryTasks(Xs, ys).read_task(i) for i in range(len(Xs))], config)
+    widths = [b.n_features for b in local.blocks]
+    assert 0 in widths                                        # the all-zero task (its mean is zero too)
+    assert max(widths) < d / 2 and [w.size for w in local.w] == widths
+    result = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    original = dmtrl.exchange_index
+    dmtrl.exchange_index = lambda block, d: None              # every block on all d columns
+    try:
+        whole = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    finally:
+        dmtrl.exchange_index = original
+    assert result.converged and len(result.wsteps["converged"]) == 4 and np.all(np.isfinite(result.W))
+    assert result.W.tobytes() == whole.W.tobytes() and result.intercept.tobytes() == whole.intercept.tobytes()
+    assert result.history["dual"].tobytes() == whole.history["dual"].tobytes()
+
+
+def test_ordered_dot_adds_in_index_order_and_ignores_the_zeros_between(kernels):
+    rng = np.random.default_rng(8)
+    assert kernels.ordered_dot(np.zeros(0), np.zeros(0)) == 0.0
+    assert kernels.ordered_dot(np.array([3.0]), np.array([-2.0])) == -6.0
+    a, b = rng.normal(size=50), rng.normal(size=50)
+    expected = 0.0
+    for x, y in zip(a, b):
+        expected += x * y
+    assert kernels.ordered_dot(a, b) == expected
+    full_a, full_b = np.zeros(500), rng.normal(size=500)
+    ids = np.sort(rng.choice(500, size=50, replace=False))
+    full_a[ids] = a
+    assert kernels.ordered_dot(full_a, full_b) == kernels.ordered_dot(a, np.ascontiguousarray(full_b[ids]))
+    with pytest.raises(ValueError, match="b"):
+        kernels.ordered_dot(np.zeros(3), np.zeros(2))
+
+
 # ---------------------------------------------------------------------------
 # implicit centering (the squared loss's intercept on CSR rows): mu, x_mu and z_shift
 # ---------------------------------------------------------------------------

@@ -28,8 +28,8 @@ def test_every_command_has_a_computation_and_unique_id(local):
 
 
 def test_command_ids_are_the_historical_ones():
-    # 10-13: local rounds (diagonal Sigma); 14-19: the exchange on supports (sparse blocks)
-    assert [int(c) for c in DMTRLCommand] == list(range(1, 20))
+    # 10-13: local rounds (diagonal Sigma); 14-19, 20 and 22: the exchange on supports (sparse blocks)
+    assert [int(c) for c in DMTRLCommand] == list(range(1, 21)) + [22]
     assert [int(c) for c in JointSparseCommand] == [21]
     assert [int(c) for c in OnlineCommand] == [31, 32, 33, 34, 35]
     assert int(EngineCommand.TEST) == 100

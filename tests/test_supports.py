@@ -29,16 +29,17 @@ def sparse_tasks(sizes=SIZES, d=3000):
 
 
 def fit(Xs, ys, supports=True, **kw):
-    """In one process; ``supports=False``: the exchange of auto as it was before supports (dense rows)."""
-    original = dmtrl.Server.supports
+    """In one process; ``supports=False``: auto as it was before supports (dense rows, every block computed on
+    all d columns: no block has a support to exchange on)."""
+    original = dmtrl.exchange_index
     if not supports:
-        dmtrl.Server.supports = lambda self: None
+        dmtrl.exchange_index = lambda block, d: None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
     finally:
-        dmtrl.Server.supports = original
+        dmtrl.exchange_index = original
 
 
 def test_layout_packs_each_blocks_support_and_restores_the_rows():
@@ -76,6 +77,7 @@ def test_supports_give_the_dense_rows_bitwise(loss, aggregation, intercept):
               max_rounds=300)
     before, after = fit(Xs, ys, supports=False, **kw), fit(Xs, ys, **kw)
     assert np.all(np.isfinite(after.W)) and after.history["rel_gap"][-1] <= 1e-6
+    # the workers compute on each block's support columns (dot products added in index order): the same bits
     assert after.W.tobytes() == before.W.tobytes() and after.Sigma.tobytes() == before.Sigma.tobytes()
     assert after.intercept.tobytes() == before.intercept.tobytes()
     for key in ("primal", "dual", "step"):
