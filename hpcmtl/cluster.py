@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -184,6 +185,32 @@ def fault_point(rank: int, round_: int):
     raise RuntimeError(f"injected fault (HPCMTL_FAULT={spec})")
 
 
+WAIT_VARIABLE = "HPCMTL_MPI_WAIT"     # how ranks wait in the hot path's collectives: auto (default), spin, sleep
+SPIN_SECONDS = 5e-5                  # sleeping waits: spin this long first (a reply that is about to come)
+SLEEP_SECONDS = 1e-4                 # then test every 0.1 ms
+
+
+def waits_by_sleeping(comm, MPI) -> bool:
+    """Whether this run's ranks should sleep while they wait (``HPCMTL_MPI_WAIT``: ``spin``, ``sleep``, or
+    ``auto``: when some node runs more ranks than the CPUs its ranks may use together, e.g. ``mpiexec -n 5``
+    on 2 cores, or a SLURM allocation smaller than the ranks placed in it).  Collective: every rank calls it
+    and every rank gets the same answer."""
+    mode = os.environ.get(WAIT_VARIABLE, "auto").strip().lower() or "auto"
+    if comm.allreduce(int(mode not in ("auto", "spin", "sleep")), op=MPI.MAX):     # every rank fails, none hangs
+        raise InputError(f"environment variable {WAIT_VARIABLE}={os.environ.get(WAIT_VARIABLE)!r} on some rank: "
+                         f"expected auto, spin or sleep")
+    if mode != "auto":
+        return mode == "sleep"
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        cpus = node.allgather(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                              list(range(os.cpu_count() or 1)))
+        crowded = node.Get_size() > len(set().union(*map(set, cpus)))
+    finally:
+        node.Free()
+    return bool(comm.allreduce(int(crowded), op=MPI.MAX))
+
+
 class Cluster:
     """MPI roles, block ownership and the collectives hpcmtl uses.
 
@@ -201,6 +228,20 @@ class Cluster:
         self.n_workers = 1 if self.size == 1 else self.size - 1
         self.bytes_moved = 0
         self.blocks = []
+        self.sleep_waits = self.size > 1 and waits_by_sleeping(self.comm, MPI)
+
+    def complete(self, request):
+        """Wait for a nonblocking collective: spinning, as MPI does (the lowest latency when every rank has its
+        own core), or, where this node runs more ranks than it has cores for them (:func:`waits_by_sleeping`),
+        sleeping between tests after ``SPIN_SECONDS``: a rank waiting for the others then leaves them the core
+        instead of spinning on it."""
+        if not self.sleep_waits:
+            request.Wait()
+            return
+        give_up = time.perf_counter() + SPIN_SECONDS
+        while not request.Test():
+            if time.perf_counter() > give_up:
+                time.sleep(SLEEP_SECONDS)
 
     # -- roles -------------------------------------------------------------
     @property
@@ -248,13 +289,13 @@ class Cluster:
     def send_command(self, command: int, a: int = 0, b: int = 0, c: int = 0):
         """Server: broadcast a command; returns it (workers call :meth:`receive_command`)."""
         ctrl = np.array([command, a, b, c], dtype=np.int64)
-        self.comm.Bcast(ctrl, root=0)
+        self.complete(self.comm.Ibcast(ctrl, root=0))
         self.bytes_moved += ctrl.nbytes * (self.size - 1)
         return ctrl
 
     def receive_command(self):
         ctrl = np.empty(CONTROL_SIZE, dtype=np.int64)
-        self.comm.Bcast(ctrl, root=0)
+        self.complete(self.comm.Ibcast(ctrl, root=0))
         return ctrl
 
     def gather_block_rows(self, local: np.ndarray, width: int) -> np.ndarray | None:
@@ -267,10 +308,10 @@ class Cluster:
             counts = self.block_counts * width
             recv = np.empty((len(self.blocks), width), dtype=np.float64)
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.complete(self.comm.Igatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0))
             self.bytes_moved += int(counts.sum()) * 8
         else:
-            self.comm.Gatherv(local, None, root=0)
+            self.complete(self.comm.Igatherv(local, None, root=0))
         return recv
 
     def scatter_block_rows(self, rows: np.ndarray | None, width: int) -> np.ndarray:
@@ -283,10 +324,10 @@ class Cluster:
             counts = self.block_counts * width
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             send = np.ascontiguousarray(rows, dtype=np.float64)
-            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.complete(self.comm.Iscatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0))
             self.bytes_moved += int(counts.sum()) * 8
         else:
-            self.comm.Scatterv(None, mine, root=0)
+            self.complete(self.comm.Iscatterv(None, mine, root=0))
         return mine
 
     def gather_variable(self, local: np.ndarray):
@@ -298,10 +339,10 @@ class Cluster:
         if self.is_server:
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             recv = np.empty(int(counts.sum()), dtype=np.float64)
-            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.complete(self.comm.Igatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0))
             self.bytes_moved += int(counts.sum()) * 8
             return [recv[s:s + c] for s, c in zip(displs, counts)]
-        self.comm.Gatherv(local, None, root=0)
+        self.complete(self.comm.Igatherv(local, None, root=0))
         return None
 
     def scatter_variable(self, pieces):
@@ -314,10 +355,10 @@ class Cluster:
             counts = np.asarray(counts, dtype=np.int64)
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             send = np.concatenate([np.asarray(p, dtype=np.float64) for p in pieces]) if counts.sum() else np.zeros(0)
-            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.complete(self.comm.Iscatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0))
             self.bytes_moved += int(counts.sum()) * 8
         else:
-            self.comm.Scatterv(None, mine, root=0)
+            self.complete(self.comm.Iscatterv(None, mine, root=0))
         return mine
 
     def rank_totals(self, per_block) -> np.ndarray:
@@ -340,10 +381,10 @@ class Cluster:
         if self.is_server:
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             recv = np.empty(int(counts.sum()), dtype=np.float64)
-            self.comm.Gatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0)
+            self.complete(self.comm.Igatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0))
             self.bytes_moved += int(counts.sum()) * 8
             return recv
-        self.comm.Gatherv(local, None, root=0)
+        self.complete(self.comm.Igatherv(local, None, root=0))
         return None
 
     def scatter_counted(self, send: np.ndarray | None, counts) -> np.ndarray:
@@ -359,17 +400,17 @@ class Cluster:
             if send.size != counts.sum():
                 raise ValueError(f"{send.size} values to scatter, {int(counts.sum())} expected")
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            self.comm.Scatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0)
+            self.complete(self.comm.Iscatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0))
             self.bytes_moved += int(counts.sum()) * 8
         else:
-            self.comm.Scatterv(None, mine, root=0)
+            self.complete(self.comm.Iscatterv(None, mine, root=0))
         return mine
 
     def bcast_array(self, array: np.ndarray | None, shape, dtype=np.float64) -> np.ndarray:
         """Bcast a shared array (e.g. sigma_ii and rho) from the server."""
         buf = np.ascontiguousarray(array, dtype=dtype) if self.is_server else np.empty(shape, dtype=dtype)
         if self.size > 1:
-            self.comm.Bcast(buf, root=0)
+            self.complete(self.comm.Ibcast(buf, root=0))
             if self.is_server:
                 self.bytes_moved += buf.nbytes * (self.size - 1)
         return buf
@@ -380,7 +421,7 @@ class Cluster:
         if self.size == 1:
             return local.copy()
         recv = np.empty_like(local) if self.is_server else None
-        self.comm.Reduce(local, recv, op=self.MPI.SUM, root=0)
+        self.complete(self.comm.Ireduce(local, recv, op=self.MPI.SUM, root=0))
         if self.is_server:
             self.bytes_moved += local.nbytes * (self.size - 1)
         return recv
@@ -411,7 +452,12 @@ def run_main(fn, comm=None, stderr=None) -> int:
       cause, then ``MPI_Abort`` ends every rank of the job.
     """
     stderr = stderr or sys.stderr
-    cluster = Cluster(comm)
+    try:
+        cluster = Cluster(comm)
+    except InputError as exc:             # raised on every rank alike (waits_by_sleeping)
+        if (comm.Get_rank() if comm is not None else launcher_rank()) == 0:
+            print(f"hpcmtl: error: {exc}", file=stderr, flush=True)
+        return InputError.exit_code
     try:
         fn(cluster)
         return 0

@@ -147,3 +147,23 @@ def test_fixed_sigma_from_a_result_reproduces_the_last_w_step(synth, tmp_path):
     assert b["history"]["primal"][-1] == pytest.approx(a["history"]["primal"][-1], rel=1e-6)
     r = run_hpcmtl(["train", "fixed", "--train", tr, "--out", tmp_path / "x.h5", "--lam", "1"], n_ranks=2)
     assert r.returncode == 2 and "needs --sigma" in r.stderr
+
+
+def test_sleeping_and_spinning_waits_give_the_same_bits_and_a_bad_mode_exits_2(synth, tmp_path):
+    """HPCMTL_MPI_WAIT: how ranks wait inside the hot path's collectives (auto sleeps between tests when a node
+    runs more ranks than it has CPUs for them, as this 2-core machine does at P = 3).  Waiting differently never
+    changes a number; a value other than auto/spin/sleep is a one-line error, exit 2 on every rank."""
+    tr, _ = synth
+    models = {}
+    for mode in ("spin", "sleep"):
+        out = tmp_path / f"{mode}.h5"
+        r = run_hpcmtl(train_args(tr, out), n_ranks=3, timeout=240, env={"HPCMTL_MPI_WAIT": mode})
+        assert r.returncode == 0, r.stderr
+        models[mode] = store.read_result(out)
+    assert models["spin"]["model"]["W"].tobytes() == models["sleep"]["model"]["W"].tobytes()
+    assert np.array_equal(models["spin"]["history"]["primal"], models["sleep"]["history"]["primal"])
+    out = tmp_path / "bad.h5"
+    r = run_hpcmtl(train_args(tr, out), n_ranks=3, timeout=120, env={"HPCMTL_MPI_WAIT": "nap"})
+    assert r.returncode == 2 and not out.exists()
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "HPCMTL_MPI_WAIT='nap'" in lines[0] and "auto, spin or sleep" in lines[0], r.stderr
