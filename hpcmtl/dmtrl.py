@@ -560,7 +560,11 @@ class LocalBlocks(LocalBase):
 
     COMMANDS = (EngineCommand, DMTRLCommand)
 
-    def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None):
+    def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None, consume=False):
+        """``consume``: the caller hands ``blocks`` over (its list then holds this rank's blocks as computed
+        on): each block computed on its support replaces the one read in that list at once, so the two are
+        never all in memory together.  Otherwise the caller's blocks are left as they are (model selection
+        builds several local states over the same blocks)."""
         super().__init__(cluster, list(blocks), config, test_blocks)
         on_support = config.exchange == "auto"
         self.exact = uses_exact_solver(config, self.d)
@@ -569,7 +573,11 @@ class LocalBlocks(LocalBase):
         # eigendecomposition of X^T X in the dense exchange's bits)
         self.features = [exchange_index(b, self.d) if on_support else None for b in self.blocks]
         self.columns = [None if self.exact else f for f in self.features]
-        self.blocks = [b if f is None else b.on_features(f) for b, f in zip(self.blocks, self.columns)]
+        for k, f in enumerate(self.columns):
+            if f is not None:
+                self.blocks[k] = self.blocks[k].on_features(f)
+                if consume:
+                    blocks[k] = self.blocks[k]
         self.w = [np.zeros(b.n_features) for b in self.blocks]
         self.w_dense = None       # every block's whole w row, when SET_W sent it (scores of rows off the supports)
         self.state = [BlockState(np.zeros(b.n_rows), np.arange(b.n_rows, dtype=np.int32), None) for b in self.blocks]
@@ -1523,7 +1531,8 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     if config.relationship == "fixed":
         sigma_fixed = check_sigma(sigma_fixed, source.n_tasks)
 
-    make_local = make_local or engine.local_reader(LocalBlocks, cluster, source, config, test_source)
+    make_local = make_local or engine.local_reader(functools.partial(LocalBlocks, consume=True), cluster, source,
+                                                   config, test_source)
 
     def make_server():
         return (server_class or Server)(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,

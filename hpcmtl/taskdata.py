@@ -211,7 +211,7 @@ def with_constant_column(X, value: float):
         X = sp.csr_matrix(X, dtype=dtype)
         X.sort_indices()
         data = np.insert(X.data, X.indptr[1:], dtype(value))   # after each row's last entry
-        indices = np.insert(X.indices, X.indptr[1:], d).astype(np.int32)
+        indices = np.insert(X.indices, X.indptr[1:], d).astype(np.int32, copy=False)
         indptr = X.indptr.astype(np.int64) + np.arange(n + 1, dtype=np.int64)
         return sp.csr_matrix((data, indices, indptr), shape=(n, d + 1))
     return np.hstack([np.asarray(X, dtype=dtype), np.full((n, 1), value, dtype=dtype)])

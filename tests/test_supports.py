@@ -219,3 +219,31 @@ def test_resume_on_supports_is_bitwise_at_another_rank_count(data, tmp_path):
     assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
     for key in ("round", "primal", "dual", "step"):
         assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
+
+
+@pytest.mark.mpi
+def test_test_rows_off_the_supports_are_scored_with_the_whole_w(tmp_path):
+    """Workers compute on their blocks' support columns; test rows touch other features too.  The test metrics
+    reported during training equal `hpcmtl evaluate` on the saved model: learned Sigma (w is pushed whole at the
+    end), STL (local rounds only: w = sigma_ii b / lam vanishes off the support), the centered squared loss."""
+    (Xs, ys, _), (Xt, yt, _), _ = synthetic.sparse_vocabulary(seed=2, m=5, d=3000, vocabulary=300, n_per_task=60,
+                                                               words=20, test_fraction=0.5)
+    train_path, test_path = tmp_path / "train.h5", tmp_path / "test.h5"
+    store.write_tasks(train_path, Xs, ys, force=True)
+    store.write_tasks(test_path, Xt, yt, force=True)
+    off = sum(np.setdiff1d(np.unique(T.indices), np.unique(X.indices)).size for X, T in zip(Xs, Xt))
+    assert off > 0                                                # test rows do touch features off the supports
+    for method, loss in (("dmtrl", "hinge"), ("stl", "hinge"), ("dmtrl", "squared")):
+        out = tmp_path / f"{method}-{loss}.h5"
+        args = ["train", method, "--train", train_path, "--test", test_path, "--out", out, "--loss", loss,
+                "--lam", "1e-2", "--tol", "1e-6", "--outer", "2", "--quiet", "--force"]
+        r = run_hpcmtl(args, n_ranks=3, timeout=120)
+        assert r.returncode == 0, r.stderr
+        during = store.read_result(out)["test"]["summary"]
+        ev = run_hpcmtl(["evaluate", out, test_path, "--json"])
+        assert ev.returncode == 0, ev.stderr
+        import json
+        after = json.loads(ev.stdout)["summary"]
+        key = "task_mean_error_rate" if loss == "hinge" else "task_mean_rmse"
+        assert np.isfinite(after[key]) and during[key] == pytest.approx(after[key], rel=1e-12, abs=1e-12), \
+            (method, loss)
