@@ -202,15 +202,24 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                                  f"the training data {source.path} has {source.n_features}")
             if list(test_source.names) != list(source.names):
                 raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
+        # a dense file's rows read straight into the augmented array (no second copy of the block in memory)
+        # when nothing transforms them first
+        read_augmented = (prepare and intercept_mode(config) == "augment" and phi is None
+                          and getattr(source, "storage", None) == "dense"
+                          and not (getattr(config, "float32", False) and getattr(source, "dtype", None) != "float32"))
         for b in cluster.my_blocks:
-            blk = source.read_block(b.task, b.start, b.stop, b.part)
+            if read_augmented:
+                blk = source.read_block(b.task, b.start, b.stop, b.part, constant_column=config.intercept_scaling)
+            else:
+                blk = source.read_block(b.task, b.start, b.stop, b.part)
             blk.y = signed_labels(loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
             if getattr(config, "float32", False):
                 blk = as_float32(blk, f"{source.path}: task '{blk.name}' (#{b.task})")
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, means_map(config, phi)) if prepare else blk)
+            mine.append(with_intercept(blk, config, source, means_map(config, phi)) if prepare and not read_augmented
+                        else blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,

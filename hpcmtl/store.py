@@ -404,7 +404,7 @@ _Y_SALT = np.uint64(0xD6E8FEB86659FD93)
 _MASK = (1 << 64) - 1
 _F32_TAG = np.uint64(0x7FF8F32F00000000)     # float32 bits sit in the low half under a float64 NaN pattern
 FEATURE_DTYPES = ("float64", "float32")
-_CHUNK = 1 << 18          # elements hashed (or checked) at a time: temporaries of 2 MB, whatever the block
+_CHUNK = 1 << 16          # elements hashed (or checked) at a time: temporaries of 0.5 MB, whatever the block
 
 
 def _mix(z):
@@ -513,7 +513,11 @@ def _array(group, name, data):
 
 def _all_finite(values) -> bool:
     """No NaN or Inf in ``values``, checked ``_CHUNK`` at a time (no mask of the whole block in memory)."""
-    flat = np.asarray(values).reshape(-1)
+    values = np.asarray(values)
+    if values.ndim == 2:            # by rows: also a view of some columns of a larger array, never copied whole
+        step = max(1, _CHUNK // max(1, values.shape[1]))
+        return all(np.isfinite(values[s:s + step]).all() for s in range(0, values.shape[0], step))
+    flat = values.reshape(-1)
     return all(np.isfinite(flat[s:s + _CHUNK]).all() for s in range(0, flat.size, _CHUNK))
 
 
@@ -678,12 +682,18 @@ class TaskFile(_OpenFile):
     def _where(self, i):
         return f"{self.path}: task '{self.names[i]}' (#{i})"
 
-    def read_block(self, i: int, start: int = 0, stop: int | None = None, part: int = 0) -> TaskBlock:
-        """Rows ``start:stop`` of task ``i`` as a validated ``TaskBlock``."""
+    def read_block(self, i: int, start: int = 0, stop: int | None = None, part: int = 0,
+                   constant_column: float | None = None) -> TaskBlock:
+        """Rows ``start:stop`` of task ``i`` as a validated ``TaskBlock``.
+
+        ``constant_column`` (dense storage only): the rows are read straight into an ``n x (d + 1)`` array
+        whose last column holds that value, the block :meth:`TaskBlock.augmented` would make, without a
+        second copy of the rows in memory; validation and fingerprints see the file's d columns."""
         n = int(self.n_samples[i])
         stop = n if stop is None else stop
-        X, y = self._read_rows(i, start, stop)
-        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(X, y, start, self.n_features)
+        X, y = self._read_rows(i, start, stop, constant_column)
+        features = X if constant_column is None else X[:, :self.n_features]
+        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(features, y, start, self.n_features)
         return TaskBlock(i, self.names[i], n, start, X, y, part)
 
     def task_means(self, i: int, feature_map=None, folds=None, n_folds: int = 0):
@@ -695,8 +705,8 @@ class TaskFile(_OpenFile):
         return _task_means(lambda a, b: self._read_rows(i, a, b), int(self.n_samples[i]), feature_map,
                            folds=folds, n_folds=n_folds)
 
-    def _read_rows(self, i: int, start: int, stop: int):
-        """Validated ``(X, y)`` of rows ``start:stop`` of task ``i``."""
+    def _read_rows(self, i: int, start: int, stop: int, constant_column: float | None = None):
+        """Validated ``(X, y)`` of rows ``start:stop`` of task ``i`` (``constant_column``: see :meth:`read_block`)."""
         n = int(self.n_samples[i])
         where = self._where(i)
         gname = _task_group(i)
@@ -715,7 +725,13 @@ class TaskFile(_OpenFile):
                 if g["X"].ndim != 2 or g["X"].shape[0] != n:
                     raise InputError(f"{where}: field 'X': has shape {g['X'].shape}, task table says {n} rows")
                 self._check_dtype(where, "X", g["X"])
-                X = g["X"][start:stop]
+                if constant_column is None:
+                    X = g["X"][start:stop]
+                else:
+                    X = np.empty((stop - start, g["X"].shape[1] + 1), dtype=g["X"].dtype)
+                    if stop > start:
+                        g["X"].read_direct(X, np.s_[start:stop], np.s_[:, :g["X"].shape[1]])
+                    X[:, -1] = constant_column
             else:
                 for field_name in ("data", "indices", "indptr"):
                     if field_name not in g:
@@ -737,7 +753,7 @@ class TaskFile(_OpenFile):
         except (OSError, KeyError, ValueError, TypeError) as exc:
             raise InputError(f"{where}: cannot read task data: {exc}") from None
         y = np.asarray(y, dtype=np.float64)
-        _check_task(self.path, i, self.names[i], X, y, self.n_features)
+        _check_task(self.path, i, self.names[i], X if constant_column is None else X[:, :-1], y, self.n_features)
         return X, y
 
     def _check_dtype(self, where, field_name, dataset):

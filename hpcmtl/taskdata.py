@@ -244,7 +244,7 @@ def rows_of(X, keep_float32=False):
                 indptr=np.zeros(1, dtype=np.int64), dense=True, n_features=X.shape[1]), X
 
 
-FLOAT32_CHUNK_VALUES = 1 << 20     # float64 temporaries of float32 blocks: at most this many values (8 MB)
+FLOAT32_CHUNK_VALUES = 1 << 17     # float64 temporaries of float32 blocks: at most this many values (1 MB)
 
 
 def chunk_bounds(n_rows: int, n_values_per_row: int):

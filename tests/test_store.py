@@ -199,3 +199,31 @@ def test_result_file_layout(tmp_path):
         assert f.attrs["n_ranks"] == 3 and f.attrs["hpcmtl_version"] == "0.1.0"
     r = store.read_result(path)
     assert r["config"] == {"lam": 0.1} and r["model"]["task_names"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("float32", [False, True])
+def test_dense_rows_read_with_the_intercept_column_equal_the_augmented_block(tmp_path, float32):
+    """``read_block(constant_column=c)`` reads a dense file's rows straight into the augmented array (issue 14:
+    no second copy of a block at load): the same values, norms and read fingerprints as ``augmented(c)`` of the
+    rows read plainly, for a middle range, one row, and the whole task; a NaN is still found and named."""
+    rng = np.random.default_rng(11)
+    Xs = [rng.normal(size=(9, 4)), rng.normal(size=(1, 4))]
+    ys = [rng.normal(size=9), rng.normal(size=1)]
+    path = tmp_path / "d.h5"
+    store.write_tasks(path, Xs, ys, float32=float32)
+    for task, start, stop in ((0, 2, 7), (0, 4, 5), (0, 0, 9), (1, 0, 1)):
+        plain, direct = store.TaskFile(path), store.TaskFile(path)
+        a = plain.read_block(task, start, stop).augmented(2.5)
+        b = direct.read_block(task, start, stop, constant_column=2.5)
+        assert b.X.dtype == a.X.dtype == (np.float32 if float32 else np.float64) and b.X.shape == (stop - start, 5)
+        assert b.X.tobytes() == a.X.tobytes() and b.y.tobytes() == a.y.tobytes()
+        assert b.sq_norms.tobytes() == a.sq_norms.tobytes()
+        assert direct.read_parts == plain.read_parts
+        plain.close()
+        direct.close()
+    with h5py.File(path, "a") as f:
+        X = f["tasks/000000/X"][()]
+        X[3, 1] = np.nan
+        f["tasks/000000/X"][...] = X
+    with pytest.raises(InputError, match="field 'X': contains NaN or Inf"), store.TaskFile(path) as source:
+        source.read_block(0, 0, 9, constant_column=1.0)
