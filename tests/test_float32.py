@@ -519,3 +519,22 @@ def test_float32_models_are_bitwise_identical_at_1_2_3_ranks(synth32, tmp_path):
         assert np.array_equal(runs[n]["history"]["primal"], ref["history"]["primal"]), n
     # the float32 file and --float32 on the original hold the same float32 partitions
     assert np.array_equal(runs["split"]["ranks"]["partition_mb"], runs[3]["ranks"]["partition_mb"])
+
+
+@pytest.mark.parametrize("loss,intercept", [("hinge", True), ("squared", False)])
+def test_the_estimator_in_float32_is_the_float64_fit_of_the_rounded_features(loss, intercept):
+    """``DMTRL(float32=True)`` holds each task's features in float32 (every sum in double): its model is, bit for
+    bit, the float64 fit of the same features rounded to float32 (dense and CSR tasks; the squared loss without
+    its intercept, whose centering of dense rows rounds ``x - mu`` to float32 once more)."""
+    from hpcmtl.estimators import DMTRL
+    rng = np.random.default_rng(12)
+    Xs = [rng.normal(size=(40, 12)) / 3, sp.random(30, 12, density=0.4, random_state=1, format="csr") * 2.1]
+    ys = [np.sign(X @ rng.normal(size=12)) + (loss == "squared") * rng.normal(size=X.shape[0]) for X in Xs]
+    ys = [np.where(y == 0, 1.0, y) for y in ys]
+    rounded = [X.astype(np.float32).astype(np.float64) for X in Xs]
+    kw = dict(loss=loss, lam=1e-2, tol=1e-8, outer=3, max_rounds=2000, fit_intercept=intercept)
+    single = DMTRL(float32=True, **kw).fit(Xs, ys)
+    double = DMTRL(**kw).fit(rounded, ys)
+    assert single.converged_ and np.all(np.isfinite(single.W_))
+    assert single.W_.tobytes() == double.W_.tobytes() and single.intercept_.tobytes() == double.intercept_.tobytes()
+    assert not np.array_equal(DMTRL(**kw).fit(Xs, ys).W_, double.W_)     # the rounding matters at all
