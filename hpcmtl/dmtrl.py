@@ -60,6 +60,7 @@ and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -1330,8 +1331,10 @@ class Server(StepSolver, ServerBase):
         return row, False
 
     def omega(self):
-        self.Sigma = omega_from_gram(self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam),
-                                     self.config.eig_floor)
+        # SupportSpace's Gram is a thin BLAS product with an m x m result: one thread (the dense one as before)
+        with one_blas_thread() if self.space.sparse else contextlib.nullcontext():
+            G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
+        self.Sigma = omega_from_gram(G, self.config.eig_floor)
         check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         self.recompute_w()

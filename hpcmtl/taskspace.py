@@ -14,8 +14,10 @@ One small interface, two implementations, chosen once a run from the task suppor
   - ``w_i = (1/lam) sum_j Sigma_ij b_j`` on ``T_i``: one fixed-pattern sparse matrix over
     the pairs of positions sharing a feature (``sum_f c_f^2`` of them), values
     ``Sigma_ij / lam`` refreshed once per Sigma;
-  - Gram matrices ``X X^T`` (and ``[X; Y][X; Y]^T``): fixed-pattern CSR ``m x d`` times its
-    transpose, the compact values as ``.data``;
+  - Gram matrices ``X X^T`` (and ``[X; Y][X; Y]^T``): the features of one support add to the
+    diagonal only (``np.bincount``); the shared ones (``c_f >= 2``) go through BLAS on a dense
+    ``m x |shared|`` block when that block is small beside their ``sum c_f^2`` pairs, else through a
+    fixed-pattern CSR ``m x d`` times its transpose, the compact values as ``.data``;
   - per-task dot products: ``np.bincount`` over the task of each position.
 
 A task array of either space is what ``BT``, ``WT`` and ``dPT`` of
@@ -29,6 +31,8 @@ import scipy.sparse as sp
 
 # the support algebra when sum_f c_f^2 <= SUPPORT_ALGEBRA m^2 d (its sparse products cost several BLAS flops each)
 SUPPORT_ALGEBRA = 1.0 / 8.0
+# Grams through a dense block of the shared features when m |shared| <= SHARED_DENSE sum_{shared f} c_f^2
+SHARED_DENSE = 8.0
 
 
 def task_supports(index, block_task, m, d):
@@ -124,7 +128,7 @@ class SupportSpace:
 
     sparse = True
 
-    def __init__(self, supports, d):
+    def __init__(self, supports, d, shared_dense=None):
         self.m, self.d = len(supports), int(d)
         self.supports = [np.asarray(t, dtype=np.int64) for t in supports]
         sizes = np.array([t.size for t in self.supports], dtype=np.int64)
@@ -140,6 +144,18 @@ class SupportSpace:
         self._cols = self._transposed(self.task_of[self.by_feature], self.m, self.counts)
         self._rows2 = self._cols2 = self._by_feature2 = None
         self._mixer = self._pairs = self._sigma = None
+        # Grams: positions of features in one support only (the diagonal) and of the shared ones (a dense block)
+        shared = self.counts[self.feature] >= 2
+        self.lone = np.flatnonzero(~shared)
+        self.lone_task = self.task_of[self.lone]
+        self.shared = np.flatnonzero(shared)
+        columns = np.flatnonzero(self.counts >= 2)
+        self.n_shared = columns.size
+        self.shared_cell = self.task_of[self.shared] * columns.size + np.searchsorted(columns, self.feature[self.shared])
+        if shared_dense is None:
+            pairs = float(np.sum(self.counts[columns].astype(np.float64) ** 2))
+            shared_dense = self.m * columns.size <= SHARED_DENSE * pairs
+        self.shared_dense = bool(shared_dense)
 
     def _transposed(self, row_of_sorted, n_rows, counts):
         """An empty ``d x n_rows`` CSR whose row f lists, ascending, the ``counts[f]`` rows holding feature f."""
@@ -175,11 +191,34 @@ class SupportSpace:
         return float(np.sum(X * Y))
 
     def gram(self, X):
+        if self.shared_dense:
+            return self._gram_shared([X])
         self._rows.data = np.asarray(X, dtype=np.float64)
         self._cols.data = X[self.by_feature]
         return (self._rows @ self._cols).toarray()
 
+    def _gram_shared(self, parts):
+        """``[X; Y; ...][X; Y; ...]^T``: BLAS on the dense block of the shared features, plus each task's sums
+        over the features of its support alone (the diagonal of each pair of parts)."""
+        m, u = self.m, self.n_shared
+        D = np.zeros((len(parts) * m, u))
+        cells = D.reshape(-1)
+        for k, X in enumerate(parts):
+            cells[k * m * u + self.shared_cell] = X[self.shared]
+        G = D @ D.T
+        tasks = np.arange(m)
+        lone = [X[self.lone] for X in parts]
+        for a in range(len(parts)):
+            for b in range(a, len(parts)):
+                add = np.bincount(self.lone_task, weights=lone[a] * lone[b], minlength=m)
+                G[a * m + tasks, b * m + tasks] += add
+                if b != a:
+                    G[b * m + tasks, a * m + tasks] += add
+        return G
+
     def gram_dots2(self, W, X, Y):
+        if self.shared_dense:
+            return self._gram_shared([X, Y]), np.concatenate([self.dots(W, X), self.dots(W, Y)])
         if self._rows2 is None:
             m, n = self.m, self.size
             self._rows2 = sp.csr_matrix((np.zeros(2 * n), np.concatenate([self.feature, self.feature]).astype(np.int32),

@@ -320,7 +320,7 @@ def spaces(draw):
         else:
             index.append(t)
             block_task.append(i)
-    space = SupportSpace(supports, d).exchange(index, block_task)
+    space = SupportSpace(supports, d, shared_dense=draw(st.sampled_from([None, False, True]))).exchange(index, block_task)
     scale = draw(st.sampled_from([1e-100, 1.0, 1e100]))
     vals = [scale * rng.normal(size=space.size) for _ in range(3)]
     A = rng.normal(size=(m, m))
@@ -401,7 +401,7 @@ def test_omega_from_b_gram_equals_omega_step_on_dense_w():
     rng = np.random.default_rng(2)
     m, d, lam = 5, 40, 1e-2
     supports = [np.sort(rng.choice(d, size=6, replace=False)) for _ in range(m)]
-    space = SupportSpace(supports, d)
+    space = SupportSpace(supports, d, shared_dense=False)
     B = rng.normal(size=space.size)
     A = rng.normal(size=(m, m))
     Sigma = A @ A.T / np.trace(A @ A.T) + 0.1 * np.eye(m)
