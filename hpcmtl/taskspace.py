@@ -43,7 +43,8 @@ def task_supports(index, block_task, m, d):
         parts[int(task)].append(np.asarray(index[k], dtype=np.int64))
     out = []
     for p in parts:
-        t = np.unique(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64)
+        t = np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64)
+        t = t[np.concatenate([[True], t[1:] != t[:-1]])] if t.size else t      # np.unique (sorting, no hashing)
         out.append(np.arange(d, dtype=np.int64) if 2 * t.size >= d else t)
     return out
 
@@ -298,7 +299,7 @@ class SupportSpace:
                 scal.append(start[k] + vectors * size + np.arange(scalars))
             cat = (lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64))
             src, tgt, scal = cat(src), cat(tgt), cat(scal)
-            whole = np.unique(tgt).size == tgt.size == vectors * self.size
+            whole = tgt.size == vectors * self.size and bool(np.all(np.bincount(tgt, minlength=tgt.size) == 1))
             self._up[key] = (src, tgt, scal, whole, int(lengths.sum()))
         return self._up[key]
 
