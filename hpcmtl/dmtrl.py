@@ -50,7 +50,9 @@ certificate: P and D are computed exactly from alpha and B, and D never decrease
   that the combination stays in the box; see :func:`uses_momentum`), and
   squared-loss subproblems are solved exactly (:meth:`LocalBlocks.exact_step`).
   Server work per round: ``[dB, dP]^T [dB, dP]`` (O(d m^2), the order of
-  ``W = B Sigma / lam``) and a QP over m or 2m numbers; traffic: one or two
+  ``W = B Sigma / lam``; on sparse task supports O(sum_f c_f^2), c_f the tasks
+  whose support holds feature f: :mod:`hpcmtl.taskspace`) and a QP over m or
+  2m numbers; traffic: one or two
   d-vectors and a few scalars a block up, one d-vector and 3 scalars down.
 
 Relationship modes: ``learned`` (DMTRL), ``identity`` (STL: Sigma fixed at I/m)
@@ -58,6 +60,7 @@ and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -72,6 +75,7 @@ from .errors import ConvergenceError, InputError
 from .losses import conjugate_reference, get_loss
 from .params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - the choices, named here too
 from .params import check_positive_label, validate as check_params
+from .taskspace import DENSE, DenseSpace, SupportSpace, support_algebra_pays, task_supports
 EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 
 
@@ -282,8 +286,14 @@ def omega_step(W: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
     raised to that floor, so Sigma stays positive definite and Omega exists.
     An all-zero W gives ``I / m``.
     """
-    m = W.shape[1]
-    evals, evecs = np.linalg.eigh(W.T @ W)
+    return omega_from_gram(W.T @ W, eig_floor)
+
+
+def omega_from_gram(G: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
+    """:func:`omega_step` from ``G = W^T W`` (m x m): the server on task supports forms it as
+    ``Sigma (B^T B) Sigma / lam^2`` without a dense W."""
+    m = G.shape[0]
+    evals, evecs = np.linalg.eigh(G)
     s = np.sqrt(np.clip(evals, 0.0, None))
     top = s.max() if s.size else 0.0
     if not top > 0:
@@ -1018,18 +1028,12 @@ class StepSolver:
     when Sigma is diagonal and nothing couples the tasks (the quadratic is then a sum of
     per-task terms: the same arithmetic with m = 1).  Needs ``config``, ``m``, ``d``, ``n``,
     ``Sigma``, ``BT``, ``WT``, ``dPT``, ``step``, ``beta``, ``rho_task``,
-    ``blocks_per_task`` and ``momentum``.
+    ``blocks_per_task`` and ``momentum``.  ``BT``, ``WT``, ``dPT`` and the d-vectors passed in
+    are task arrays of ``space`` (:mod:`hpcmtl.taskspace`): dense ``m x d`` rows unless the
+    server keeps them on the task supports.
     """
 
-    @staticmethod
-    def row_dots(X, Y):
-        """``x_i . y_i`` of every row pair."""
-        return np.einsum("ij,ij->i", X, Y)
-
-    @staticmethod
-    def gram_of(D):
-        """``D D^T``."""
-        return D @ D.T
+    space = DENSE
 
     def steps(self, dBT, c1, c2):
         """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
@@ -1039,8 +1043,8 @@ class StepSolver:
         ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
         """
         cfg = self.config
-        g = -self.row_dots(self.WT, dBT) - c1 / self.n
-        A = self.Sigma * self.gram_of(dBT) / cfg.lam + np.diag(c2 / self.n)
+        g = -self.space.dots(self.WT, dBT) - c1 / self.n
+        A = self.Sigma * self.space.gram(dBT) / cfg.lam + np.diag(c2 / self.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
             slope, curv = float(np.sum(g)), float(np.sum(A))
@@ -1055,16 +1059,16 @@ class StepSolver:
         ``A = (Sigma2 o D2 D2^T) / lam`` plus each task's 2 x 2 conjugate block ``[[c2, cross], [cross, c2q]] / n``,
         ``g = -w . D2 - [c1, c1q] / n``."""
         m, lam = self.m, self.config.lam
-        D2 = np.vstack([dBT, dQT])
+        G2, wd2 = self.space.gram_dots2(self.WT, dBT, dQT)
         idx = np.concatenate([np.arange(m), np.arange(m)])
-        A = self.Sigma[np.ix_(idx, idx)] * self.gram_of(D2) / lam
+        A = self.Sigma[np.ix_(idx, idx)] * G2 / lam
         tasks = np.arange(m)
         A[tasks, tasks] += c2 / self.n
         A[tasks + m, tasks + m] += c2q / self.n
         A[tasks, tasks + m] += cross / self.n
         A[tasks + m, tasks] += cross / self.n
         A = 0.5 * (A + A.T)
-        g = -self.row_dots(np.vstack([self.WT, self.WT]), D2) - np.concatenate([c1 / self.n, c1q / self.n])
+        g = -wd2 - np.concatenate([c1 / self.n, c1q / self.n])
         return A, g
 
     def steps_momentum(self, dBT, scalars):
@@ -1113,25 +1117,54 @@ class StepSolver:
         self.rho_task = np.clip(rho, 1.0, bound)
 
     def solve_steps(self, dBT, rows):
-        """This round's (eta, beta) per task, B updated with them."""
+        """This round's (eta, beta) per task, B updated with them; ``rows``: the per-task rows of TRIAL
+        (``[dB, (dQ: box momentum), scalars]``, dense)."""
         d = self.d
+        if self.momentum == "box":
+            return self.take_steps(dBT, rows[:, d:2 * d], rows[:, 2 * d:])
+        return self.take_steps(dBT, None, rows[:, d:])
+
+    def take_steps(self, dBT, dQT, scalars):
+        """:meth:`solve_steps` on task arrays ``dBT`` (and ``dQT``, box momentum) and per-task ``scalars``."""
+        space = self.space
         if self.momentum == "free":
-            eta, beta = self.steps_momentum(dBT, rows[:, d:])
-            self.dPT = eta[:, None] * dBT + beta[:, None] * self.dPT
-            self.BT += self.dPT
+            eta, beta = self.steps_momentum(dBT, scalars)
+            self.dPT = space.combine(eta, dBT, beta, self.dPT)
+            space.add(self.BT, self.dPT)
         elif self.momentum == "box":
-            dQT = rows[:, d:2 * d]
-            eta, beta = self.steps_box_momentum(dBT, dQT, rows[:, 2 * d:])
-            self.BT += eta[:, None] * dBT + beta[:, None] * dQT
+            eta, beta = self.steps_box_momentum(dBT, dQT, scalars)
+            space.add_two(self.BT, eta, dBT, beta, dQT)
         else:
-            eta, beta = self.steps(dBT, rows[:, d], rows[:, d + 1]), np.zeros(self.m)
-            self.BT += eta[:, None] * dBT
+            eta, beta = self.steps(dBT, scalars[:, 0], scalars[:, 1]), np.zeros(self.m)
+            space.add_scaled(self.BT, eta, dBT)
         return eta, beta
 
 
 def local_width(d, momentum):
     """Width of a block's local-round state ``[b, (dP: free momentum only), step, beta, rho]``."""
     return (2 * d if momentum == "free" else d) + 3
+
+
+class OrderedDenseSpace(DenseSpace):
+    """The dense space with its dot products added in index order (``_kernels.ordered_dot``): a one-task
+    :class:`TaskSteps` on a block's support columns then gets the bits of the same vectors with the zeros off
+    the support (all d columns, the dense exchange), at every rank count."""
+
+    def dots(self, X, Y):
+        return np.array([_kernels.ordered_dot(x, y) for x, y in zip(X, Y)])
+
+    def total(self, X, Y):
+        return float(np.sum(self.dots(X, Y)))
+
+    def gram(self, X):
+        return np.array([[_kernels.ordered_dot(a, b) for b in X] for a in X]).reshape(len(X), len(X))
+
+    def gram_dots2(self, W, X, Y):
+        D2 = np.vstack([X, Y])
+        return self.gram(D2), self.dots(np.vstack([W, W]), D2)
+
+
+ORDERED = OrderedDenseSpace()
 
 
 class TaskSteps(StepSolver):
@@ -1153,15 +1186,8 @@ class TaskSteps(StepSolver):
         self.blocks_per_task = np.ones(1)
         self.momentum = uses_momentum(config)
 
-    # a worker's block computes on its support's columns (LocalBlocks.columns): dot products added in index order
-    # give the bits of the same vectors with the zeros off the support (the dense exchange, every rank count)
-    @staticmethod
-    def row_dots(X, Y):
-        return np.array([_kernels.ordered_dot(x, y) for x, y in zip(X, Y)])
-
-    @staticmethod
-    def gram_of(D):
-        return np.array([[_kernels.ordered_dot(a, b) for b in D] for a in D]).reshape(len(D), len(D))
+    # a worker's block computes on its support's columns (LocalBlocks.columns)
+    space = ORDERED
 
 
 # ---------------------------------------------------------------------------
@@ -1178,7 +1204,10 @@ class Server(StepSolver, ServerBase):
         self.d = engine.model_width(config, source.n_features)      # + 1: the augmented intercept feature
         self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
         # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
-        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W)
+        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W).
+        # With sparse task supports they move to the task supports at the first exchange (self.space,
+        # hpcmtl.taskspace: then flat task arrays; dense_wt() is the whole W)
+        self.space = DENSE
         self.BT = np.zeros((self.m, self.d))
         if config.relationship == "fixed":
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)
@@ -1214,27 +1243,63 @@ class Server(StepSolver, ServerBase):
     def push_w(self, with_objective: bool, eta=None, beta=None):
         """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
         if self.safe:
-            return self.down_rows(DMTRLCommand.SET_W, self.WT[self.block_task], with_objective=with_objective)
+            return self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None, with_objective=with_objective)
         eta = np.zeros(self.m) if eta is None else eta
         beta = np.zeros(self.m) if beta is None else beta
-        payload = np.column_stack([self.WT, eta, beta, self.rho_task])[self.block_task]
-        return self.down_rows(DMTRLCommand.APPLY, payload, with_objective=with_objective)
+        return self.scatter_down(DMTRLCommand.APPLY, lambda: self.WT, np.column_stack([eta, beta, self.rho_task]),
+                                 with_objective=with_objective)
+
+    def scatter_down(self, cmd, task_array, scalars, **fields):
+        """``cmd`` (SET_W, APPLY, SET_LOCAL) with every block's ``[its task's row of task_array(), its task's
+        scalars]`` (``scalars``: m x s, or None): on the supports when they are known.  ``task_array`` is read
+        after the first exchange's registration, which may move B and W to the task supports."""
+        layout = self.supports()
+        s = 0 if scalars is None else scalars.shape[1]
+        X = task_array()
+        if self.space.sparse:
+            return self.command(ON_SUPPORT[cmd], payload=self.space.to_flat(X, scalars), vectors=1, scalars=s,
+                                **fields)
+        payload = (X if scalars is None else np.column_stack([X, scalars]))[self.block_task]
+        if layout is None:
+            return self.command(cmd, payload=payload, width=payload.shape[1], **fields)
+        return self.command(ON_SUPPORT[cmd], payload=layout.pack(payload, 1), vectors=1, scalars=s, **fields)
+
+    def dense_wt(self):
+        """The whole ``W^T = Sigma B^T / lam`` (m x d): on task supports, W is only kept on each T_i."""
+        if not self.space.sparse:
+            return self.WT
+        return (self.Sigma @ self.space.dense(self.BT)) / self.config.lam
 
     def push_dense_w(self):
         """Every block's whole w column (after rounds on supports, w is only right on each block's support):
         before anything scores other rows (test metrics, validation folds) or leaves the training."""
         if self.layout is not None:
-            self.command(DMTRLCommand.SET_W, payload=self.WT[self.block_task], with_objective=0, width=self.d)
+            self.command(DMTRLCommand.SET_W, payload=self.dense_wt()[self.block_task], with_objective=0,
+                         width=self.d)
 
     # -- the exchange on supports (issue 14) -----------------------------------
     def supports(self):
         """Every block's :class:`SupportLayout`, learned at the first exchange (GET_SUPPORTS, SET_SUPPORTS),
-        or None: the dense exchange (``exchange='dense'``, or no block's support below d / 2)."""
+        or None: the dense exchange (``exchange='dense'``, or no block's support below d / 2).
+
+        When the task supports are sparse enough (:func:`hpcmtl.taskspace.support_algebra_pays`), B, dP and
+        W move to them here (:class:`hpcmtl.taskspace.SupportSpace`) and stay there for the run."""
         if not self.supports_known:
             self.supports_known = True
             if self.config.exchange == "auto":
                 self.layout = self.register_supports()
+            if self.layout is not None:
+                supports = task_supports(self.layout.index, self.block_task, self.m, self.d)
+                if support_algebra_pays(supports, self.d):
+                    self.adopt(SupportSpace(supports, self.d).exchange(self.layout.index, self.block_task))
         return self.layout
+
+    def adopt(self, space):
+        """Keep B, dP (and W, recomputed) as task arrays of ``space`` from now on."""
+        self.BT = space.compact(self.space.dense(self.BT))
+        self.dPT = space.compact(self.space.dense(self.dPT))
+        self.space = space
+        self.recompute_w()
 
     def register_supports(self):
         pieces = self.command(DMTRLCommand.GET_SUPPORTS)
@@ -1255,35 +1320,36 @@ class Server(StepSolver, ServerBase):
         self.command(DMTRLCommand.SET_SUPPORTS, payload=layout.sizes.astype(np.float64), width=len(self.blocks))
         return layout
 
-    def up_rows(self, cmd, vectors, width, **fields):
-        """What ``cmd`` (SDCA, TRIAL) returns, per-block rows of ``vectors`` d-vectors and scalars: on the
-        supports when they are known (the same rows, zeros off the supports), else dense."""
+    def gather_up(self, cmd, vectors, scalars, **fields):
+        """What ``cmd`` (SDCA, TRIAL) returns, per block ``vectors`` d-vectors and ``scalars`` numbers:
+        ``([per-task sum of vector v as a task array of self.space], per-block scalars)``.  On the supports
+        when they are known (the same numbers: the vectors vanish off the supports), else dense rows."""
         layout = self.supports()
+        d = self.d
         if layout is None:
-            return self.command(cmd, width=width, **fields)
-        scalars = width - vectors * self.d
-        flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
-        return layout.rows(flat, vectors, scalars)
+            rows = self.command(cmd, width=vectors * d + scalars, **fields)
+        else:
+            flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
+            if self.space.sparse:
+                return self.space.from_flat(flat, vectors, scalars)
+            rows = layout.rows(flat, vectors, scalars)
+        summed = self.per_task(rows[:, :vectors * d])
+        return [summed[:, v * d:(v + 1) * d] for v in range(vectors)], rows[:, vectors * d:]
 
-    def down_rows(self, cmd, payload, vectors=1, **fields):
-        """``cmd`` (SET_W, APPLY, SET_LOCAL) with per-block rows of ``vectors`` d-vectors and scalars: on the
-        supports when they are known."""
-        layout = self.supports()
-        if layout is None:
-            return self.command(cmd, payload=payload, width=payload.shape[1], **fields)
-        return self.command(ON_SUPPORT[cmd], payload=layout.pack(payload, vectors), vectors=vectors,
-                            scalars=payload.shape[1] - vectors * self.d, **fields)
+    def check_vectors(self, X, what):
+        """:func:`check_finite_rows` on a task array (naming the round and the first task not finite)."""
+        check_finite_rows(self.space.finite_rows(X), self.round, self.names, what, self.outer)
 
     # -- arithmetic ----------------------------------------------------------
     def recompute_w(self):
-        self.WT = (self.Sigma @ self.BT) / self.config.lam      # W = B Sigma / lam
-        check_finite_rows(self.WT, self.round, self.names, "W column", self.outer)
+        self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
+        self.check_vectors(self.WT, "W column")
 
     def objective(self, terms):
         """Primal and dual of the current alpha from per-block terms."""
         sums = self.per_task(terms)
         check_finite_rows(sums, self.round, self.names, "loss or conjugate sum", self.outer)
-        return primal_dual(sums[:, 0], sums[:, 1], self.n, self.BT, self.WT, self.config.lam)
+        return primal_dual_of(sums[:, 0], sums[:, 1], self.n, self.space.total(self.BT, self.WT))
 
     def record(self, primal, dual):
         step, rho = (self.config.eta, self.rho) if self.safe else (float(np.mean(self.step)), float(np.max(self.rho_task)))
@@ -1296,28 +1362,27 @@ class Server(StepSolver, ServerBase):
     # -- the algorithm ---------------------------------------------------------
     def round_safe(self, want_gap):
         """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
-        rows = self.per_task(self.up_rows(DMTRLCommand.SDCA, 1, self.d, round=self.round))
-        check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
-        self.BT += rows
+        (dBT,), _ = self.gather_up(DMTRLCommand.SDCA, 1, 0, round=self.round)
+        self.check_vectors(dBT, "local step delta b")
+        self.space.add(self.BT, dBT)
         self.recompute_w()
         return self.push_w(want_gap)
 
     def round_steps(self, want_gap):
         """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
-        d = self.d
-        width = {None: d + 2, "free": d + 5, "box": 2 * d + 6}[self.momentum]
-        rows = self.up_rows(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, width, round=self.round)
+        scalars = {None: 2, "free": 5, "box": 6}[self.momentum]
+        vecs, block_scalars = self.gather_up(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, scalars,
+                                             round=self.round)
+        per_task = self.per_task(block_scalars)
         if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
             beta_max = np.full(self.m, np.inf)
-            np.minimum.at(beta_max, self.block_task, rows[:, -1])
-            rows = self.per_task(rows)
-            rows[:, -1] = beta_max
-        else:
-            rows = self.per_task(rows)
-        check_finite_rows(rows, self.round, self.names, "local step delta b", self.outer)
-        dBT = rows[:, :d]
+            np.minimum.at(beta_max, self.block_task, block_scalars[:, -1])
+            per_task[:, -1] = beta_max
+        for v in vecs:
+            self.check_vectors(v, "local step delta b")
+        check_finite_rows(per_task, self.round, self.names, "local step delta b", self.outer)
         with one_blas_thread():
-            eta, beta = self.solve_steps(dBT, rows)
+            eta, beta = self.take_steps(vecs[0], vecs[1] if self.momentum == "box" else None, per_task)
         self.step, self.beta = eta, beta
         self.recompute_w()
         self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
@@ -1338,23 +1403,26 @@ class Server(StepSolver, ServerBase):
     def enter_local(self):
         """Hand every block its task's b, dP, step, beta and rho (nothing to send when all are at their start)."""
         if np.any(self.BT) or np.any(self.dPT) or np.any(self.step) or np.any(self.beta) or np.any(self.rho_task != 1):
-            parts = [self.BT] + ([self.dPT] if self.momentum == "free" else []) + [self.step, self.beta, self.rho_task]
-            payload = np.column_stack(parts)[self.block_task]
-            self.down_rows(DMTRLCommand.SET_LOCAL, payload, vectors=2 if self.momentum == "free" else 1)
+            scalars = np.column_stack([self.step, self.beta, self.rho_task])
+            if self.momentum == "free":     # never (local_rounds_possible): [b, dP, scalars] as dense rows
+                dense = self.space.dense
+                payload = np.column_stack([dense(self.BT), dense(self.dPT), scalars])[self.block_task]
+                self.command(DMTRLCommand.SET_LOCAL, payload=payload, width=payload.shape[1])
+            else:
+                self.scatter_down(DMTRLCommand.SET_LOCAL, lambda: self.BT, scalars)
         else:
             self.command(DMTRLCommand.RESET_LOCAL, width=self.d)
         self.local_phase = True
 
     def pull_local(self):
         """B, dP, steps and rho back from the workers (one block a task); W recomputed."""
-        rows = self.per_task(self.up_rows(DMTRLCommand.GET_LOCAL, 2 if self.momentum == "free" else 1,
-                                          local_width(self.d, self.momentum)))
-        d = self.d
-        e = 2 * d if self.momentum == "free" else d
-        self.BT = rows[:, :d].copy()
-        if e > d:
-            self.dPT = rows[:, d:e].copy()
-        self.step, self.beta, self.rho_task = rows[:, e].copy(), rows[:, e + 1].copy(), rows[:, e + 2].copy()
+        vecs, block_scalars = self.gather_up(DMTRLCommand.GET_LOCAL, 2 if self.momentum == "free" else 1, 3)
+        own = (lambda X: X) if self.space.sparse else np.ascontiguousarray      # one block a task: the sums
+        self.BT = own(vecs[0])
+        if len(vecs) > 1:
+            self.dPT = own(vecs[1])
+        scalars = self.per_task(block_scalars)
+        self.step, self.beta, self.rho_task = scalars[:, 0].copy(), scalars[:, 1].copy(), scalars[:, 2].copy()
         self.recompute_w()
 
     def round_local(self, want_gap):
@@ -1400,14 +1468,17 @@ class Server(StepSolver, ServerBase):
         return row, False
 
     def omega(self):
-        self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
+        # SupportSpace's Gram is a thin BLAS product with an m x m result: one thread (the dense one as before)
+        with one_blas_thread() if self.space.sparse else contextlib.nullcontext():
+            G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
+        self.Sigma = omega_from_gram(G, self.config.eig_floor)
         check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         self.recompute_w()
         self.push_sigma()
         self.push_w(False)
         if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
-            self.dPT = np.zeros_like(self.dPT)
+            self.dPT = np.zeros_like(self.dPT)      # (a task array of either space)
             self.command(DMTRLCommand.SET_PREVIOUS, payload=self.previous_payloads(None))
         self.t = 0
         self.safe_point()
@@ -1464,11 +1535,11 @@ class Server(StepSolver, ServerBase):
         blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
                    "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
                   for b, st in self.gather_state()]
-        arrays = {"BT": self.BT, "Sigma": self.Sigma, "rho": np.array(self.rho)}
+        arrays = {"BT": self.space.dense(self.BT), "Sigma": self.Sigma, "rho": np.array(self.rho)}
         if not self.safe:
             arrays.update(rho_task=self.rho_task, step=self.step)
         if self.momentum:
-            arrays.update(beta=self.beta, dPT=self.dPT, previous=self.gather_previous())
+            arrays.update(beta=self.beta, dPT=self.space.dense(self.dPT), previous=self.gather_previous())
         arrays.update(self.history.checkpoint_arrays())
         counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
@@ -1487,7 +1558,7 @@ class Server(StepSolver, ServerBase):
             saved, now = ck["config"].get(key, default), getattr(self.config, key)
             if saved != now:
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
-        self.BT = ck["arrays"]["BT"].copy()
+        self.BT = self.space.compact(ck["arrays"]["BT"])
         self.Sigma = ck["arrays"]["Sigma"].copy()
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
@@ -1496,7 +1567,7 @@ class Server(StepSolver, ServerBase):
             self.step = np.asarray(ck["arrays"]["step"], dtype=np.float64).copy()
         if self.momentum:
             self.beta = np.asarray(ck["arrays"]["beta"], dtype=np.float64).copy()
-            self.dPT = np.asarray(ck["arrays"]["dPT"], dtype=np.float64).copy()
+            self.dPT = self.space.compact(ck["arrays"]["dPT"])
         c = ck["counters"]
         self.round, self.t = int(c["round"]), int(c["t"])
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
@@ -1539,7 +1610,7 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
                       warn=warn)
 
     def result(server, converged, extra):
-        W, intercept = engine.split_intercept(server.WT.T, config, source)
+        W, intercept = engine.split_intercept(server.dense_wt().T, config, source)
         return TrainResult(W=W, Sigma=server.Sigma.copy(), intercept=intercept,
                            history=server.history.arrays(),
                            config=config.to_dict(), task_names=server.names, converged=converged,

@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
 LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
     ("foundations", {"errors", "_rows", "_kernels", "_online", "features", "progress"}),
-    ("math", {"losses", "projection", "taskdata", "metrics", "params", "synthetic", "task_graph",
+    ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
               "online_rules", "output_codes"}),
     # the only modules that talk to MPI and to HDF5
     ("io", {"cluster", "store"}),
