@@ -340,8 +340,8 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     if m == 0:
         return x
     A = np.ascontiguousarray(A, dtype=np.float64)
-    upper = np.ascontiguousarray(np.broadcast_to(np.asarray(upper, dtype=np.float64), (m,)))
-    use_start = start is not None and np.shape(start) == (m,) and bool(np.all(np.isfinite(start)))
+    upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.ascontiguousarray(upper, dtype=np.float64)
+    use_start = start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all())
     start = np.ascontiguousarray(start, dtype=np.float64) if use_start else upper
     _kernels.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
     return x
