@@ -831,6 +831,20 @@ cdef void clip_snap(double[::1] v, const double[::1] upper, const double[::1] sn
             v[i] = upper[i]
 
 
+cdef double move_if_better(const double[:, ::1] A, const double[::1] g, double[::1] trial, const double[::1] upper,
+                           const double[::1] snap, double[::1] x, double best) noexcept nogil:
+    # trial = snapped(np.clip(trial, 0, upper)); x = trial if it gains more than best; max(best, its gain)
+    cdef Py_ssize_t i
+    cdef double value
+    clip_snap(trial, upper, snap)
+    value = qp_gain(A, g, trial)
+    if not (value > best):
+        return best
+    for i in range(x.shape[0]):
+        x[i] = trial[i]
+    return value
+
+
 cdef bint free_cholesky(const double[:, ::1] A, const Py_ssize_t[::1] F, Py_ssize_t f,
                         double[:, ::1] L) noexcept nogil:
     # L L^T = A[np.ix_(F, F)] (L lower, f x f); False when a pivot is not positive or the block is nearly
@@ -959,21 +973,11 @@ def box_qp(const double[:, ::1] A, const double[::1] g, const double[::1] upper,
         if curv > slope and slope > 0.0:
             for i in range(m):
                 trial[i] = trial[i] * (slope / curv)
-        clip_snap(trial, upper, snap)
-        value = qp_gain(A, g, trial)
-        if value > best:
-            best = value
-            for i in range(m):
-                x[i] = trial[i]
+        best = move_if_better(A, g, trial, upper, snap, x, best)
         if use_start:
             for i in range(m):
                 trial[i] = start[i]
-            clip_snap(trial, upper, snap)
-            value = qp_gain(A, g, trial)
-            if value > best:
-                best = value
-                for i in range(m):
-                    x[i] = trial[i]
+            best = move_if_better(A, g, trial, upper, snap, x, best)
         while it < max_iter:
             it += 1
             gmax = 0.0
@@ -1054,12 +1058,9 @@ def box_qp(const double[:, ::1] A, const double[::1] g, const double[::1] upper,
             if not ray:                         # the Newton step projected: many bounds at once
                 for i in range(m):
                     trial[i] = x[i] + step[i]
-                clip_snap(trial, upper, snap)
-                value = qp_gain(A, g, trial)
+                value = move_if_better(A, g, trial, upper, snap, x, best)
                 if value > best:
                     best = value
-                    for i in range(m):
-                        x[i] = trial[i]
                     continue
             t = INFINITY                        # up to the first bound: gains for t > 0
             for i in range(m):
@@ -1077,11 +1078,8 @@ def box_qp(const double[:, ::1] A, const double[::1] g, const double[::1] upper,
                 break
             for i in range(m):
                 trial[i] = x[i] + t * step[i]
-            clip_snap(trial, upper, snap)
-            value = qp_gain(A, g, trial)
+            value = move_if_better(A, g, trial, upper, snap, x, best)
             if not (value > best):
                 break
             best = value
-            for i in range(m):
-                x[i] = trial[i]
     return it
