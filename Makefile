@@ -15,7 +15,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) $(SOURCES)
-	$(PY) -m pip install --quiet "Cython>=3.0" "numpy>=1.23"
+	$(PY) -m pip install --quiet "Cython>=3.0" "numpy>=1.23" "scipy>=1.9"
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[mpi,test,plot]"
 	touch $(STAMP)
 

@@ -1,4 +1,4 @@
-"""Build script for hpcmtl: the Cython kernels are compiled against NumPy.
+"""Build script for hpcmtl: the Cython kernels are compiled against NumPy (and SciPy's LAPACK: ``_kernels.box_qp``).
 
 Three extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``),
 ``hpcmtl._kernels`` (SDCA and the projections) and ``hpcmtl._online`` (the

@@ -338,87 +338,27 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     An active-set Newton method: coordinates at a bound whose gradient points
     out of the box are held; the Newton step on the others (Cholesky; a
     pseudo-inverse, or the ray along which the objective is linear, when the
-    free block is singular) is tried projected onto the box, which may change
-    many bounds at once, and when that does not gain, taken up to the first
-    bound it meets, which always gains.  Starts from the best of 0, every
-    coordinate alone (scaled back as a whole) and ``start`` (the previous
-    round's answer: few iterations when the active set barely moves).
-    Deterministic (fixed operations in a fixed order); never worse than 0.
+    free block is singular: its eigendecomposition by cyclic Jacobi rotations) is
+    tried projected onto the box, which may change many bounds at once, and when
+    that does not gain, taken up to the first bound it meets, which always gains.
+    Starts from the best of 0, every coordinate alone (scaled back as a whole) and
+    ``start`` (the previous round's answer: few iterations when the active set
+    barely moves).  Deterministic (fixed operations in a fixed order); never worse
+    than 0.  The iterations run in ``_kernels.box_qp`` (a NumPy reference of the
+    same method is ``tests/reference.py::box_qp_reference``): on small tasks the
+    server's QP over m or 2m steps is most of a round, and NumPy's per-call cost
+    made it 6x the whole safe round.
     """
-    from scipy.linalg import LinAlgError, cho_factor, cho_solve
+    g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
     m = g.size
+    x = np.zeros(m)
     if m == 0:
-        return np.zeros(0)
-    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (m,)).copy()
-    top = float(np.max(upper))
-    diag = np.diag(A).copy()
-    scale = max(float(np.max(np.abs(diag))), float(np.max(np.abs(g))) / max(top, 1e-300), 1e-300)
-    dscale = np.where(diag > 1e-12 * scale, diag, 1e-12 * scale)
-    snap = 1e-12 * upper
-
-    def snapped(v):          # a coordinate a rounding error away from a bound is at the bound
-        return np.where(v <= snap, 0.0, np.where(v >= upper - snap, upper, v))
-
-    def gain(v):
-        return float(g @ v - 0.5 * v @ (A @ v))
-
-    x, best = np.zeros(m), 0.0
-    alone = np.clip(g / dscale, 0.0, upper)
-    slope, curv = float(g @ alone), float(alone @ (A @ alone))
-    candidates = [alone * (slope / curv) if curv > slope > 0 else alone]
-    if start is not None and np.shape(start) == (m,) and np.all(np.isfinite(start)):
-        candidates.append(np.clip(np.asarray(start, dtype=np.float64), 0.0, upper))
-    for c in candidates:
-        c = snapped(c)
-        value = gain(c)
-        if value > best:
-            x, best = c, value
-    for _ in range(max_iter):
-        grad = g - A @ x
-        free = ~(((x <= 0.0) & (grad <= 0.0)) | ((x >= upper) & (grad >= 0.0)))
-        if not free.any() or float(np.max(np.abs(grad[free]))) <= rtol * scale * max(top, 1.0):
-            break
-        step = np.zeros(m)
-        ray = False
-        while free.any():
-            F = np.flatnonzero(free)
-            AF = A[np.ix_(F, F)]
-            step[:] = 0.0
-            try:
-                factor = cho_factor(AF, check_finite=False)
-                if float(np.min(np.abs(np.diag(factor[0])))) ** 2 < 1e-12 * float(np.max(np.diag(AF))):
-                    raise LinAlgError("nearly singular")
-                step[F] = cho_solve(factor, grad[F], check_finite=False)
-                ray = False
-            except LinAlgError:
-                w, V = np.linalg.eigh(AF)
-                keep = w > 1e-9 * max(float(w[-1]), 1e-300)
-                coef = V.T @ grad[F]
-                null = V[:, ~keep] @ coef[~keep]      # where the objective is linear: climb to a bound
-                ray = float(np.max(np.abs(null), initial=0.0)) > 1e-9 * float(np.max(np.abs(grad[F])))
-                step[F] = null if ray else V[:, keep] @ (coef[keep] / w[keep])
-            blocked = free & (((x <= 0.0) & (step < 0.0)) | ((x >= upper) & (step > 0.0)))
-            if not blocked.any():
-                break
-            free &= ~blocked
-        if not free.any():
-            break
-        if not ray:
-            trial = snapped(np.clip(x + step, 0.0, upper))      # many bounds at once
-            value = gain(trial)
-            if value > best:
-                x, best = trial, value
-                continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.where(step > 0, (upper - x) / step, np.where(step < 0, -x / step, np.inf))
-        t = float(np.min(room)) if ray else min(1.0, float(np.min(room)))
-        if not np.isfinite(t):
-            break
-        trial = snapped(np.clip(x + t * step, 0.0, upper))      # up to the first bound: gains for t > 0
-        value = gain(trial)
-        if not value > best:
-            break
-        x, best = trial, value
+        return x
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.ascontiguousarray(upper, dtype=np.float64)
+    use_start = start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all())
+    start = np.ascontiguousarray(start, dtype=np.float64) if use_start else upper
+    _kernels.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
     return x
 
 
@@ -979,12 +919,14 @@ BETA_CAP = 100.0          # box momentum: the furthest extension of the previous
 def box_direction(a, p, y):
     """The previous step p kept where a whole further step stays in the box ``0 <= y alpha <= 1``; ``beta_max``."""
     b, yp = y * a, y * p
-    with np.errstate(divide="ignore", invalid="ignore"):
-        room = np.where(yp > 0, (1.0 - b) / yp, np.where(yp < 0, -b / yp, np.inf))
-    keep = (yp != 0) & (room >= 1.0)
+    # room >= 1 without dividing: (1 - b) / yp >= 1 exactly when 1 - b >= yp (yp > 0), -b / yp >= 1 when
+    # b >= -yp (yp < 0): a correctly rounded quotient of positive numbers is >= 1 exactly when x >= y
+    keep = ((yp > 0) & (1.0 - b >= yp)) | ((yp < 0) & (b >= -yp))
     if not keep.any():
         return np.zeros_like(p), 0.0
-    return np.where(keep, p, 0.0), float(min(BETA_CAP, np.min(room[keep])))
+    bk, ypk = b[keep], yp[keep]
+    room = np.where(ypk > 0, 1.0 - bk, -bk) / ypk
+    return np.where(keep, p, 0.0), float(min(BETA_CAP, np.min(room)))
 
 
 def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
@@ -1060,13 +1002,14 @@ class StepSolver:
         ``g = -w . D2 - [c1, c1q] / n``."""
         m, lam = self.m, self.config.lam
         G2, wd2 = self.space.gram_dots2(self.WT, dBT, dQT)
-        idx = np.concatenate([np.arange(m), np.arange(m)])
-        A = self.Sigma[np.ix_(idx, idx)] * G2 / lam
-        tasks = np.arange(m)
-        A[tasks, tasks] += c2 / self.n
-        A[tasks + m, tasks + m] += c2q / self.n
-        A[tasks, tasks + m] += cross / self.n
-        A[tasks + m, tasks] += cross / self.n
+        A = np.tile(self.Sigma, (2, 2)) * G2 / lam       # Sigma2 = Sigma[np.ix_(idx, idx)], idx = [0..m, 0..m]
+        if np.any(c2) or np.any(c2q) or np.any(cross):            # (hinge: all zero, nothing to add)
+            A2 = A.reshape(2, m, 2, m)                             # A2[s, i, t, j] = A[s m + i, t m + j]
+            tasks = np.arange(m)
+            A2[0, tasks, 0, tasks] += c2 / self.n
+            A2[1, tasks, 1, tasks] += c2q / self.n
+            A2[0, tasks, 1, tasks] += cross / self.n
+            A2[1, tasks, 0, tasks] += cross / self.n
         A = 0.5 * (A + A.T)
         g = -wd2 - np.concatenate([c1 / self.n, c1q / self.n])
         return A, g

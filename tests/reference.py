@@ -476,3 +476,82 @@ def implicit_rmax_kkt_violation(tau, loss, sq, C, r):
     if tau.sum() < r * C * (1 - 1e-9 - 1e-14 * cond):      # the budget is slack: theta = 0
         upper = min(upper, 0.0)
     return max(infeasible, max(0.0, lower - upper) / scale)
+
+
+def box_qp_reference(A, g, upper, start=None, max_iter=60, rtol=1e-12):
+    """``hpcmtl.dmtrl.box_qp`` in NumPy (the active-set Newton method before it moved to ``_kernels.box_qp``)."""
+    from scipy.linalg import LinAlgError, cho_factor, cho_solve
+    m = g.size
+    if m == 0:
+        return np.zeros(0)
+    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (m,)).copy()
+    top = float(np.max(upper))
+    diag = np.diag(A).copy()
+    scale = max(float(np.max(np.abs(diag))), float(np.max(np.abs(g))) / max(top, 1e-300), 1e-300)
+    dscale = np.where(diag > 1e-12 * scale, diag, 1e-12 * scale)
+    snap = 1e-12 * upper
+
+    def snapped(v):          # a coordinate a rounding error away from a bound is at the bound
+        return np.where(v <= snap, 0.0, np.where(v >= upper - snap, upper, v))
+
+    def gain(v):
+        return float(g @ v - 0.5 * v @ (A @ v))
+
+    x, best = np.zeros(m), 0.0
+    alone = np.clip(g / dscale, 0.0, upper)
+    slope, curv = float(g @ alone), float(alone @ (A @ alone))
+    candidates = [alone * (slope / curv) if curv > slope > 0 else alone]
+    if start is not None and np.shape(start) == (m,) and np.all(np.isfinite(start)):
+        candidates.append(np.clip(np.asarray(start, dtype=np.float64), 0.0, upper))
+    for c in candidates:
+        c = snapped(c)
+        value = gain(c)
+        if value > best:
+            x, best = c, value
+    for _ in range(max_iter):
+        grad = g - A @ x
+        free = ~(((x <= 0.0) & (grad <= 0.0)) | ((x >= upper) & (grad >= 0.0)))
+        if not free.any() or float(np.max(np.abs(grad[free]))) <= rtol * scale * max(top, 1.0):
+            break
+        step = np.zeros(m)
+        ray = False
+        while free.any():
+            F = np.flatnonzero(free)
+            AF = A[np.ix_(F, F)]
+            step[:] = 0.0
+            try:
+                factor = cho_factor(AF, check_finite=False)
+                if float(np.min(np.abs(np.diag(factor[0])))) ** 2 < 1e-12 * float(np.max(np.diag(AF))):
+                    raise LinAlgError("nearly singular")
+                step[F] = cho_solve(factor, grad[F], check_finite=False)
+                ray = False
+            except LinAlgError:
+                w, V = np.linalg.eigh(AF)
+                keep = w > 1e-9 * max(float(w[-1]), 1e-300)
+                coef = V.T @ grad[F]
+                null = V[:, ~keep] @ coef[~keep]      # where the objective is linear: climb to a bound
+                ray = float(np.max(np.abs(null), initial=0.0)) > 1e-9 * float(np.max(np.abs(grad[F])))
+                step[F] = null if ray else V[:, keep] @ (coef[keep] / w[keep])
+            blocked = free & (((x <= 0.0) & (step < 0.0)) | ((x >= upper) & (step > 0.0)))
+            if not blocked.any():
+                break
+            free &= ~blocked
+        if not free.any():
+            break
+        if not ray:
+            trial = snapped(np.clip(x + step, 0.0, upper))      # many bounds at once
+            value = gain(trial)
+            if value > best:
+                x, best = trial, value
+                continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(step > 0, (upper - x) / step, np.where(step < 0, -x / step, np.inf))
+        t = float(np.min(room)) if ray else min(1.0, float(np.min(room)))
+        if not np.isfinite(t):
+            break
+        trial = snapped(np.clip(x + t * step, 0.0, upper))      # up to the first bound: gains for t > 0
+        value = gain(trial)
+        if not value > best:
+            break
+        x, best = trial, value
+    return x

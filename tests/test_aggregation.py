@@ -61,6 +61,28 @@ def test_box_qp_is_optimal_and_never_worse_than_zero():
             assert g @ z - 0.5 * z @ A @ z <= value + 1e-10
 
 
+def test_box_direction_keeps_the_coordinates_a_whole_further_step_keeps_in_the_box():
+    """box_direction decides 'room >= 1' without dividing; the same coordinates and beta_max as the quotients,
+    on the box's edges too (alpha at 0 or 1, steps that end exactly on a bound, steps of 1e-300)."""
+    from hpcmtl.dmtrl import BETA_CAP, box_direction
+    rng = np.random.default_rng(3)
+    for trial in range(3000):
+        n = int(rng.integers(1, 12))
+        y = rng.choice([-1.0, 1.0], n)
+        a = y * rng.choice([0.0, 1.0, 0.3, 0.5, 1.0 - 2.0 ** -53], n) * (rng.uniform(0, 1, n) if trial % 2 else 1.0)
+        p = y * rng.normal(size=n) * rng.choice([0.0, 1.0, 1e-300, 0.5], n)
+        p = np.where(rng.uniform(size=n) < 0.3, y * (1.0 - y * a) * rng.choice([1.0, -1.0]), p)   # to a bound
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            b, yp = y * a, y * p
+            room = np.where(yp > 0, (1.0 - b) / yp, np.where(yp < 0, -b / yp, np.inf))
+            q, beta_max = box_direction(a, p, y)
+        keep = (yp != 0) & (room >= 1.0)
+        np.testing.assert_array_equal(q, np.where(keep, p, 0.0))
+        assert beta_max == (float(min(BETA_CAP, np.min(room[keep]))) if keep.any() else 0.0)
+        end = y * (a + beta_max * q)                            # in the box, up to the rounding of a + beta q
+        assert np.all(np.isfinite(end)) and np.all(end >= -1e-15) and np.all(end <= 1.0 + 1e-15)
+
+
 def test_task_rho_bounds_bound_the_coupling():
     rng = np.random.default_rng(2)
     R = rng.normal(size=(5, 5))

@@ -556,3 +556,72 @@ def test_tiny_float32_tasks_with_shrinking_through_several_omega_steps(kernel_bu
     assert r.converged and len(r.wsteps["converged"]) == 4
     assert np.all(np.isfinite(r.wsteps["rel_gap"])) and np.all(r.wsteps["rel_gap"] <= 1e-6)
     assert np.all(np.isfinite(r.W)) and np.array_equal(r.W, runs[False].W)
+
+
+# --- the aggregation steps' box QP (hpcmtl.dmtrl.box_qp over _kernels.box_qp) ----------------------------
+def _qp_value(A, g, x):
+    return float(g @ x - 0.5 * x @ (A @ x))
+
+
+def _kkt_violation(A, g, upper, x):
+    grad = g - A @ x
+    upper = np.broadcast_to(upper, x.shape)
+    v = np.where(x <= 0, np.maximum(grad, 0), np.where(x >= upper, np.maximum(-grad, 0), np.abs(grad)))
+    v = np.where(upper <= 0, 0.0, v)                    # a box of one point along that coordinate
+    return float(np.max(v, initial=0.0)) / max(float(np.max(np.abs(np.diag(A)), initial=0.0)),
+                                               float(np.max(np.abs(g), initial=0.0)), 1e-300)
+
+
+def _box_qp_cases(rng, n_cases):
+    """Random PSD quadratics: full rank, singular (rank m/2, the hinge's Schur products of few features),
+    with per-coordinate bounds, some zero, and starts."""
+    for trial in range(n_cases):
+        m = int(rng.integers(1, 14))
+        R = rng.normal(size=(m, max(1, m // 2) if trial % 3 else m + 1))
+        A = R @ R.T * 10.0 ** rng.uniform(-3, 3) + (np.diag(rng.uniform(0, 1, m)) if trial % 4 == 1 else 0)
+        g = rng.normal(size=m) * 10.0 ** rng.uniform(-2, 2)
+        upper = rng.uniform(0.1, 2, m) * (rng.uniform(size=m) > 0.15) if trial % 2 else 1.0
+        start = rng.uniform(0, 1, m) if trial % 5 == 2 else None
+        yield A, g, upper, start
+
+
+def test_box_qp_kernel_reaches_the_maximum_of_the_numpy_reference(kernels):
+    from hpcmtl.dmtrl import box_qp
+    from reference import box_qp_reference
+    rng = np.random.default_rng(21)
+    for A, g, upper, start in _box_qp_cases(rng, 200):
+        x = box_qp(A, g, upper, start=start)
+        ref = box_qp_reference(A, g, upper, start=start)
+        up = np.broadcast_to(upper, x.shape)
+        assert np.all(np.isfinite(x)) and np.all(x >= 0) and np.all(x <= up)
+        value, ref_value = _qp_value(A, g, x), _qp_value(A, g, ref)
+        assert np.isfinite(value) and value >= 0.0
+        assert value >= ref_value - 1e-9 * max(abs(ref_value), 1e-12)
+        assert _kkt_violation(A, g, upper, x) <= 1e-7
+        for _ in range(20):                     # no random feasible point is better
+            z = rng.uniform(0, 1, x.size) * up
+            assert _qp_value(A, g, z) <= value + 1e-9 * max(abs(value), 1e-12)
+
+
+def test_box_qp_kernel_edges(kernels):
+    """m = 1, every coordinate at a bound, a zero and a singular A, zero bounds, the ray of a linear objective."""
+    from hpcmtl.dmtrl import box_qp
+    assert_array_equal(box_qp(np.array([[2.0]]), np.array([1.0]), 1.0), [0.5])
+    assert_array_equal(box_qp(np.array([[2.0]]), np.array([5.0]), 1.0), [1.0])          # at the upper bound
+    assert_array_equal(box_qp(np.array([[2.0]]), np.array([-1.0]), 1.0), [0.0])         # at 0
+    assert_array_equal(box_qp(np.array([[0.0]]), np.array([1.0]), 3.0), [3.0])          # linear: to the bound
+    assert_array_equal(box_qp(np.zeros((3, 3)), np.array([1.0, -1.0, 0.0]), 2.0), [2.0, 0.0, 0.0])
+    A = np.eye(4)
+    assert_array_equal(box_qp(A, np.array([5.0, -5.0, 5.0, -5.0]), 1.0), [1.0, 0.0, 1.0, 0.0])   # all at bounds
+    assert_array_equal(box_qp(A, np.ones(4), np.zeros(4)), np.zeros(4))                 # a box of one point
+    assert box_qp(np.zeros((0, 0)), np.zeros(0), 1.0).shape == (0,)
+    v = np.array([1.0, 1.0, 0.0])
+    x = box_qp(np.outer(v, v), np.array([1.0, -1.0, 0.5]), 1.0)     # singular: linear along (1, -1, 0) and e3
+    assert_allclose(x, [1.0, 0.0, 1.0])
+    x = box_qp(np.outer(v, v), np.array([1.0, 1.0, 0.0]), 1.0)      # singular, gradient in the range
+    assert_allclose(x[0] + x[1], 1.0) and np.all(x >= 0)
+    assert _kkt_violation(np.outer(v, v), np.array([1.0, 1.0, 0.0]), 1.0, x) <= 1e-12
+    x = box_qp(A, np.ones(4), 1.0, start=np.array([np.nan, 0, 0, 0]))                   # a start that is not finite
+    assert_allclose(x, np.ones(4))
+    with pytest.raises(ValueError):
+        kernels.box_qp(np.eye(2), np.ones(3), np.ones(3), np.ones(3), False, np.zeros(3), 10, 1e-12)
