@@ -407,13 +407,18 @@ def test_tiny_tasks_computed_on_their_support_columns_through_several_omega_step
     widths = [b.n_features for b in local.blocks]
     assert 0 in widths                                        # the all-zero task (its mean is zero too)
     assert max(widths) < d / 2 and [w.size for w in local.w] == widths
-    result = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
-    original = dmtrl.exchange_index
-    dmtrl.exchange_index = lambda block, d: None              # every block on all d columns
+    server_on_supports = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)   # the server's too
+    assert server_on_supports.converged and len(server_on_supports.wsteps["converged"]) == 4
+    assert np.all(np.isfinite(server_on_supports.W))
+    # the workers alone: the server's algebra dense in both runs (its support algebra adds in another order)
+    original_pays, original_index = dmtrl.support_algebra_pays, dmtrl.exchange_index
+    dmtrl.support_algebra_pays = lambda supports, d: False
     try:
+        result = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+        dmtrl.exchange_index = lambda block, d: None          # every block on all d columns
         whole = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
     finally:
-        dmtrl.exchange_index = original
+        dmtrl.support_algebra_pays, dmtrl.exchange_index = original_pays, original_index
     assert result.converged and len(result.wsteps["converged"]) == 4 and np.all(np.isfinite(result.W))
     assert result.W.tobytes() == whole.W.tobytes() and result.intercept.tobytes() == whole.intercept.tobytes()
     assert result.history["dual"].tobytes() == whole.history["dual"].tobytes()
