@@ -11,9 +11,11 @@ and worker in one process) and sorts each rank's own time (cProfile's tottime) i
 - ``server``: the server's algebra (``Server`` / ``StepSolver``: W = B Sigma / lam, the step QPs, the
   Omega-step, the gap's regularizer);
 - ``numpy/scipy``: library calls made from any of the above (cProfile does not charge them to their caller);
-- ``other``: start-up, reading the data, writing the result.
+- ``other``: the rest (the interpreter's start-up, h5py).
 
-Seconds per round = a category's time / rounds (start-up included in ``other`` only).
+Milliseconds per round = a category's whole-run time / rounds: start-up, reading the data and writing the
+result are in them too (mostly ``numpy/scipy`` and ``other``), so compare runs, rank counts and cases with
+each other rather than reading one number alone; cProfile also slows Python-heavy code more than the rest.
 
     python bench/bench_round_profile.py [--case sparse|dense|mds] [--ranks 1,3] [--work DIR]
 """
@@ -83,7 +85,7 @@ def main():
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="hpcmtl-profile-")
     os.makedirs(work, exist_ok=True)
-    print(f"case {args.case}: milliseconds a round by category (cProfile's own time; start-up in 'other')")
+    print(f"case {args.case}: milliseconds a round by category (cProfile's own time, start-up and loading included)")
     print(f"{'P':>2s} {'rank':>4s} {'rounds':>6s} " + " ".join(f"{c:>12s}" for c in CATEGORIES))
     for ranks in (int(p) for p in args.ranks.split(",")):
         rounds, table = profile(args.case, ranks, work)
