@@ -43,6 +43,19 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
+def metrics_during_and_after(train_args, out, test_path, n_ranks):
+    """Train (``train_args`` with ``--test``, under mpiexec) and ``hpcmtl evaluate`` the saved model on the same
+    test file: ``(summary reported during training, summary of evaluate)``."""
+    import json
+    from hpcmtl import store
+    r = run_hpcmtl(train_args, n_ranks=n_ranks, timeout=180)
+    assert r.returncode == 0, r.stderr
+    during = store.read_result(out)["test"]["summary"]
+    ev = run_hpcmtl(["evaluate", out, test_path, "--json"])
+    assert ev.returncode == 0, ev.stderr
+    return during, json.loads(ev.stdout)["summary"]
+
+
 def run_hpcmtl_timed(args, n_ranks, report, timeout=180, env=None):
     """``run_hpcmtl`` (under mpiexec unless ``n_ranks`` is None) and the seconds from the first stderr line
     containing ``report`` to the end of the job (None if no line did).

@@ -21,7 +21,7 @@ from hpcmtl.joint_sparse import train as train_js
 from hpcmtl.losses import primal_reference
 from hpcmtl.metrics import evaluate_arrays
 
-from conftest import random_tasks, run_hpcmtl
+from conftest import metrics_during_and_after, random_tasks, run_hpcmtl
 
 
 def offset_tasks(seed=0, loss="squared", sparse=False, m=3, d=5, sizes=(40, 55, 33)):
@@ -357,13 +357,8 @@ def test_test_metrics_during_training_match_evaluate_with_intercept(tmp_path, lo
     tr, te, out = tmp_path / "tr.h5", tmp_path / "te.h5", tmp_path / "r.h5"
     store.write_tasks(tr, [X[:30] for X in Xs], [y[:30] for y in ys])
     store.write_tasks(te, [X[30:] for X in Xs], [y[30:] for y in ys])
-    r = run_hpcmtl(["train", "stl", "--train", tr, "--test", te, "--out", out, "--loss", loss, "--lam", "1e-3",
-                    "--tol", "1e-8", "--quiet"], n_ranks=3)
-    assert r.returncode == 0, r.stderr
-    during = store.read_result(out)["test"]["summary"]
-    ev = run_hpcmtl(["evaluate", out, te, "--json"])
-    assert ev.returncode == 0, ev.stderr
-    after = json.loads(ev.stdout)["summary"]
+    during, after = metrics_during_and_after(["train", "stl", "--train", tr, "--test", te, "--out", out, "--loss",
+                                              loss, "--lam", "1e-3", "--tol", "1e-8", "--quiet"], out, te, 3)
     key = "pooled_rmse" if loss == "squared" else "task_mean_auc"
     assert np.isfinite(during[key]) and np.isfinite(after[key])
     assert during[key] == pytest.approx(after[key], rel=1e-10)

@@ -22,7 +22,7 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskdata import TaskBlock
 from hpcmtl.taskspace import SupportSpace
 
-from conftest import mpiexec_path, run_hpcmtl
+from conftest import metrics_during_and_after, mpiexec_path, run_hpcmtl
 
 SIZES = (200, 30, 40, 25, 35, 20)      # task 0 is larger than a worker's share at P = 3: --split-tasks cuts it
 
@@ -314,13 +314,7 @@ def test_test_rows_off_the_supports_are_scored_with_the_whole_w(tmp_path):
         out = tmp_path / f"{method}-{loss}.h5"
         args = ["train", method, "--train", train_path, "--test", test_path, "--out", out, "--loss", loss,
                 "--lam", "1e-2", "--tol", "1e-6", "--outer", "2", "--quiet", "--force"]
-        r = run_hpcmtl(args, n_ranks=3, timeout=120)
-        assert r.returncode == 0, r.stderr
-        during = store.read_result(out)["test"]["summary"]
-        ev = run_hpcmtl(["evaluate", out, test_path, "--json"])
-        assert ev.returncode == 0, ev.stderr
-        import json
-        after = json.loads(ev.stdout)["summary"]
+        during, after = metrics_during_and_after(args, out, test_path, 3)
         key = "task_mean_error_rate" if loss == "hinge" else "task_mean_rmse"
         assert np.isfinite(after[key]) and during[key] == pytest.approx(after[key], rel=1e-12, abs=1e-12), \
             (method, loss)
