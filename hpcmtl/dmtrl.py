@@ -125,6 +125,16 @@ class DMTRLCommand(Command):
     # SET_LOCAL and GET_LOCAL with b (and dP) on the supports (a W-step of local rounds starts, ends; 21 is taken)
     SET_LOCAL_ON_SUPPORT = 20, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_local_on_support"
     GET_LOCAL_ON_SUPPORT = 22, Down.NOTHING, Up.GATHER_SUPPORT, ("vectors", "scalars"), "get_local_on_support"
+    # TRIAL_ON_SUPPORT of the box momentum, one block a task, the server's dP (the B change of the step applied
+    # last round, X^T p / n up to rounding) mirrored on the workers: per block [delta b on S_k, scalars], then,
+    # after all of a rank's segments, per block where X^T q / n differs from dP (the rows the box removed from
+    # p, and rounding above a few ulps): [c, c positions in S_k, X^T q / n there], or [-1, X^T q / n on S_k]
+    # when that is shorter (see encode_direction; the variable part: a Gatherv of what each rank has)
+    TRIAL_MOMENTUM_ON_SUPPORT = 23, Down.NOTHING, Up.GATHER_VECTORS, ("round", "vectors", "scalars"), \
+        "trial_momentum_on_support"
+    # the server's B and dP on every block's support (its workers' mirror of them: a resume, after local rounds
+    # or a warm start); sent on supports only
+    SET_DP_ON_SUPPORT = 24, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_dp_on_support"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
@@ -538,6 +548,11 @@ class LocalBlocks(LocalBase):
         self.momentum = uses_momentum(config)
         self.previous = [np.zeros(b.n_rows) for b in self.blocks]    # momentum: the step applied last round
         self.pending_q = [None] * len(self.blocks)                   # box momentum: this round's p'
+        # box momentum on supports: the server's dP and B on each block's exchange positions (None: zero), and
+        # this round's delta b and X^T q / n as the server has them, that make the next ones
+        self.dp_mirror = [None] * len(self.blocks)
+        self.b_mirror = [None] * len(self.blocks)
+        self.pending_exchanged = [None] * len(self.blocks)
         self.gram = [None] * len(self.blocks)           # exact solver: eigendecomposition of X^T X per block
         self.local = []                                 # local rounds: each block's TaskSteps
         self.support_sizes = None                       # every plan block's exchange size (SET_SUPPORTS)
@@ -740,7 +755,36 @@ class LocalBlocks(LocalBase):
 
     def trial_on_support(self, ctrl, inputs):
         """TRIAL_ON_SUPPORT: TRIAL's rows, their d-vectors on the supports."""
-        return self.support_values(self.trial_parts(ctrl.round))
+        parts = self.trial_parts(ctrl.round)
+        if self.momentum == "box":       # the server's dP after this step: delta b and X^T q / n as sent
+            self.pending_exchanged = [tuple(self.on_exchange(k, v) for v in vecs) for k, (vecs, _) in enumerate(parts)]
+        return self.support_values(parts)
+
+    def trial_momentum_on_support(self, ctrl, inputs):
+        """TRIAL_MOMENTUM_ON_SUPPORT: TRIAL_ON_SUPPORT's segments with delta b alone, then every block's
+        momentum direction ``X^T q / n`` where it differs from the server's dP (:func:`encode_direction`)."""
+        parts = self.trial_parts(ctrl.round)
+        fixed = self.support_values([(vecs[:1], scalars) for vecs, scalars in parts])
+        tails = []
+        for k, (vecs, _) in enumerate(parts):
+            direction = self.on_exchange(k, vecs[1])
+            zero = np.zeros(direction.size)
+            dp = self.dp_mirror[k] if self.dp_mirror[k] is not None else zero
+            b = self.b_mirror[k] if self.b_mirror[k] is not None else zero
+            sent, used = encode_direction(direction, dp, b, float(parts[k][1][-1]))
+            self.pending_exchanged[k] = (self.on_exchange(k, vecs[0]), used)
+            tails.append(sent)
+        return np.concatenate([fixed, *tails])
+
+    def set_dp_on_support(self, ctrl, flat):
+        """SET_DP_ON_SUPPORT: the server's B and dP on each block's support, the mirrors the next directions use."""
+        parts = self.from_support(flat, 2, 0)
+        self.b_mirror = [self.on_exchange(k, vecs[0]).copy() for k, (vecs, _) in enumerate(parts)]
+        self.dp_mirror = [self.on_exchange(k, vecs[1]).copy() for k, (vecs, _) in enumerate(parts)]
+
+    def on_exchange(self, k, vec):
+        """Block k's vector on its own columns -> its values at the exchange positions (its support as sent)."""
+        return vec[self.features[k]] if self.features[k] is not None and self.columns[k] is None else vec
 
     def set_w_on_support(self, ctrl, flat):
         """SET_W_ON_SUPPORT: w on each block's support; objective terms."""
@@ -786,6 +830,11 @@ class LocalBlocks(LocalBase):
                 self.pending_q[k] = None
             if eta != 0.0 or beta != 0.0:
                 self.state[k].alpha = self.state[k].alpha + step
+        if self.pending_exchanged[k] is not None:     # the server's dP = eta dB + beta dQ, B += dP: its arithmetic
+            db, dq = self.pending_exchanged[k]
+            self.dp_mirror[k] = eta * db + beta * dq
+            self.b_mirror[k] = self.dp_mirror[k] + (self.b_mirror[k] if self.b_mirror[k] is not None else 0.0)
+            self.pending_exchanged[k] = None
         self.pending[k] = None
         self.rho_block[k] = rho
 
@@ -877,6 +926,7 @@ class LocalBlocks(LocalBase):
         for k, blk in enumerate(self.blocks):
             self.previous[k] = mine[pos:pos + blk.n_rows].copy()
             pos += blk.n_rows
+        self.dp_mirror = [None] * len(self.blocks)     # the server's dP: zero, or sent next (a resume)
 
     def get_state(self, ctrl, inputs):
         """GET_STATE: every block's :class:`BlockState`, packed and concatenated in plan order."""
@@ -927,6 +977,39 @@ def box_direction(a, p, y):
     bk, ypk = b[keep], yp[keep]
     room = np.where(ypk > 0, 1.0 - bk, -bk) / ypk
     return np.where(keep, p, 0.0), float(min(BETA_CAP, np.min(room)))
+
+
+DIRECTION_ULPS = 8.0      # box momentum on supports: dP stands for X^T q / n where B could not tell them apart
+
+
+def direction_tolerance(direction, dp, b, beta_max):
+    """How far the server's momentum direction may be from ``X^T q / n`` at any position: ``DIRECTION_ULPS``
+    ulps of the largest of ``|X^T q / n|``, ``|dP|`` and ``|B| / max(1, beta_max / 2)``.  With the step
+    ``beta <= beta_max / 2``, what B gains from it is then off by at most those ulps of B's largest entry: the
+    rounding of B's own update."""
+    scale = max(float(np.max(np.abs(direction), initial=0.0)), float(np.max(np.abs(dp), initial=0.0)),
+                float(np.max(np.abs(b), initial=0.0)) / max(1.0, 0.5 * beta_max))
+    return DIRECTION_ULPS * np.finfo(np.float64).eps * scale
+
+
+def encode_direction(direction, dp, b, beta_max):
+    """``(what a block sends, the direction the server will use)`` of its momentum direction ``X^T q / n`` on
+    its exchange positions, given the server's ``dP`` and ``B`` there and the block's ``beta_max``.
+
+    ``q`` is the previous step p without the rows the box removed, and ``dP`` the server's ``X^T p / n``
+    (``eta dB + beta dQ`` of the last round, in its arithmetic, with local SDCA's accumulated delta b): they
+    differ where removed rows touch, and by rounding elsewhere.  Sent: ``[c, positions, values]`` of the c
+    positions where they differ by more than :func:`direction_tolerance` (the server keeps dP elsewhere), or
+    ``[-1, the whole direction]`` when that is not shorter.  The server's direction is then within that
+    tolerance of the true one at every position, every round (no error carries over: dP is the server's
+    own).  Decoded by :meth:`Server.directions`."""
+    tolerance = direction_tolerance(direction, dp, b, beta_max)
+    differ = np.flatnonzero(~(np.abs(direction - dp) <= tolerance))
+    if 2 * differ.size < direction.size:
+        used = dp.copy()
+        used[differ] = direction[differ]
+        return np.concatenate([[float(differ.size)], differ.astype(np.float64), direction[differ]]), used
+    return np.concatenate([[-1.0], direction]), direction
 
 
 def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
@@ -1163,6 +1246,11 @@ class Server(StepSolver, ServerBase):
         self.momentum = uses_momentum(config)
         self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
         self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
+        # box momentum on supports: dPT is the B change the workers' previous steps made (X^T p / n per task),
+        # so they send their direction X^T q / n only where it differs (TRIAL_MOMENTUM_ON_SUPPORT); False
+        # after anything else set their previous steps (local rounds, a checkpoint that did not record it)
+        self.dp_known = True
+        self.mirrored = True          # the workers mirror B and dP (False: sent before the next such TRIAL)
         self.history = GapHistory()
         self.t = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
@@ -1267,15 +1355,20 @@ class Server(StepSolver, ServerBase):
         """What ``cmd`` (SDCA, TRIAL) returns, per block ``vectors`` d-vectors and ``scalars`` numbers:
         ``([per-task sum of vector v as a task array of self.space], per-block scalars)``.  On the supports
         when they are known (the same numbers: the vectors vanish off the supports), else dense rows."""
-        layout = self.supports()
+        if self.supports() is None:
+            return self.row_task_arrays(self.command(cmd, width=vectors * self.d + scalars, **fields), vectors)
+        flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
+        return self.support_task_arrays(flat, vectors, scalars)
+
+    def support_task_arrays(self, flat, vectors, scalars):
+        """A support collective's flat values -> ``([per-task sum of vector v, a task array], per-block scalars)``."""
+        if self.space.sparse:
+            return self.space.from_flat(flat, vectors, scalars)
+        return self.row_task_arrays(self.layout.rows(flat, vectors, scalars), vectors)
+
+    def row_task_arrays(self, rows, vectors):
+        """Per-block dense rows ``[vectors d-vectors, scalars]`` -> as :meth:`support_task_arrays` (m x d rows)."""
         d = self.d
-        if layout is None:
-            rows = self.command(cmd, width=vectors * d + scalars, **fields)
-        else:
-            flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
-            if self.space.sparse:
-                return self.space.from_flat(flat, vectors, scalars)
-            rows = layout.rows(flat, vectors, scalars)
         summed = self.per_task(rows[:, :vectors * d])
         return [summed[:, v * d:(v + 1) * d] for v in range(vectors)], rows[:, vectors * d:]
 
@@ -1314,8 +1407,14 @@ class Server(StepSolver, ServerBase):
     def round_steps(self, want_gap):
         """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
         scalars = {None: 2, "free": 5, "box": 6}[self.momentum]
-        vecs, block_scalars = self.gather_up(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, scalars,
-                                             round=self.round)
+        box_on_supports = self.momentum == "box" and self.supports() is not None
+        if box_on_supports and self.dp_known and self.one_block_a_task:
+            if not self.mirrored:               # the workers' mirrors of B and dP
+                self.send_mirrors()
+            vecs, block_scalars = self.gather_trial_momentum(scalars)
+        else:
+            vecs, block_scalars = self.gather_up(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, scalars,
+                                                 round=self.round)
         per_task = self.per_task(block_scalars)
         if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
             beta_max = np.full(self.m, np.inf)
@@ -1327,9 +1426,77 @@ class Server(StepSolver, ServerBase):
         with one_blas_thread():
             eta, beta = self.take_steps(vecs[0], vecs[1] if self.momentum == "box" else None, per_task)
         self.step, self.beta = eta, beta
+        if box_on_supports:             # the workers' next previous step p = eta delta + beta q, as B sees it
+            self.dPT = self.space.combine(eta, vecs[0], beta, vecs[1])
+            self.dp_known = True
         self.recompute_w()
         self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
         return self.push_w(want_gap, eta, beta)
+
+    def gather_trial_momentum(self, scalars):
+        """TRIAL on the supports with box momentum, one block a task: per task ``X^T q / n`` is dP where the
+        worker found them alike, what it sent elsewhere (:meth:`LocalBlocks.trial_momentum_on_support`);
+        as :meth:`gather_up`."""
+        pieces = self.command(DMTRLCommand.TRIAL_MOMENTUM_ON_SUPPORT, round=self.round, vectors=1, scalars=scalars)
+        fixed = self.cluster.rank_totals(self.layout.sizes + scalars)
+        (dBT,), block_scalars = self.support_task_arrays(
+            np.concatenate([piece[:n] for piece, n in zip(pieces, fixed)]), 1, scalars)
+        positions, values = self.directions([piece[n:] for piece, n in zip(pieces, fixed)])
+        dQT = self.dPT.copy()
+        dQT.reshape(-1)[positions] = values
+        return [dBT, dQT], block_scalars
+
+    def send_mirrors(self):
+        """SET_DP_ON_SUPPORT: every block's task's B and dP on its support (what the workers' directions
+        compare with, :func:`encode_direction`)."""
+        if self.space.sparse:
+            payload = self.space.vectors_to_flat([self.BT, self.dPT])
+        else:
+            payload = self.layout.pack(np.column_stack([self.BT, self.dPT])[self.block_task], 2)
+        self.command(DMTRLCommand.SET_DP_ON_SUPPORT, payload=payload, vectors=2, scalars=0)
+        self.mirrored = True
+
+    @property
+    def one_block_a_task(self):
+        return bool(np.all(self.blocks_per_task == 1))
+
+    def directions(self, tails):
+        """Every block's momentum direction as sent (:func:`encode_direction`, per rank its blocks in plan
+        order) as ``(positions in a task array of self.space, values)``."""
+        positions, values = [], []
+        for rank, blocks in self.blocks_by_rank():
+            tail, pos = tails[rank], 0
+            for k in blocks:
+                index, size = self.layout.index[k], int(self.layout.sizes[k])
+                count = int(tail[pos]) if pos < tail.size and np.isfinite(tail[pos]) else -2
+                if count == -1:
+                    at, value = np.arange(size, dtype=np.int64), tail[pos + 1:pos + 1 + size]
+                    pos += 1 + size
+                elif 0 <= count <= size:
+                    at = tail[pos + 1:pos + 1 + count]
+                    value = tail[pos + 1 + count:pos + 1 + 2 * count]
+                    pos += 1 + 2 * count
+                    if not (np.all(np.isfinite(at)) and np.all((at >= 0) & (at < size))):
+                        raise ValueError(f"rank {rank}: block {k}'s direction has positions outside its support")
+                    at = at.astype(np.int64)
+                else:
+                    raise ValueError(f"rank {rank}: block {k}'s direction is not [c, ...] or [-1, ...]")
+                if value.size != at.size:
+                    raise ValueError(f"rank {rank}: block {k}'s direction is cut short")
+                task = int(self.block_task[k])
+                positions.append(self.space.block_pos[k][at] if self.space.sparse else task * self.d + index[at])
+                values.append(value)
+            if pos != tail.size:
+                raise ValueError(f"rank {rank}: {tail.size} direction values, its blocks took {pos}")
+        cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype))
+        return cat(positions, np.int64), cat(values, np.float64)
+
+    def blocks_by_rank(self):
+        """``(rank, [plan indices of its blocks])`` for every rank, in rank order (plan order within a rank)."""
+        by_rank = [[] for _ in range(self.cluster.size)]
+        for k, b in enumerate(self.blocks):
+            by_rank[self.cluster.worker_rank(b.worker)].append(k)
+        return list(enumerate(by_rank))
 
     # -- local rounds (nothing couples the tasks) -------------------------------
     def local_rounds_possible(self) -> bool:
@@ -1356,6 +1523,7 @@ class Server(StepSolver, ServerBase):
         else:
             self.command(DMTRLCommand.RESET_LOCAL, width=self.d)
         self.local_phase = True
+        self.dp_known = self.mirrored = False   # the local rounds' steps become the previous steps, B theirs
 
     def pull_local(self):
         """B, dP, steps and rho back from the workers (one block a task); W recomputed."""
@@ -1421,10 +1589,15 @@ class Server(StepSolver, ServerBase):
         self.push_sigma()
         self.push_w(False)
         if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
-            self.dPT = np.zeros_like(self.dPT)      # (a task array of either space)
-            self.command(DMTRLCommand.SET_PREVIOUS, payload=self.previous_payloads(None))
+            self.restart_momentum()
         self.t = 0
         self.safe_point()
+
+    def restart_momentum(self):
+        """No previous step on the workers, none in dP (a new quadratic: a new Sigma, a new lam)."""
+        self.dPT = np.zeros_like(self.dPT)      # (a task array of either space)
+        self.command(DMTRLCommand.SET_PREVIOUS, payload=self.previous_payloads(None))
+        self.dp_known = True
 
     def gather_previous(self):
         """Every task's previous step (momentum state) as one vector of all rows, tasks in file order."""
@@ -1439,12 +1612,9 @@ class Server(StepSolver, ServerBase):
 
         ``size(block)`` is the length of a block's slice; yields rank by rank.
         """
-        by_rank = {}
-        for b in self.blocks:
-            by_rank.setdefault(self.cluster.worker_rank(b.worker), []).append(b)
-        for rank, blocks in sorted(by_rank.items()):
+        for rank, blocks in self.blocks_by_rank():
             pos = 0
-            for b in blocks:
+            for b in (self.blocks[k] for k in blocks):
                 yield b, pieces[rank][pos:pos + size(b)]
                 pos += size(b)
 
@@ -1486,7 +1656,8 @@ class Server(StepSolver, ServerBase):
         arrays.update(self.history.checkpoint_arrays())
         counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
-                    "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps}
+                    "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
+                    "dp_known": bool(self.momentum == "box" and self.dp_known)}
         return arrays, blocks, counters
 
     def gather_state(self):
@@ -1513,6 +1684,8 @@ class Server(StepSolver, ServerBase):
             self.dPT = self.space.compact(ck["arrays"]["dPT"])
         c = ck["counters"]
         self.round, self.t = int(c["round"]), int(c["t"])
+        self.dp_known = bool(c.get("dp_known", False))    # dPT is the workers' X^T p / n (box momentum)
+        self.mirrored = False
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])

@@ -239,8 +239,9 @@ class PathServer(dmtrl.Server):
         self.BT = self.per_task(self.command(PathCommand.DUAL_B, width=self.d))
         self.recompute_w()
         self.push_sigma()
+        self.mirrored = False                  # a new B: the workers' mirror of it is sent when next used
         if self.momentum:                      # a new lam, a new quadratic: no previous step
-            self.command(dmtrl.DMTRLCommand.SET_PREVIOUS, payload=self.previous_payloads(None))
+            self.restart_momentum()
         self.push_w(False)
 
 

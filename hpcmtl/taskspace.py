@@ -317,6 +317,13 @@ class SupportSpace:
         vecs = [buf[v * self.size:(v + 1) * self.size] for v in range(vectors)]
         return vecs, flat[scal].reshape(len(self.block_pos), scalars)
 
+    def vectors_to_flat(self, arrays):
+        """A SCATTER_SUPPORT's flat values of several task arrays, no scalars: every block's ``[its task's
+        values of arrays[0] on S_k, of arrays[1] on S_k, ...]``."""
+        source = np.concatenate(arrays) if arrays else np.zeros(0)
+        pieces = [v * self.size + pos for pos in self.block_pos for v in range(len(arrays))]
+        return source[np.concatenate(pieces).astype(np.int64)] if pieces else np.zeros(0)
+
     def to_flat(self, W, scalars):
         """A SCATTER_SUPPORT's flat values: every block's ``[its task's w on S_k, its task's scalars]``
         (``scalars``: m x s per task, or None)."""
