@@ -281,15 +281,21 @@ def rmatvec(X, v) -> np.ndarray:
 
 
 def float32_overflow(X):
-    """``(row, value)`` of the first finite value of ``X`` beyond float32's range, or None."""
-    limit = float(np.finfo(np.float32).max)
+    """``(row, value)`` of the first finite value of ``X`` beyond float32's range, or None.
+
+    Checked ``FLOAT32_CHUNK_VALUES`` at a time (no ``|X|`` of the whole block in memory); float32 values
+    are within it by their type."""
     data = X.data if sp.issparse(X) else np.asarray(X).reshape(-1)
-    big = np.flatnonzero(np.abs(data) > limit)
-    if not big.size:
+    if data.dtype == np.float32:
         return None
-    p = int(big[0])
-    row = int(np.searchsorted(X.indptr, p, side="right") - 1) if sp.issparse(X) else p // max(1, X.shape[1])
-    return row, float(data[p])
+    limit = float(np.finfo(np.float32).max)
+    for s in range(0, data.size, FLOAT32_CHUNK_VALUES):
+        big = np.flatnonzero(np.abs(data[s:s + FLOAT32_CHUNK_VALUES]) > limit)
+        if big.size:
+            p = s + int(big[0])
+            row = int(np.searchsorted(X.indptr, p, side="right") - 1) if sp.issparse(X) else p // max(1, X.shape[1])
+            return row, float(data[p])
+    return None
 
 
 def dense_or_csr(X):
