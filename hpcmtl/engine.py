@@ -41,7 +41,7 @@ from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import get_loss, signed_labels
 from .metrics import summarize, task_metrics
-from .taskdata import float32_overflow
+from .taskdata import float32_overflow, float32_overflow_error
 
 
 # ---------------------------------------------------------------------------
@@ -202,24 +202,26 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                                  f"the training data {source.path} has {source.n_features}")
             if list(test_source.names) != list(source.names):
                 raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
-        # a dense file's rows read straight into the augmented array (no second copy of the block in memory)
-        # when nothing transforms them first
-        read_augmented = (prepare and intercept_mode(config) == "augment" and phi is None
-                          and getattr(source, "storage", None) == "dense"
-                          and not (getattr(config, "float32", False) and getattr(source, "dtype", None) != "float32"))
+        # a dense file's rows read straight into their final array when nothing transforms them first: the
+        # augmented one of the hinge/logistic intercept, and rounded to float32 a chunk at a time (--float32 on
+        # a float64 file): no second copy of the block in memory
+        direct = phi is None and getattr(source, "storage", None) == "dense"
+        read_augmented = prepare and intercept_mode(config) == "augment" and direct
+        rounded = direct and getattr(config, "float32", False) and getattr(source, "dtype", None) == "float64"
+        options = dict(constant_column=config.intercept_scaling) if read_augmented else {}
+        if rounded:
+            options["float32"] = True
+        own = getattr(source, "fresh_arrays", False)        # a file's blocks: centered in place (no second copy)
         for b in cluster.my_blocks:
-            if read_augmented:
-                blk = source.read_block(b.task, b.start, b.stop, b.part, constant_column=config.intercept_scaling)
-            else:
-                blk = source.read_block(b.task, b.start, b.stop, b.part)
+            blk = source.read_block(b.task, b.start, b.stop, b.part, **options)
             blk.y = signed_labels(loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
             if getattr(config, "float32", False):
                 blk = as_float32(blk, f"{source.path}: task '{blk.name}' (#{b.task})")
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, means_map(config, phi)) if prepare and not read_augmented
-                        else blk)
+            mine.append(with_intercept(blk, config, source, means_map(config, phi), own=own)
+                        if prepare and not read_augmented else blk)
             if test_source is not None and b.part == 0:
                 test = test_source.read_task(b.task)
                 test.y = signed_labels(loss, test.y, config.positive_label,
@@ -259,13 +261,13 @@ def model_width(config, n_features: int) -> int:
     return (config.rff_dim or n_features) + (1 if intercept_mode(config) == "augment" else 0)
 
 
-def with_intercept(blk, config, source, phi=None):
+def with_intercept(blk, config, source, phi=None, own=False):
     """A training block prepared for the intercept: centered by its whole task's means (streamed from
     ``source`` in fixed chunks: the same bits on every rank, whatever part of the task it holds), augmented,
-    or as it is."""
+    or as it is.  ``own``: nothing else holds ``blk`` (just read), so dense rows are centered in place."""
     mode = intercept_mode(config)
     if mode == "center":
-        return blk.centered(*source.task_means(blk.task, phi))
+        return blk.centered(*source.task_means(blk.task, phi), in_place=own)
     if mode == "augment":
         return blk.augmented(config.intercept_scaling)
     return blk
@@ -294,8 +296,7 @@ def as_float32(blk, where):
     (:class:`InputError` naming ``where``, the field and the row: exit 2 on every rank)."""
     big = float32_overflow(blk.X)
     if big is not None:
-        raise InputError(f"{where}: field 'X': row {blk.row_start + big[0]}: {big[1]:.3g} does not fit float32 "
-                         f"(--float32); rescale the features or train in float64")
+        raise float32_overflow_error(where, blk.row_start + big[0], big[1])
     return blk.as_float32()
 
 
