@@ -90,7 +90,7 @@ class Command(enum.IntEnum):
 
 class EngineCommand(Command):
     """The commands every algorithm shares."""
-    TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test metrics of the current w
+    TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test (labels, scores) of the current w
 
 
 
@@ -403,16 +403,15 @@ class LocalBase:
             raise
 
     def test_metrics(self, ctrl, inputs):
-        """TEST: {task: metrics} of the test rows of this rank's first block of each task."""
+        """TEST: {task: (labels, scores)} of the test rows of this rank's first block of each task.  The server
+        computes the metrics (:meth:`ServerBase.test_metrics`): a worker never imports scikit-learn (about
+        59 MB a rank, issue 14)."""
         local = {}
-        if not self.test_blocks:
-            return local
-        regression = not self.loss.binary_labels
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)
             if test is not None and blk.part == 0:
                 scores = test.decision(self.full_w(k)) + blk.intercept(self.w[k]) + self.b[k]   # centered: + ybar - mu.w
-                local[blk.task] = task_metrics(test.y, scores, regression)
+                local[blk.task] = (test.y, scores)
         return local
 
     def full_w(self, k):
@@ -488,10 +487,11 @@ class ServerBase:
                             f"continue with --resume")
 
     def test_metrics(self, regression):
+        """Per-task test metrics and their summary from every rank's (labels, scores) (None without a test set)."""
         per_task = {}
         for part in self.command(EngineCommand.TEST):
             per_task.update(part)
-        tasks = [dict(name=self.names[t], **per_task[t]) for t in sorted(per_task)]
+        tasks = [dict(name=self.names[t], **task_metrics(*per_task[t], regression)) for t in sorted(per_task)]
         return {"tasks": tasks, "summary": summarize(tasks, regression)} if tasks else None
 
     def stop(self, reason=STOP_DONE, code=0):

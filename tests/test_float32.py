@@ -589,6 +589,13 @@ def test_float32_models_are_bitwise_identical_at_1_2_3_ranks(synth32, tmp_path):
         assert np.array_equal(runs[n]["history"]["primal"], ref["history"]["primal"]), n
     # the float32 file and --float32 on the original hold the same float32 partitions
     assert np.array_equal(runs["split"]["ranks"]["partition_mb"], runs[3]["ranks"]["partition_mb"])
+    # the same test metrics at every rank count, and the server computes them from the workers' scores: a
+    # worker grows by its (small) partition and a few MB, never by scikit-learn's import (59 MB, issue 14)
+    for n in (2, 3, "split"):
+        assert runs[n]["test"]["summary"] == ref["test"]["summary"], n
+        info = runs[n]["ranks"]
+        grown = info["peak_rss_mb"][1:] - info["rss_before_data_mb"][1:]
+        assert np.all(np.isfinite(grown)) and np.all(grown < info["partition_mb"][1:] + 30), (n, grown)
 
 
 @pytest.mark.parametrize("loss,intercept", [("hinge", True), ("squared", False)])
