@@ -202,15 +202,10 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                                  f"the training data {source.path} has {source.n_features}")
             if list(test_source.names) != list(source.names):
                 raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
-        # a dense file's rows read straight into their final array when nothing transforms them first: the
-        # augmented one of the hinge/logistic intercept, and rounded to float32 a chunk at a time (--float32 on
-        # a float64 file): no second copy of the block in memory
-        direct = phi is None and getattr(source, "storage", None) == "dense"
-        read_augmented = prepare and intercept_mode(config) == "augment" and direct
-        rounded = direct and getattr(config, "float32", False) and getattr(source, "dtype", None) == "float64"
-        options = dict(constant_column=config.intercept_scaling) if read_augmented else {}
-        if rounded:
-            options["float32"] = True
+        augment = intercept_mode(config) == "augment"
+        options = read_options(source, config, phi, prepare and augment)
+        test_options = read_options(test_source, config, phi, augment)
+        read_augmented = "constant_column" in options
         own = getattr(source, "fresh_arrays", False)        # a file's blocks: centered in place (no second copy)
         for b in cluster.my_blocks:
             blk = source.read_block(b.task, b.start, b.stop, b.part, **options)
@@ -223,7 +218,7 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
             mine.append(with_intercept(blk, config, source, means_map(config, phi), own=own)
                         if prepare and not read_augmented else blk)
             if test_source is not None and b.part == 0:
-                test = test_source.read_task(b.task)
+                test = test_source.read_block(b.task, **test_options)
                 test.y = signed_labels(loss, test.y, config.positive_label,
                                        f"{test_source.path}: task '{test.name}' (#{b.task})")
                 test = test.transformed(phi) if phi is not None else test
@@ -231,14 +226,25 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                     test = as_float32(test, f"{test_source.path}: task '{test.name}' (#{b.task})")
                 check_scale(test, f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
                 # scored with the training block's intercept (LocalBase.test_metrics); augmented like it
-                tests[b.task] = test.augmented(config.intercept_scaling) if intercept_mode(config) == "augment" \
-                    else test
+                tests[b.task] = test.augmented(config.intercept_scaling) \
+                    if augment and "constant_column" not in test_options else test
     except InputError as exc:
         error = str(exc)
     cluster.agree(error)
     from .checkpoint import share_fingerprints
     share_fingerprints(cluster, source)     # the server learns what was read (checkpoints, resume check)
     return mine, tests
+
+
+def read_options(source, config, phi, augment):
+    """``read_block``'s options that read a dense file's rows straight into their final array when nothing
+    transforms them first: the one with the augmented intercept column (``augment``), rounded to float32 a
+    file chunk at a time (``--float32`` on a float64 file): no second copy of a block in memory."""
+    direct = phi is None and getattr(source, "storage", None) == "dense"
+    options = dict(constant_column=config.intercept_scaling) if augment and direct else {}
+    if direct and getattr(config, "float32", False) and getattr(source, "dtype", None) == "float64":
+        options["float32"] = True
+    return options
 
 
 # ---------------------------------------------------------------------------
