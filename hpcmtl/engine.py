@@ -41,7 +41,7 @@ from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .losses import get_loss, signed_labels
 from .metrics import summarize, task_metrics
-from .taskdata import float32_overflow
+from .taskdata import float32_overflow, float32_overflow_error
 
 
 # ---------------------------------------------------------------------------
@@ -90,7 +90,7 @@ class Command(enum.IntEnum):
 
 class EngineCommand(Command):
     """The commands every algorithm shares."""
-    TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test metrics of the current w
+    TEST = 100, Down.NOTHING, Up.GATHER_OBJECTS, (), "test_metrics"   # per-task test (labels, scores) of the current w
 
 
 
@@ -202,26 +202,23 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                                  f"the training data {source.path} has {source.n_features}")
             if list(test_source.names) != list(source.names):
                 raise InputError(f"{test_source.path}: task names differ from the training data {source.path}")
-        # a dense file's rows read straight into the augmented array (no second copy of the block in memory)
-        # when nothing transforms them first
-        read_augmented = (prepare and intercept_mode(config) == "augment" and phi is None
-                          and getattr(source, "storage", None) == "dense"
-                          and not (getattr(config, "float32", False) and getattr(source, "dtype", None) != "float32"))
+        augment = intercept_mode(config) == "augment"
+        options = read_options(source, config, phi, prepare and augment)
+        test_options = read_options(test_source, config, phi, augment)
+        read_augmented = "constant_column" in options
+        own = getattr(source, "fresh_arrays", False)        # a file's blocks: centered in place (no second copy)
         for b in cluster.my_blocks:
-            if read_augmented:
-                blk = source.read_block(b.task, b.start, b.stop, b.part, constant_column=config.intercept_scaling)
-            else:
-                blk = source.read_block(b.task, b.start, b.stop, b.part)
+            blk = source.read_block(b.task, b.start, b.stop, b.part, **options)
             blk.y = signed_labels(loss, blk.y, config.positive_label, f"{source.path}: task '{blk.name}' (#{b.task})")
             if phi is not None:
                 blk = blk.transformed(phi)
             if getattr(config, "float32", False):
                 blk = as_float32(blk, f"{source.path}: task '{blk.name}' (#{b.task})")
             check_scale(blk, f"{source.path}: task '{blk.name}' (#{b.task})", loss)
-            mine.append(with_intercept(blk, config, source, means_map(config, phi)) if prepare and not read_augmented
-                        else blk)
+            mine.append(with_intercept(blk, config, source, means_map(config, phi), own=own)
+                        if prepare and not read_augmented else blk)
             if test_source is not None and b.part == 0:
-                test = test_source.read_task(b.task)
+                test = test_source.read_block(b.task, **test_options)
                 test.y = signed_labels(loss, test.y, config.positive_label,
                                        f"{test_source.path}: task '{test.name}' (#{b.task})")
                 test = test.transformed(phi) if phi is not None else test
@@ -229,14 +226,25 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
                     test = as_float32(test, f"{test_source.path}: task '{test.name}' (#{b.task})")
                 check_scale(test, f"{test_source.path}: task '{test.name}' (#{b.task})", loss)
                 # scored with the training block's intercept (LocalBase.test_metrics); augmented like it
-                tests[b.task] = test.augmented(config.intercept_scaling) if intercept_mode(config) == "augment" \
-                    else test
+                tests[b.task] = test.augmented(config.intercept_scaling) \
+                    if augment and "constant_column" not in test_options else test
     except InputError as exc:
         error = str(exc)
     cluster.agree(error)
     from .checkpoint import share_fingerprints
     share_fingerprints(cluster, source)     # the server learns what was read (checkpoints, resume check)
     return mine, tests
+
+
+def read_options(source, config, phi, augment):
+    """``read_block``'s options that read a dense file's rows straight into their final array when nothing
+    transforms them first: the one with the augmented intercept column (``augment``), rounded to float32 a
+    file chunk at a time (``--float32`` on a float64 file): no second copy of a block in memory."""
+    direct = phi is None and getattr(source, "storage", None) == "dense"
+    options = dict(constant_column=config.intercept_scaling) if augment and direct else {}
+    if direct and getattr(config, "float32", False) and getattr(source, "dtype", None) == "float64":
+        options["float32"] = True
+    return options
 
 
 # ---------------------------------------------------------------------------
@@ -259,13 +267,13 @@ def model_width(config, n_features: int) -> int:
     return (config.rff_dim or n_features) + (1 if intercept_mode(config) == "augment" else 0)
 
 
-def with_intercept(blk, config, source, phi=None):
+def with_intercept(blk, config, source, phi=None, own=False):
     """A training block prepared for the intercept: centered by its whole task's means (streamed from
     ``source`` in fixed chunks: the same bits on every rank, whatever part of the task it holds), augmented,
-    or as it is."""
+    or as it is.  ``own``: nothing else holds ``blk`` (just read), so dense rows are centered in place."""
     mode = intercept_mode(config)
     if mode == "center":
-        return blk.centered(*source.task_means(blk.task, phi))
+        return blk.centered(*source.task_means(blk.task, phi), in_place=own)
     if mode == "augment":
         return blk.augmented(config.intercept_scaling)
     return blk
@@ -294,8 +302,7 @@ def as_float32(blk, where):
     (:class:`InputError` naming ``where``, the field and the row: exit 2 on every rank)."""
     big = float32_overflow(blk.X)
     if big is not None:
-        raise InputError(f"{where}: field 'X': row {blk.row_start + big[0]}: {big[1]:.3g} does not fit float32 "
-                         f"(--float32); rescale the features or train in float64")
+        raise float32_overflow_error(where, blk.row_start + big[0], big[1])
     return blk.as_float32()
 
 
@@ -402,16 +409,15 @@ class LocalBase:
             raise
 
     def test_metrics(self, ctrl, inputs):
-        """TEST: {task: metrics} of the test rows of this rank's first block of each task."""
+        """TEST: {task: (labels, scores)} of the test rows of this rank's first block of each task.  The server
+        computes the metrics (:meth:`ServerBase.test_metrics`): a worker never imports scikit-learn (about
+        59 MB a rank, issue 14)."""
         local = {}
-        if not self.test_blocks:
-            return local
-        regression = not self.loss.binary_labels
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)
             if test is not None and blk.part == 0:
                 scores = test.decision(self.full_w(k)) + blk.intercept(self.w[k]) + self.b[k]   # centered: + ybar - mu.w
-                local[blk.task] = task_metrics(test.y, scores, regression)
+                local[blk.task] = (test.y, scores)
         return local
 
     def full_w(self, k):
@@ -487,10 +493,11 @@ class ServerBase:
                             f"continue with --resume")
 
     def test_metrics(self, regression):
+        """Per-task test metrics and their summary from every rank's (labels, scores) (None without a test set)."""
         per_task = {}
         for part in self.command(EngineCommand.TEST):
             per_task.update(part)
-        tasks = [dict(name=self.names[t], **per_task[t]) for t in sorted(per_task)]
+        tasks = [dict(name=self.names[t], **task_metrics(*per_task[t], regression)) for t in sorted(per_task)]
         return {"tasks": tasks, "summary": summarize(tasks, regression)} if tasks else None
 
     def stop(self, reason=STOP_DONE, code=0):

@@ -63,7 +63,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import InputError
-from .taskdata import TaskBlock, float32_overflow, task_means as _task_means
+from .taskdata import (FLOAT32_CHUNK_VALUES, TaskBlock, float32_overflow, float32_overflow_error,
+                       task_means as _task_means)
 
 TASKS_FORMAT = "hpcmtl-tasks"
 RESULT_FORMAT = "hpcmtl-result"
@@ -370,12 +371,12 @@ def check_outputs(outputs, inputs=()) -> None:
         check_writable(path, force)
 
 
-def _open_read(path: str, expected_format: str) -> h5py.File:
+def _open_read(path: str, expected_format: str, **options) -> h5py.File:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     try:
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", **options)
     except OSError:
         raise InputError(f"{path}: not an HDF5 file") from None
     fmt = f.attrs.get("format")
@@ -633,7 +634,10 @@ class TaskFile(_OpenFile):
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._f = _open_read(self.path, TASKS_FORMAT)
+        # no chunk cache: reads take row ranges in order (a chunk at the edge of two ranges is read twice);
+        # HDF5's cache and its freed chunk buffers held 3-9 MB beside each block read and about 10 MB of a
+        # worker's heap after its load (issue 14)
+        self._f = _open_read(self.path, TASKS_FORMAT, rdcc_nbytes=0)
         f = self._f
         try:
             self.n_tasks = int(f.attrs["n_tasks"])
@@ -682,18 +686,28 @@ class TaskFile(_OpenFile):
     def _where(self, i):
         return f"{self.path}: task '{self.names[i]}' (#{i})"
 
+    fresh_arrays = True     # read_block's arrays are its own (nothing else holds them): load_blocks may center in place
+
     def read_block(self, i: int, start: int = 0, stop: int | None = None, part: int = 0,
-                   constant_column: float | None = None) -> TaskBlock:
+                   constant_column: float | None = None, float32: bool = False) -> TaskBlock:
         """Rows ``start:stop`` of task ``i`` as a validated ``TaskBlock``.
 
         ``constant_column`` (dense storage only): the rows are read straight into an ``n x (d + 1)`` array
         whose last column holds that value, the block :meth:`TaskBlock.augmented` would make, without a
-        second copy of the rows in memory; validation and fingerprints see the file's d columns."""
+        second copy of the rows in memory; validation and fingerprints see the file's d columns.
+        ``float32`` (dense float64 files only; ``--float32``): the rows are rounded to float32 into their final
+        array a file chunk at a time (never a float64 copy of the block), checked and fingerprinted as stored;
+        a value beyond float32's range is refused in one line naming the row."""
         n = int(self.n_samples[i])
         stop = n if stop is None else stop
-        X, y = self._read_rows(i, start, stop, constant_column)
-        features = X if constant_column is None else X[:, :self.n_features]
-        self.read_parts.setdefault(i, {})[(start, stop)] = fingerprint_rows(features, y, start, self.n_features)
+        rounded = float32 and self.storage == "dense" and self.dtype == "float64"
+        X, y, x_sum = self._read(i, start, stop, constant_column, rounded)
+        if x_sum is None:
+            features = X if constant_column is None else X[:, :self.n_features]
+            x_sum, y_sum = fingerprint_rows(features, y, start, self.n_features)
+        else:
+            y_sum = fingerprint_rows(np.zeros((0, self.n_features)), y, start, self.n_features)[1]
+        self.read_parts.setdefault(i, {})[(start, stop)] = (x_sum, y_sum)
         return TaskBlock(i, self.names[i], n, start, X, y, part)
 
     def task_means(self, i: int, feature_map=None, folds=None, n_folds: int = 0):
@@ -707,6 +721,13 @@ class TaskFile(_OpenFile):
 
     def _read_rows(self, i: int, start: int, stop: int, constant_column: float | None = None):
         """Validated ``(X, y)`` of rows ``start:stop`` of task ``i`` (``constant_column``: see :meth:`read_block`)."""
+        X, y, _ = self._read(i, start, stop, constant_column)
+        return X, y
+
+    def _read(self, i: int, start: int, stop: int, constant_column: float | None = None, rounded: bool = False):
+        """``(X, y, x_sum)``: :meth:`_read_rows`, and with ``rounded`` (a dense float64 file) X rounded to float32
+        with the fingerprint of the stored rows (``x_sum``; else None)."""
+        x_sum = None
         n = int(self.n_samples[i])
         where = self._where(i)
         gname = _task_group(i)
@@ -725,7 +746,9 @@ class TaskFile(_OpenFile):
                 if g["X"].ndim != 2 or g["X"].shape[0] != n:
                     raise InputError(f"{where}: field 'X': has shape {g['X'].shape}, task table says {n} rows")
                 self._check_dtype(where, "X", g["X"])
-                if constant_column is None:
+                if rounded:
+                    X, x_sum = self._read_rounded(where, g["X"], start, stop, constant_column)
+                elif constant_column is None:
                     X = g["X"][start:stop]
                 else:
                     X = np.empty((stop - start, g["X"].shape[1] + 1), dtype=g["X"].dtype)
@@ -754,7 +777,32 @@ class TaskFile(_OpenFile):
             raise InputError(f"{where}: cannot read task data: {exc}") from None
         y = np.asarray(y, dtype=np.float64)
         _check_task(self.path, i, self.names[i], X if constant_column is None else X[:, :-1], y, self.n_features)
-        return X, y
+        return X, y, x_sum
+
+    def _read_rounded(self, where, dataset, start, stop, constant_column):
+        """Rows ``start:stop`` of a float64 ``dataset`` as float32 (``+ constant_column``) and the stored rows'
+        fingerprint sum, through one float64 buffer of a file chunk's rows (about 1 MB): each piece is checked
+        (finite, within float32), hashed and rounded into the final array."""
+        d = dataset.shape[1]
+        X = np.empty((stop - start, d + (constant_column is not None)), dtype=np.float32)
+        step = dataset.chunks[0] if dataset.chunks else max(1, FLOAT32_CHUNK_VALUES // max(1, d))
+        buffer = np.empty((min(step, stop - start), d))
+        x_sum, a = 0, start
+        while a < stop:
+            b = min(stop, (a // step + 1) * step)         # to the next chunk boundary of the file
+            piece = buffer[:b - a]
+            dataset.read_direct(piece, np.s_[a:b], np.s_[0:b - a])
+            if not _all_finite(piece):
+                raise InputError(f"{where}: field 'X': contains NaN or Inf")
+            big = float32_overflow(piece)
+            if big is not None:
+                raise float32_overflow_error(where, a + big[0], big[1])
+            x_sum += fingerprint_rows(piece, np.zeros(0), a, self.n_features)[0]
+            X[a - start:b - start, :d] = piece
+            a = b
+        if constant_column is not None:
+            X[:, -1] = constant_column
+        return X, x_sum & _MASK
 
     def _check_dtype(self, where, field_name, dataset):
         """The stored feature values are of the file's ``dtype`` (float64 or float32), before any is read."""

@@ -33,6 +33,7 @@ import scipy.sparse as sp
 
 from . import _kernels
 from ._rows import Rows
+from .errors import InputError
 
 
 @dataclass
@@ -150,12 +151,14 @@ class TaskBlock:
         return TaskBlock(self.task, self.name, self.n_task, self.row_start,
                          feature_map(self.X), self.y, self.part)
 
-    def centered(self, mu: np.ndarray, ybar: float) -> "TaskBlock":
+    def centered(self, mu: np.ndarray, ybar: float, in_place: bool = False) -> "TaskBlock":
         """The block of the task centered by its means (the squared loss's unpenalized intercept).
 
         Dense rows: ``X - 1 mu^T`` formed; CSR rows: kept, read as ``x_j - mu``.
         Labels ``y - ybar``.  ``mu`` and ``ybar`` are means over the whole task
-        (:func:`task_means`), so a split task's blocks share them.
+        (:func:`task_means`), so a split task's blocks share them.  ``in_place``: dense rows are
+        centered in this block's own array (the same bits, no second copy of the block; for a block
+        nothing else holds, as :func:`hpcmtl.engine.load_blocks` reads them).
         """
         mu = np.ascontiguousarray(mu, dtype=np.float64)
         y = self.y - ybar
@@ -163,9 +166,12 @@ class TaskBlock:
             return TaskBlock(self.task, self.name, self.n_task, self.row_start, self.X, y, self.part,
                              mu=mu, center=(mu, float(ybar)))
         if self.float32:                    # x - mu in double, rounded once to float32, a chunk at a time
-            Xc = np.empty_like(self.X)
+            Xc = self.X if in_place else np.empty_like(self.X)
             for start, stop in chunk_bounds(self.n_rows, self.n_features):
                 Xc[start:stop] = self.X[start:stop] - mu
+        elif in_place:
+            Xc = self.X
+            Xc -= mu
         else:
             Xc = self.X - mu
         return TaskBlock(self.task, self.name, self.n_task, self.row_start, Xc, y, self.part,
@@ -280,16 +286,28 @@ def rmatvec(X, v) -> np.ndarray:
     return out if out is not None else np.zeros(X.shape[1])
 
 
+def float32_overflow_error(where: str, row: int, value: float) -> InputError:
+    """The one line of a value beyond float32's range met by ``--float32`` (exit 2 on every rank)."""
+    return InputError(f"{where}: field 'X': row {row}: {value:.3g} does not fit float32 (--float32); rescale the "
+                      f"features or train in float64")
+
+
 def float32_overflow(X):
-    """``(row, value)`` of the first finite value of ``X`` beyond float32's range, or None."""
-    limit = float(np.finfo(np.float32).max)
+    """``(row, value)`` of the first finite value of ``X`` beyond float32's range, or None.
+
+    Checked ``FLOAT32_CHUNK_VALUES`` at a time (no ``|X|`` of the whole block in memory); float32 values
+    are within it by their type."""
     data = X.data if sp.issparse(X) else np.asarray(X).reshape(-1)
-    big = np.flatnonzero(np.abs(data) > limit)
-    if not big.size:
+    if data.dtype == np.float32:
         return None
-    p = int(big[0])
-    row = int(np.searchsorted(X.indptr, p, side="right") - 1) if sp.issparse(X) else p // max(1, X.shape[1])
-    return row, float(data[p])
+    limit = float(np.finfo(np.float32).max)
+    for s in range(0, data.size, FLOAT32_CHUNK_VALUES):
+        big = np.flatnonzero(np.abs(data[s:s + FLOAT32_CHUNK_VALUES]) > limit)
+        if big.size:
+            p = s + int(big[0])
+            row = int(np.searchsorted(X.indptr, p, side="right") - 1) if sp.issparse(X) else p // max(1, X.shape[1])
+            return row, float(data[p])
+    return None
 
 
 def dense_or_csr(X):
@@ -331,10 +349,10 @@ def task_means(read_rows, n: int, feature_map=None, chunk: int = MEAN_CHUNK_ROWS
             X = sp.csr_matrix(X)
             row_group = np.repeat(g, np.diff(X.indptr))
             xs += np.bincount(row_group * d + X.indices, weights=X.data, minlength=n_groups * d).reshape(n_groups, d)
-        else:
-            X = np.asarray(X, dtype=np.float64)
+        else:       # float32 rows summed in double as they are read (numpy's bits of a float64 copy, without it)
+            X = np.asarray(X)
             for k in range(n_groups):
-                xs[k] += X[g == k].sum(axis=0) if groups is not None else X.sum(axis=0)
+                xs[k] += (X[g == k] if groups is not None else X).sum(axis=0, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
         for k in range(n_groups):
             ys[k] += float(np.sum(y[g == k] if groups is not None else y))

@@ -227,3 +227,38 @@ def test_dense_rows_read_with_the_intercept_column_equal_the_augmented_block(tmp
         f["tasks/000000/X"][...] = X
     with pytest.raises(InputError, match="field 'X': contains NaN or Inf"), store.TaskFile(path) as source:
         source.read_block(0, 0, 9, constant_column=1.0)
+
+
+@pytest.mark.parametrize("constant_column", [None, 2.5])
+def test_float64_rows_read_as_float32_equal_the_rounded_block(tmp_path, constant_column):
+    """``read_block(float32=True)`` on a float64 file rounds the rows into their final float32 array a file chunk
+    at a time (issue 14: no float64 copy of the block under ``--float32``): the bits of ``as_float32()`` (and
+    ``augmented``) of the rows read plainly, the same read fingerprints (of the stored float64 values), for
+    ranges that start and stop inside the file's chunks and span several; a NaN and a value beyond float32's
+    range are named in one line with the task's row."""
+    rng = np.random.default_rng(12)
+    Xs = [rng.normal(size=(5000, 300)) * 1e3, rng.normal(size=(1, 300)), rng.normal(size=(9, 300))]
+    ys = [rng.normal(size=X.shape[0]) for X in Xs]
+    path = tmp_path / "d64.h5"
+    store.write_tasks(path, Xs, ys)
+    options = {} if constant_column is None else {"constant_column": constant_column}
+    for task, start, stop in ((0, 0, 5000), (0, 100, 4000), (0, 873, 874), (1, 0, 1), (2, 3, 9)):
+        plain, rounded = store.TaskFile(path), store.TaskFile(path)
+        a = plain.read_block(task, start, stop).as_float32()
+        a = a if constant_column is None else a.augmented(constant_column)
+        b = rounded.read_block(task, start, stop, float32=True, **options)
+        assert b.X.dtype == a.X.dtype == np.float32 and b.X.shape == a.X.shape
+        assert b.X.tobytes() == a.X.tobytes() and b.y.tobytes() == a.y.tobytes()
+        assert rounded.read_parts == plain.read_parts
+        plain.close()
+        rounded.close()
+    with h5py.File(path, "a") as f:
+        X = f["tasks/000000/X"][()]
+        X[3000, 1] = 5e38
+        X[4000, 2] = np.nan
+        f["tasks/000000/X"][...] = X
+    with store.TaskFile(path) as source:
+        with pytest.raises(InputError, match=r"task 'task0' \(#0\): field 'X': row 3000: 5e\+38 does not fit float32"):
+            source.read_block(0, 2000, 3500, float32=True, **options)
+        with pytest.raises(InputError, match="field 'X': contains NaN or Inf"):
+            source.read_block(0, 3500, 5000, float32=True, **options)
