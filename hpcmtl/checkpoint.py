@@ -39,9 +39,9 @@ MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_it
               "projection", "eta0",
               "rff_gamma", "eig_floor", "split_tasks", "shrinking",
               "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling",
-              "intercept_eta0", "float32")
-# what a checkpoint written before a setting existed ran with (intercepts came later: none)
-OLD_DEFAULTS = {"fit_intercept": False, "float32": False}
+              "intercept_eta0", "float32", "local_steps")
+# what a checkpoint written before a setting existed ran with (intercepts came later: none; one local step a round)
+OLD_DEFAULTS = {"fit_intercept": False, "float32": False, "local_steps": 1}
 
 
 def data_signature(source) -> str:

@@ -138,6 +138,9 @@ PARAMS = {
     "lam": Param(POSITIVE, 1e-3, "regularization (required)"),
     "tol": Param(POSITIVE, 1e-6, "relative duality gap of a W-step"),
     "local_iters": Param(POSITIVE, 1.0, "local SDCA steps per round, as a multiple of the block's rows"),
+    "local_steps": Param(COUNT, 100, "local rounds (a diagonal Sigma, aggregations other than safe): at most this "
+                                     "many local steps a task takes in one round, each with its exact step sizes, "
+                                     "until its own gap is within tol (1: one a round, as an exchanged round)"),
     "gap_every": Param(COUNT, 1, "compute the duality gap every N rounds"),
     "shrinking": Param(bool, True, "liblinear-style shrinking of the local SDCA (hinge losses)"),
     "outer": Param(COUNT, 10, "maximum Omega-steps + 1 (one W-step when Sigma is fixed)"),
@@ -367,6 +370,7 @@ def train_option_groups():
                   help_for={"ssdca": "regularization (required)", "mtrl-central": "regularization (required)"}),
             param("--tol"),
             param("--local-iters"),
+            param("--local-steps"),
             param("--gap-every"),
             (("--no-shrinking",), dict(action="store_true",
                                        help="visit every coordinate in every pass (hinge losses)")),

@@ -108,7 +108,10 @@ def test_dual_never_decreases_and_the_gap_is_a_certificate(loss, aggregation):
         assert np.all(np.diff(dual) >= -1e-13 * scale), (loss, aggregation, np.min(np.diff(dual)))
     assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))
     assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
-    if aggregation != "safe":
+    if aggregation == "qp":       # dmtrl.coupled_rho: 1 under the diagonal Sigma = I / m, in [1/2, 1] after it
+        assert np.all(h["rho"][h["outer"] == 0] == 1)
+        assert np.all((h["rho"] >= 0.5) & (h["rho"] <= 1))
+    elif aggregation != "safe":
         assert np.all(h["rho"] >= 1)
         if loss != "squared" or aggregation == "line":   # the squared loss's dual has no box: any step is feasible
             assert np.all((h["step"] >= 0) & (h["step"] <= 1))
@@ -157,13 +160,14 @@ def test_unconverged_w_steps_are_reported_each_and_in_the_result():
     Xs, ys = random_tasks(seed=15, loss="hinge", m=4)
     heard = []
     r = train(Cluster.serial(), MemoryTasks(Xs, ys),
-              DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0), warn=heard.append)
+              DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0, local_steps=1),
+              warn=heard.append)      # (local_steps: several local steps a round could reach tol in the first)
     assert not r.converged
     assert len(heard) == 3 and all("ended unconverged" in h for h in heard)
     assert r.wsteps["outer"].tolist() == [0, 1, 2] and r.wsteps["round"].tolist() == [5, 10, 15]
     assert not r.wsteps["converged"].any() and np.all(r.wsteps["rel_gap"] > 1e-12)
     with pytest.warns(UserWarning, match="W-step 1 ended unconverged at round 5"):
-        run(Xs, ys, loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=1)
+        run(Xs, ys, loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=1, local_steps=1)
 
 
 # --- real mpiexec runs ------------------------------------------------------------------------------------
@@ -238,7 +242,8 @@ def test_checkpoint_resume_is_bitwise_with_the_aggregation_state(synth, tmp_path
 def test_unconverged_run_warns_and_stores_status(synth, tmp_path):
     out = tmp_path / "r.h5"
     r = run_hpcmtl(["train", "dmtrl", "--train", synth, "--out", out, "--lam", "1e-3", "--tol", "1e-12",
-                    "--max-rounds", "4", "--outer", "3", "--outer-tol", "0", "--log-level", "warning"], n_ranks=2)
+                    "--max-rounds", "4", "--outer", "3", "--outer-tol", "0", "--log-level", "warning",
+                    "--local-steps", "1"], n_ranks=2)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("hpcmtl: warning:")]
     assert len(warnings) == 4, r.stderr                       # one per W-step, one at the end

@@ -127,7 +127,7 @@ def test_warm_started_points_take_fewer_rounds_than_cold_ones():
 def test_unconverged_point_is_stored_and_named():
     Xs, ys = random_tasks(5, m=3, d=6)
     r = train_path(Cluster.serial(), MemoryTasks(Xs, ys), dmtrl.DMTRLConfig(
-        loss="hinge", lam=1e-2, tol=1e-12, max_rounds=2, relationship="identity"),
+        loss="hinge", lam=1e-2, tol=1e-12, max_rounds=2, relationship="identity", local_steps=1),  # unconverged
         Selection([1e-1, 1e-2], cv=3), warn=lambda text: None)
     assert r.path["converged"].tolist() == [0, 0] and r.selection["converged"] is False
     assert r.path["fold_scores"].shape == (2, 3)

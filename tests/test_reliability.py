@@ -105,7 +105,7 @@ def test_resume_with_other_settings_or_data_is_refused(data, tmp_path):
     tr, te, _ = data
     out = tmp_path / "r.h5"
     args = ["train", "dmtrl", "--train", tr, "--out", out, "--quiet", "--checkpoint-every", "3", "--max-rounds", "3",
-            "--outer", "1", "--loss", "hinge", "--lam", "1e-2"]
+            "--outer", "1", "--loss", "hinge", "--lam", "1e-2", "--local-steps", "1"]   # (still running at round 3)
     assert run_hpcmtl(args, n_ranks=2).returncode == 0
     os.remove(out)
     for change, message in ((["--lam", "0.5"], "'lam' is 0.01 in the checkpoint but 0.5 now"),

@@ -131,7 +131,7 @@ def config_from_args(args):
         relationship = "fixed"                      # the centralized baselines under a given Sigma
     return DMTRLConfig(loss=args.loss, lam=lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
-                       eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
+                       local_steps=args.local_steps, eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
                        aggregation=args.aggregation, exchange=args.exchange,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
                        float32=getattr(args, "float32", False),
