@@ -1054,11 +1054,11 @@ DIRECTION_ULPS = 8.0      # box momentum on supports: dP stands for X^T q / n wh
 
 def direction_tolerance(direction, dp, b, beta_max):
     """How far the server's momentum direction may be from ``X^T q / n`` at any position: ``DIRECTION_ULPS``
-    ulps of the largest of ``|X^T q / n|``, ``|dP|`` and ``|B| / max(1, beta_max / 2)``.  With the step
-    ``beta <= beta_max / 2``, what B gains from it is then off by at most those ulps of B's largest entry: the
-    rounding of B's own update."""
+    ulps of the largest of ``|X^T q / n|``, ``|dP|`` and ``|B| / max(1, beta_max)``.  With the step ``beta <=
+    beta_max`` (:meth:`StepSolver.within_triangle`), what B gains from it is then off by at most those ulps of
+    B's largest entry: the rounding of B's own update."""
     scale = max(float(np.max(np.abs(direction), initial=0.0)), float(np.max(np.abs(dp), initial=0.0)),
-                float(np.max(np.abs(b), initial=0.0)) / max(1.0, 0.5 * beta_max))
+                float(np.max(np.abs(b), initial=0.0)) / max(1.0, beta_max))
     return DIRECTION_ULPS * np.finfo(np.float64).eps * scale
 
 

@@ -242,11 +242,11 @@ def test_a_direction_is_sent_where_it_differs_from_dp_or_whole_whichever_is_shor
     assert sent[0] == -1.0 and np.isnan(sent[1]) and sent[2:].tolist() == dp[1:].tolist() and np.isnan(used[0])
     sent, used = encode(np.array([3.0]), np.zeros(1), np.zeros(1), 0.0)     # one feature
     assert sent.tolist() == [-1.0, 3.0]
-    # B's scale: a difference below the ulps of |B| / (beta_max / 2) cannot move B by more than its rounding
+    # B's scale: a difference below the ulps of |B| / beta_max cannot move B by more than its rounding
     b = np.array([0.0, 2.0 ** 40, 0.0, 0.0, 0.0])
     far = dp + np.array([0.0, 0.0, 2.0 ** -12, 0.0, 0.0])
-    assert encode(far, dp, b, 4.0)[0].tolist() == [0.0]                     # 8 ulps of 2^39 = 2^-10: kept
-    assert encode(far, dp, b, 4096.0)[0].tolist() == [1.0, 2.0, far[2]]     # 8 ulps of 2^29 = 2^-20: sent
+    assert encode(far, dp, b, 4.0)[0].tolist() == [0.0]                     # 8 ulps of 2^38 = 2^-11: kept
+    assert encode(far, dp, b, 4096.0)[0].tolist() == [1.0, 2.0, far[2]]     # 8 ulps of 2^28 = 2^-21: sent
 
 
 # ---------------------------------------------------------------------------
