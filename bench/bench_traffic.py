@@ -16,7 +16,7 @@ reference a distributed run should not lose to.
 
 ``--exchange dense`` is the engine before local rounds and supports (every round moves whole delta b
 and w), ``auto`` the default (W-steps under a diagonal Sigma run on the workers alone; the other rounds
-move delta b and w on each block's support only).  ``/support`` divides bytes by the issue's
+move delta b and w on each block's support only).  ``/support`` divides a typical round's bytes by the issue's
 ``2 * 8 * sum_i |support_i|`` (the hinge cases count the intercept feature in each support; the default
 aggregation's box momentum adds the positions where its direction differs from the server's dP).
 
@@ -81,10 +81,14 @@ def run_once(case, method, ranks, exchange, args, work):
     rounds = int(h["round"][-1])
     ranks_info = res.get("ranks", {})
     increments = np.diff(h["bytes"]) / np.maximum(np.diff(h["round"]), 1)
+    # a round that starts a W-step also carries the Omega-step before it (Sigma, the new w, the momentum's
+    # restart): a typical round is the median of the others, an Omega-step the median extra of those
+    starts = np.diff(h["outer"]) != 0
+    typical = float(np.median(increments[~starts])) if np.any(~starts) else float("nan")
+    omega = float(np.median(increments[starts] - typical)) if np.any(starts) and np.any(~starts) else float("nan")
     return {"rounds": rounds, "seconds": float(h["seconds"][-1]),
             "bytes_per_round": float(h["bytes"][-1]) / max(rounds, 1),
-            # a typical round (the median increment): without the one-off transfers of a W-step's start and end
-            "bytes_typical_round": float(np.median(increments)) if increments.size else 0.0,
+            "bytes_typical_round": typical, "bytes_per_omega_step": omega,
             "seconds_per_round": float(h["seconds"][-1]) / max(rounds, 1),
             "converged": bool(res["model"].get("converged", True)),
             "peak_rss_mb": float(np.max(ranks_info["peak_rss_mb"])) if "peak_rss_mb" in ranks_info else float("nan"),
@@ -122,8 +126,10 @@ def main():
     everything = {}
     print(f"medians of {args.repeats}; rounds/seconds to rel. gap {args.tol:g} on every W-step "
           f"(at most {args.max_rounds} rounds a W-step; '>' not reached)", flush=True)
-    print("B/round: all bytes over all rounds; typical: the median round (without a W-step's one-off transfers)")
-    print(f"{'case':<7s} {'method':<6s} {'exch':<5s} {'P':>2s} {'B/round':>11s} {'typical':>11s} {'/support':>8s} "
+    print("B/round: all bytes over all rounds; typical: the median round that does not start a W-step (those also "
+          "carry the Omega-step before them); B/omega: the median extra of those; /support: typical / 2*8*sum|S_i|")
+    print(f"{'case':<7s} {'method':<6s} {'exch':<5s} {'P':>2s} {'B/round':>11s} {'typical':>11s} {'B/omega':>11s} "
+          f"{'/support':>8s} "
           f"{'/dense':>7s} {'s/round':>9s} {'rounds':>7s} {'seconds':>8s} {'peak MB':>8s} {'part MB':>8s}", flush=True)
     for case in args.cases.split(","):
         path = dataset(case, work)
@@ -136,14 +142,15 @@ def main():
                     med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "converged"}
                     mark = "" if all(r["converged"] for r in runs) else ">"
                     print(f"{case:<7s} {method:<6s} {exchange:<5s} {ranks:2d} {med['bytes_per_round']:11.4g} "
-                          f"{med['bytes_typical_round']:11.4g} "
-                          f"{med['bytes_per_round'] / on_support:8.2f} {med['bytes_per_round'] / dense:7.3f} "
+                          f"{med['bytes_typical_round']:11.4g} {med['bytes_per_omega_step']:11.4g} "
+                          f"{med['bytes_typical_round'] / on_support:8.2f} {med['bytes_per_round'] / dense:7.3f} "
                           f"{med['seconds_per_round']:9.4f} {mark + str(int(med['rounds'])):>7s} "
                           f"{med['seconds']:8.2f} {med['peak_rss_mb']:8.1f} {med['partition_mb']:8.1f}", flush=True)
             if args.estimator:
                 secs = estimator_seconds(case, method, args, work)
                 everything[f"{case}/{method}/estimator"] = secs
-                print(f"{case:<7s} {method:<6s} {'':<5s} {'est':>2s} {'':>11s} {'':>11s} {'':>8s} {'':>7s} {'':>9s} "
+                print(f"{case:<7s} {method:<6s} {'':<5s} {'est':>2s} {'':>11s} {'':>11s} {'':>11s} {'':>8s} {'':>7s} "
+                      f"{'':>9s} "
                       f"{'':>7s} {secs:8.2f}", flush=True)
         print(f"{case:<7s} supports: 2*8*sum|S_i| = {on_support:.4g} B (target 1.1x + 64 KB = "
               f"{1.1 * on_support + 65536:.4g} B), dense 2*8*d*m = {dense:.4g} B ({dense / on_support:.1f}x)",

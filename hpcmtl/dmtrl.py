@@ -1068,18 +1068,31 @@ def encode_direction(direction, dp, b, beta_max):
 
     ``q`` is the previous step p without the rows the box removed, and ``dP`` the server's ``X^T p / n``
     (``eta dB + beta dQ`` of the last round, in its arithmetic, with local SDCA's accumulated delta b): they
-    differ where removed rows touch, and by rounding elsewhere.  Sent: ``[c, positions, values]`` of the c
-    positions where they differ by more than :func:`direction_tolerance` (the server keeps dP elsewhere), or
-    ``[-1, the whole direction]`` when that is not shorter.  The server's direction is then within that
+    differ where removed rows touch, and by rounding elsewhere.  Sent, whichever is shortest: ``[c,
+    positions, values]`` of the c positions where they differ by more than :func:`direction_tolerance` (the
+    server keeps dP elsewhere); ``[-2, a bit mask of those positions (64 a number: np.packbits' bytes),
+    values]``; or ``[-1, the whole direction]``.  The server's direction is then within that
     tolerance of the true one at every position, every round (no error carries over: dP is the server's
     own).  Decoded by :meth:`Server.directions`."""
     tolerance = direction_tolerance(direction, dp, b, beta_max)
-    differ = np.flatnonzero(~(np.abs(direction - dp) <= tolerance))
-    if 2 * differ.size < direction.size:
-        used = dp.copy()
-        used[differ] = direction[differ]
+    mask = ~(np.abs(direction - dp) <= tolerance)
+    differ = np.flatnonzero(mask)
+    words = -(-direction.size // 64)
+    if min(2 * differ.size, words + differ.size) >= direction.size:
+        return np.concatenate([[-1.0], direction]), direction
+    used = dp.copy()
+    used[differ] = direction[differ]
+    if 2 * differ.size <= words + differ.size:
         return np.concatenate([[float(differ.size)], differ.astype(np.float64), direction[differ]]), used
-    return np.concatenate([[-1.0], direction]), direction
+    bits = np.zeros(8 * words, dtype=np.uint8)
+    packed = np.packbits(mask)
+    bits[:packed.size] = packed
+    return np.concatenate([[-2.0], bits.view(np.float64), direction[differ]]), used
+
+
+def mask_positions(words, size):
+    """The positions of a bit mask sent by :func:`encode_direction` (``words``: its float64 numbers)."""
+    return np.flatnonzero(np.unpackbits(np.ascontiguousarray(words).view(np.uint8))[:size]).astype(np.int64)
 
 
 def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
@@ -1356,6 +1369,9 @@ class Server(StepSolver, ServerBase):
         self.warn = warn
         self.local_phase = False      # workers hold B (their b rows) during a W-step of local rounds
         self.layout = None            # every block's SupportLayout (exchange 'auto', some block sparse), or None
+        # box momentum under exchange 'auto': where the workers' directions travel (the support layout, or every
+        # block on all d when none is sparse: the direction is still sent only where it differs from dP)
+        self.direction_layout = None
         self.supports_known = False   # registered at the first exchange (GET_SUPPORTS)
         self.scores_off_supports = False   # the workers score rows off their supports after training (validation)
 
@@ -1442,11 +1458,12 @@ class Server(StepSolver, ServerBase):
                 index.append(flat[pos:pos + size].astype(np.int64))
                 pos += size
                 sparse = True
-        if not sparse:
+        if not sparse and self.momentum != "box":
             return None
         layout = SupportLayout(index, self.d)
         self.command(DMTRLCommand.SET_SUPPORTS, payload=layout.sizes.astype(np.float64), width=len(self.blocks))
-        return layout
+        self.direction_layout = layout
+        return layout if sparse else None
 
     def gather_up(self, cmd, vectors, scalars, **fields):
         """What ``cmd`` (SDCA, TRIAL) returns, per block ``vectors`` d-vectors and ``scalars`` numbers:
@@ -1457,11 +1474,12 @@ class Server(StepSolver, ServerBase):
         flat = self.command(ON_SUPPORT[cmd], vectors=vectors, scalars=scalars, **fields)
         return self.support_task_arrays(flat, vectors, scalars)
 
-    def support_task_arrays(self, flat, vectors, scalars):
-        """A support collective's flat values -> ``([per-task sum of vector v, a task array], per-block scalars)``."""
+    def support_task_arrays(self, flat, vectors, scalars, layout=None):
+        """A support collective's flat values (on ``layout``, default the supports') -> ``([per-task sum of
+        vector v, a task array], per-block scalars)``."""
         if self.space.sparse:
             return self.space.from_flat(flat, vectors, scalars)
-        return self.row_task_arrays(self.layout.rows(flat, vectors, scalars), vectors)
+        return self.row_task_arrays((layout or self.layout).rows(flat, vectors, scalars), vectors)
 
     def row_task_arrays(self, rows, vectors):
         """Per-block dense rows ``[vectors d-vectors, scalars]`` -> as :meth:`support_task_arrays` (m x d rows)."""
@@ -1504,7 +1522,8 @@ class Server(StepSolver, ServerBase):
     def round_steps(self, want_gap):
         """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
         scalars = {None: 2, "free": 5, "box": 6}[self.momentum]
-        box_on_supports = self.momentum == "box" and self.supports() is not None
+        self.supports()
+        box_on_supports = self.momentum == "box" and self.direction_layout is not None
         if box_on_supports and self.dp_known and self.one_block_a_task:
             if not self.mirrored:               # the workers' mirrors of B and dP
                 self.send_mirrors()
@@ -1534,10 +1553,11 @@ class Server(StepSolver, ServerBase):
         """TRIAL on the supports with box momentum, one block a task: per task ``X^T q / n`` is dP where the
         worker found them alike, what it sent elsewhere (:meth:`LocalBlocks.trial_momentum_on_support`);
         as :meth:`gather_up`."""
+        layout = self.direction_layout
         pieces = self.command(DMTRLCommand.TRIAL_MOMENTUM_ON_SUPPORT, round=self.round, vectors=1, scalars=scalars)
-        fixed = self.cluster.rank_totals(self.layout.sizes + scalars)
+        fixed = self.cluster.rank_totals(layout.sizes + scalars)
         (dBT,), block_scalars = self.support_task_arrays(
-            np.concatenate([piece[:n] for piece, n in zip(pieces, fixed)]), 1, scalars)
+            np.concatenate([piece[:n] for piece, n in zip(pieces, fixed)]), 1, scalars, layout)
         positions, values = self.directions([piece[n:] for piece, n in zip(pieces, fixed)])
         dQT = self.dPT.copy()
         dQT.reshape(-1)[positions] = values
@@ -1549,7 +1569,7 @@ class Server(StepSolver, ServerBase):
         if self.space.sparse:
             payload = self.space.vectors_to_flat([self.BT, self.dPT])
         else:
-            payload = self.layout.pack(np.column_stack([self.BT, self.dPT])[self.block_task], 2)
+            payload = self.direction_layout.pack(np.column_stack([self.BT, self.dPT])[self.block_task], 2)
         self.command(DMTRLCommand.SET_DP_ON_SUPPORT, payload=payload, vectors=2, scalars=0)
         self.mirrored = True
 
@@ -1564,11 +1584,16 @@ class Server(StepSolver, ServerBase):
         for rank, blocks in self.blocks_by_rank():
             tail, pos = tails[rank], 0
             for k in blocks:
-                index, size = self.layout.index[k], int(self.layout.sizes[k])
-                count = int(tail[pos]) if pos < tail.size and np.isfinite(tail[pos]) else -2
+                index, size = self.direction_layout.index[k], int(self.direction_layout.sizes[k])
+                count = int(tail[pos]) if pos < tail.size and np.isfinite(tail[pos]) else -3
                 if count == -1:
                     at, value = np.arange(size, dtype=np.int64), tail[pos + 1:pos + 1 + size]
                     pos += 1 + size
+                elif count == -2 and pos + 1 + -(-size // 64) <= tail.size:
+                    words = -(-size // 64)
+                    at = mask_positions(tail[pos + 1:pos + 1 + words], size)
+                    value = tail[pos + 1 + words:pos + 1 + words + at.size]
+                    pos += 1 + words + at.size
                 elif 0 <= count <= size:
                     at = tail[pos + 1:pos + 1 + count]
                     value = tail[pos + 1 + count:pos + 1 + 2 * count]
@@ -1577,7 +1602,7 @@ class Server(StepSolver, ServerBase):
                         raise ValueError(f"rank {rank}: block {k}'s direction has positions outside its support")
                     at = at.astype(np.int64)
                 else:
-                    raise ValueError(f"rank {rank}: block {k}'s direction is not [c, ...] or [-1, ...]")
+                    raise ValueError(f"rank {rank}: block {k}'s direction is not [c, ...], [-2, ...] or [-1, ...]")
                 if value.size != at.size:
                     raise ValueError(f"rank {rank}: block {k}'s direction is cut short")
                 task = int(self.block_task[k])

@@ -180,13 +180,19 @@ def test_edges_an_empty_support_a_task_of_one_row_and_one_feature():
     assert not after.extra["space"] and after.W.tobytes() == before.W.tobytes()
 
 
-@pytest.mark.parametrize("tasks", ["sparse", "alike"])
+def dense_tasks(m=5, d=12):
+    rng = np.random.default_rng(11)
+    Xs = [rng.normal(size=(int(n), d)) for n in rng.integers(20, 40, size=m)]
+    return Xs, [np.where(X @ rng.normal(size=d) + rng.normal(size=X.shape[0]) > 0, 1.0, -1.0) for X in Xs]
+
+
+@pytest.mark.parametrize("tasks", ["sparse", "alike", "dense"])
 @pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge", "logistic"])
 def test_the_box_momentum_direction_on_the_server_is_the_workers_every_round(tasks, loss, monkeypatch):
     """Every exchanging round: the server's ``X^T q / n`` per task (its dP, with what the workers sent where
     they differ) is within ``DIRECTION_ULPS`` ulps of the workers' own, on the support space and the dense
-    one, and the workers send far fewer numbers than the whole direction."""
-    Xs, ys = sparse_tasks() if tasks == "sparse" else alike_tasks(loss, m=5)
+    one, dense blocks too (on all d), and the workers send far fewer numbers than the whole direction."""
+    Xs, ys = {"sparse": sparse_tasks, "alike": lambda: alike_tasks(loss, m=5), "dense": dense_tasks}[tasks]()
     direct, rebuilt, sent, whole = [], [], [0], [0]
     on_support = dmtrl.LocalBlocks.trial_momentum_on_support
     gather = dmtrl.Server.gather_trial_momentum
@@ -202,12 +208,13 @@ def test_the_box_momentum_direction_on_the_server_is_the_workers_every_round(tas
         direct.append(list(zip(exact, tolerance)))
         sent[0] += out.size - sum(self.support_sizes + 6)
         whole[0] += int(sum(self.support_sizes))
+        assert tasks != "dense" or all(f is None for f in self.features)       # dense blocks: on all d
         return out
 
     def server(self, scalars):
         vecs, block_scalars = gather(self, scalars)
         dense = self.space.dense(vecs[1])
-        rebuilt.append([dense[self.block_task[k], self.layout.index[k]] for k in range(len(self.blocks))])
+        rebuilt.append([dense[self.block_task[k], self.direction_layout.index[k]] for k in range(len(self.blocks))])
         return vecs, block_scalars
 
     monkeypatch.setattr(dmtrl.LocalBlocks, "trial_momentum_on_support", worker)
@@ -219,7 +226,8 @@ def test_the_box_momentum_direction_on_the_server_is_the_workers_every_round(tas
         for a, (b, tolerance) in zip(ours, theirs):
             assert np.all(np.isfinite(a)) and a.shape == b.shape and tolerance < 1e-12
             assert np.all(np.abs(a - b) <= tolerance)
-    assert 0 < sent[0] < 0.5 * whole[0], (sent, whole)
+    # dense rows: a removed row touches every feature, so only rounds without one save the direction
+    assert 0 < sent[0] < (0.9 if tasks == "dense" else 0.5) * whole[0], (sent, whole)
 
 
 def test_a_direction_is_sent_where_it_differs_from_dp_or_whole_whichever_is_shorter():
@@ -234,14 +242,31 @@ def test_a_direction_is_sent_where_it_differs_from_dp_or_whole_whichever_is_shor
     q = np.array([1.0, 0.5, 3.0, 4.0, 5.0])                                # a removed row touched feature 1
     sent, used = encode(q, dp, np.zeros(5), 0.0)
     assert sent.tolist() == [1.0, 1.0, 0.5] and used.tolist() == q.tolist()
-    q = np.array([0.0, 0.0, 0.0, 4.0, 5.0])                                # 2 c >= size: sent whole
+    q = np.array([0.0, 0.0, 0.0, 0.0, 0.0])                                # every position: sent whole
     sent, used = encode(q, dp, np.zeros(5), 0.0)
     assert sent.tolist() == [-1.0] + q.tolist() and used is q
+    q = np.array([0.0, 0.0, 0.0, 4.0, 5.0])                                # 3 of 5: a mask (1 number) is shorter
+    sent, used = encode(q, dp, np.zeros(5), 0.0)
+    assert sent[0] == -2.0 and sent[2:].tolist() == [0.0, 0.0, 0.0] and used.tolist() == q.tolist()
+    assert dmtrl.mask_positions(sent[1:2], 5).tolist() == [0, 1, 2]
     # not finite: sent whole (and caught by the server's finite check)
     sent, used = encode(np.array([np.nan, 2.0, 3.0, 4.0, 5.0]), dp, np.zeros(5), 0.0)
     assert sent[0] == -1.0 and np.isnan(sent[1]) and sent[2:].tolist() == dp[1:].tolist() and np.isnan(used[0])
     sent, used = encode(np.array([3.0]), np.zeros(1), np.zeros(1), 0.0)     # one feature
     assert sent.tolist() == [-1.0, 3.0]
+    # many positions of a long support: a bit mask (64 positions a number) and their values
+    dp2 = np.arange(200.0)
+    q2 = dp2.copy()
+    q2[::3] = -1.0                                                            # 67 of 200
+    sent, used = encode(q2, dp2, np.zeros(200), 0.0)
+    assert sent[0] == -2.0 and sent.size == 1 + 4 + 67 and used.tolist() == q2.tolist()
+    assert dmtrl.mask_positions(sent[1:5], 200).tolist() == list(range(0, 200, 3))
+    assert sent[5:].tolist() == [-1.0] * 67
+    q2[1::3] = -1.0                                                           # 134 of 200: still 4 + 134 < 200
+    sent, used = encode(q2, dp2, np.zeros(200), 0.0)
+    assert sent[0] == -2.0 and sent.size == 1 + 4 + 134
+    q2[:] = -1.0                                                              # all: whole
+    assert encode(q2, dp2, np.zeros(200), 0.0)[0].tolist() == [-1.0] + q2.tolist()
     # B's scale: a difference below the ulps of |B| / beta_max cannot move B by more than its rounding
     b = np.array([0.0, 2.0 ** 40, 0.0, 0.0, 0.0])
     far = dp + np.array([0.0, 0.0, 2.0 ** -12, 0.0, 0.0])
