@@ -474,7 +474,9 @@ def test_loading_float32_blocks_holds_little_beyond_the_partition(tmp_path, stor
     partition = found["partition"]
     assert np.isfinite(partition) and 4 * rows * d * 4 / 2 ** 20 < partition < 40
     means_chunk = 4096 * d * (4 if stored == "float32" else 12) / 2 ** 20 if loss == "squared" else 0.0
-    assert np.isfinite(found["rss_growth"]) and found["rss_growth"] <= 1.1 * partition + means_chunk, found
+    # + 2 MB: page and allocator granularity (a clean CI clone measured 1.102x once); every copy the test guards
+    # against costs 9 MB or more here
+    assert np.isfinite(found["rss_growth"]) and found["rss_growth"] <= 1.1 * partition + 2.0 + means_chunk, found
     assert np.isfinite(found["traced_peak"]) and found["traced_peak"] <= partition + 2.0 + means_chunk, found
 
 
