@@ -1427,7 +1427,8 @@ class Server(StepSolver, ServerBase):
         or None: the dense exchange (``exchange='dense'``, or no block's support below d / 2).
 
         When the task supports are sparse enough (:func:`hpcmtl.taskspace.support_algebra_pays`), B, dP and
-        W move to them here (:class:`hpcmtl.taskspace.SupportSpace`) and stay there for the run."""
+        W move to them here (:class:`hpcmtl.taskspace.SupportSpace`) and stay there for the run.  With box
+        momentum the registration also sets ``direction_layout`` (all d for blocks exchanged whole)."""
         if not self.supports_known:
             self.supports_known = True
             if self.config.exchange == "auto":
@@ -1479,7 +1480,8 @@ class Server(StepSolver, ServerBase):
         vector v, a task array], per-block scalars)``."""
         if self.space.sparse:
             return self.space.from_flat(flat, vectors, scalars)
-        return self.row_task_arrays((layout or self.layout).rows(flat, vectors, scalars), vectors)
+        layout = self.layout if layout is None else layout
+        return self.row_task_arrays(layout.rows(flat, vectors, scalars), vectors)
 
     def row_task_arrays(self, rows, vectors):
         """Per-block dense rows ``[vectors d-vectors, scalars]`` -> as :meth:`support_task_arrays` (m x d rows)."""
