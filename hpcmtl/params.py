@@ -154,7 +154,7 @@ PARAMS = {
                       "one), every task is one block and the loss is not squared, workers take whole rounds alone "
                       "and send 5 numbers a "
                       "task, no d-vectors, and other rounds move delta b and w on each block's support only (the "
-                      "features its rows touch, when below d/2); dense: every round exchanges whole delta b and w "
+                      "features its rows touch, when not all d); dense: every round exchanges whole delta b and w "
                       "(for comparisons)"),
     "aggregation": Param(AGGREGATIONS, "qp",
                          "'safe' is paper 001's Lemma 6.7 rho (its experiments as published); the others take "

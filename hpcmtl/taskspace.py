@@ -36,8 +36,8 @@ SHARED_DENSE = 8.0
 
 
 def task_supports(index, block_task, m, d):
-    """Each task's support ``T_i``: the union of its blocks' exchange indices, or all d features when that
-    union is not below d / 2 (as a whole block's: the same T_i however the task is cut into blocks)."""
+    """Each task's support ``T_i``: the union of its blocks' exchange indices (all d for a block exchanged
+    whole), the same however the task is cut into blocks."""
     parts = [[] for _ in range(m)]
     for k, task in enumerate(block_task):
         parts[int(task)].append(np.asarray(index[k], dtype=np.int64))
@@ -45,7 +45,7 @@ def task_supports(index, block_task, m, d):
     for p in parts:
         t = np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64)
         t = t[np.concatenate([[True], t[1:] != t[:-1]])] if t.size else t      # np.unique (sorting, no hashing)
-        out.append(np.arange(d, dtype=np.int64) if 2 * t.size >= d else t)
+        out.append(t)
     return out
 
 

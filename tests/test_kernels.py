@@ -380,7 +380,7 @@ def test_tiny_csr_tasks_with_centered_intercepts_through_several_omega_steps(ker
 
 @pytest.mark.parametrize("loss", ["hinge", "squared"])
 def test_tiny_tasks_computed_on_their_support_columns_through_several_omega_steps(kernel_build, loss):
-    """Blocks whose support is below d / 2 are computed on their own columns (issue 14): the kernels run on
+    """Blocks whose support is not all d features are computed on their own columns (issue 14): the kernels run on
     blocks of 0 (an all-zero task without intercept), 1 and a few columns, tasks of 1-3 rows, shrinking on, local
     rounds then four learned-Sigma W-steps, on the build under test; the same bits as every block on all d
     columns."""

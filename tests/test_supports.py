@@ -130,7 +130,7 @@ def test_support_algebra_matches_the_dense_rows(loss, aggregation, intercept):
 
 
 def alike_tasks(loss, m=4):
-    """Tasks whose blocks are all below d / 2 (the exchange on supports) but with sum_f c_f^2 above m^2 d / 8:
+    """Tasks whose blocks all have narrow supports (the exchange on supports) but with sum_f c_f^2 above m^2 d / 8:
     the server stays dense."""
     rng = np.random.default_rng(7)
     Xs = [sp.random(30, 200, density=0.015, random_state=i, format="csr") for i in range(m)]
@@ -174,7 +174,7 @@ def test_edges_an_empty_support_a_task_of_one_row_and_one_feature():
         before, after = fit(Xs, ys, supports=False, **kw), fit(Xs, ys, **kw)
         assert after.extra["space"], (loss, intercept)
         assert_certified_alike(after, before, loss != "hinge")
-    one = [sp.csr_matrix(rng.normal(size=(n, 1))) for n in (5, 8)]        # d = 1: the support is never below d/2
+    one = [sp.csr_matrix(rng.normal(size=(n, 1))) for n in (5, 8)]        # d = 1: the support is all d (exchanged whole)
     y1 = [rng.normal(size=5), rng.normal(size=8)]
     before, after = fit(one, y1, supports=False, loss="squared"), fit(one, y1, loss="squared")
     assert not after.extra["space"] and after.W.tobytes() == before.W.tobytes()
@@ -523,11 +523,14 @@ def test_support_space_ops_equal_dense_numpy(case):
 
 def test_task_supports_are_the_same_however_a_task_is_cut_and_the_rule():
     d = 10
-    whole = taskspace.task_supports([np.array([1, 3]), np.arange(d)], [0, 1], 2, d)
-    cut = taskspace.task_supports([np.array([3]), np.array([1]), np.array([0, 2, 4]), np.array([5, 6, 7])],
+    whole = taskspace.task_supports([np.array([1, 3]), np.array([0, 2, 4, 5, 6, 7])], [0, 1], 2, d)
+    cut = taskspace.task_supports([np.array([3]), np.array([1]), np.array([5, 6, 7]), np.array([0, 2, 4])],
                                   [0, 0, 1, 1], 2, d)
-    assert [t.tolist() for t in whole] == [t.tolist() for t in cut] == [[1, 3], list(range(d))]
-    assert not taskspace.support_algebra_pays(whole, d)        # sum c_f^2 = 12 > 4 * 10 / 8
+    assert [t.tolist() for t in whole] == [t.tolist() for t in cut] == [[1, 3], [0, 2, 4, 5, 6, 7]]
+    # a block exchanged whole (index all d) makes its task's support all d, however the others are cut
+    dense = taskspace.task_supports([np.array([1, 3]), np.arange(d), np.array([2])], [0, 1, 1], 2, d)
+    assert [t.tolist() for t in dense] == [[1, 3], list(range(d))]
+    assert not taskspace.support_algebra_pays(dense, d)        # sum c_f^2 = 12 > 4 * 10 / 8
     narrow = [np.array([0]), np.array([1]), np.array([2]), np.zeros(0, dtype=np.int64)]
     assert taskspace.support_algebra_pays(narrow, 100)          # 3 <= 16 * 100 / 8
 
