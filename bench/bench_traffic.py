@@ -86,7 +86,11 @@ def run_once(case, method, ranks, exchange, args, work):
     starts = np.diff(h["outer"]) != 0
     typical = float(np.median(increments[~starts])) if np.any(~starts) else float("nan")
     omega = float(np.median(increments[starts] - typical)) if np.any(starts) and np.any(~starts) else float("nan")
+    # a round's seconds: the local rounds of a diagonal Sigma take up to --local-steps steps each, the first
+    # round of a W-step carries the Omega-step: the median round says what a round costs, s/round averages them
+    seconds = np.diff(np.concatenate([[0.0], h["seconds"]]))
     return {"rounds": rounds, "seconds": float(h["seconds"][-1]),
+            "median_round_seconds": float(np.median(seconds)) if seconds.size else float("nan"),
             "bytes_per_round": float(h["bytes"][-1]) / max(rounds, 1),
             "bytes_typical_round": typical, "bytes_per_omega_step": omega,
             "seconds_per_round": float(h["seconds"][-1]) / max(rounds, 1),
@@ -127,10 +131,11 @@ def main():
     print(f"medians of {args.repeats}; rounds/seconds to rel. gap {args.tol:g} on every W-step "
           f"(at most {args.max_rounds} rounds a W-step; '>' not reached)", flush=True)
     print("B/round: all bytes over all rounds; typical: the median round that does not start a W-step (those also "
-          "carry the Omega-step before them); B/omega: the median extra of those; /support: typical / 2*8*sum|S_i|")
+          "carry the Omega-step before them); B/omega: the median extra of those; /support: typical / 2*8*sum|S_i|; "
+          "s/round: seconds / rounds; s/median: the median round's seconds")
     print(f"{'case':<7s} {'method':<6s} {'exch':<5s} {'P':>2s} {'B/round':>11s} {'typical':>11s} {'B/omega':>11s} "
           f"{'/support':>8s} "
-          f"{'/dense':>7s} {'s/round':>9s} {'rounds':>7s} {'seconds':>8s} {'peak MB':>8s} {'part MB':>8s}", flush=True)
+          f"{'/dense':>7s} {'s/round':>9s} {'s/median':>9s} {'rounds':>7s} {'seconds':>8s} {'peak MB':>8s} {'part MB':>8s}", flush=True)
     for case in args.cases.split(","):
         path = dataset(case, work)
         on_support, dense = support_bytes(path)
@@ -144,13 +149,13 @@ def main():
                     print(f"{case:<7s} {method:<6s} {exchange:<5s} {ranks:2d} {med['bytes_per_round']:11.4g} "
                           f"{med['bytes_typical_round']:11.4g} {med['bytes_per_omega_step']:11.4g} "
                           f"{med['bytes_typical_round'] / on_support:8.2f} {med['bytes_per_round'] / dense:7.3f} "
-                          f"{med['seconds_per_round']:9.4f} {mark + str(int(med['rounds'])):>7s} "
+                          f"{med['seconds_per_round']:9.4f} {med['median_round_seconds']:9.4f} {mark + str(int(med['rounds'])):>7s} "
                           f"{med['seconds']:8.2f} {med['peak_rss_mb']:8.1f} {med['partition_mb']:8.1f}", flush=True)
             if args.estimator:
                 secs = estimator_seconds(case, method, args, work)
                 everything[f"{case}/{method}/estimator"] = secs
                 print(f"{case:<7s} {method:<6s} {'':<5s} {'est':>2s} {'':>11s} {'':>11s} {'':>11s} {'':>8s} {'':>7s} "
-                      f"{'':>9s} "
+                      f"{'':>9s} {'':>9s} "
                       f"{'':>7s} {secs:8.2f}", flush=True)
         print(f"{case:<7s} supports: 2*8*sum|S_i| = {on_support:.4g} B (target 1.1x + 64 KB = "
               f"{1.1 * on_support + 65536:.4g} B), dense 2*8*d*m = {dense:.4g} B ({dense / on_support:.1f}x)",

@@ -335,8 +335,10 @@ class Cluster:
         local = np.ascontiguousarray(local, dtype=np.float64).reshape(-1)
         if self.size == 1:
             return [local.copy()]
-        counts = np.array(self.comm.gather(local.size, root=0) or [], dtype=np.int64)
+        counts = np.zeros(self.size if self.is_server else 0, dtype=np.int64)    # nonblocking: see complete()
+        self.complete(self.comm.Igather(np.array([local.size], dtype=np.int64), counts, root=0))
         if self.is_server:
+            self.bytes_moved += 8 * self.size
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             recv = np.empty(int(counts.sum()), dtype=np.float64)
             self.complete(self.comm.Igatherv(local, [recv, counts, displs, self.MPI.DOUBLE], root=0))
@@ -349,10 +351,12 @@ class Cluster:
         """Scatterv of variable-length float vectors (server gives one per rank)."""
         if self.size == 1:
             return np.array(pieces[0], dtype=np.float64)
-        counts = self.comm.bcast([len(p) for p in pieces] if self.is_server else None, root=0)
-        mine = np.empty(counts[self.rank], dtype=np.float64)
+        counts = np.array([len(p) for p in pieces], dtype=np.int64) if self.is_server else None
+        count = np.zeros(1, dtype=np.int64)
+        self.complete(self.comm.Iscatter(counts, count, root=0))
+        mine = np.empty(int(count[0]), dtype=np.float64)
         if self.is_server:
-            counts = np.asarray(counts, dtype=np.int64)
+            self.bytes_moved += 8 * self.size
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             send = np.concatenate([np.asarray(p, dtype=np.float64) for p in pieces]) if counts.sum() else np.zeros(0)
             self.complete(self.comm.Iscatterv([send, counts, displs, self.MPI.DOUBLE], mine, root=0))

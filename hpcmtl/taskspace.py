@@ -15,10 +15,11 @@ One small interface, two implementations, chosen once a run from the task suppor
     the pairs of positions sharing a feature (``sum_f c_f^2`` of them), values
     ``Sigma_ij / lam`` refreshed once per Sigma;
   - Gram matrices ``X X^T`` (and ``[X; Y][X; Y]^T``): the features of one support add to the
-    diagonal only (``np.bincount``); the shared ones (``c_f >= 2``) go through BLAS on a dense
+    diagonal only (per-task sums); the shared ones (``c_f >= 2``) go through BLAS on a dense
     ``m x |shared|`` block when that block is small beside their ``sum c_f^2`` pairs, else through a
     fixed-pattern CSR ``m x d`` times its transpose, the compact values as ``.data``;
-  - per-task dot products: ``np.bincount`` over the task of each position.
+  - per-task dot products: sums over each task's contiguous positions (``np.add.reduceat``, numpy's
+    pairwise summation: several times faster than ``np.bincount`` with weights).
 
 A task array of either space is what ``BT``, ``WT`` and ``dPT`` of
 :class:`hpcmtl.dmtrl.StepSolver` hold; :meth:`dense` and :meth:`compact` convert to and
@@ -57,6 +58,17 @@ def support_algebra_pays(supports, d) -> bool:
         return False
     counts = np.bincount(np.concatenate(supports), minlength=d).astype(np.float64)
     return float(counts @ counts) <= SUPPORT_ALGEBRA * m * m * d
+
+
+def segment_sums(values, offsets):
+    """Per segment ``values[offsets[i]:offsets[i + 1]].sum()`` (0 for an empty one): ``np.add.reduceat`` over
+    the non-empty segments (its pairwise summation depends on the values and the segment bounds only)."""
+    out = np.zeros(offsets.size - 1)
+    starts = offsets[:-1]
+    full = np.flatnonzero(offsets[1:] > starts)
+    if full.size:
+        out[full] = np.add.reduceat(values, starts[full])
+    return out
 
 
 class DenseSpace:
@@ -132,7 +144,7 @@ class SupportSpace:
     def __init__(self, supports, d, shared_dense=None):
         self.m, self.d = len(supports), int(d)
         self.supports = [np.asarray(t, dtype=np.int64) for t in supports]
-        sizes = np.array([t.size for t in self.supports], dtype=np.int64)
+        self.sizes = sizes = np.array([t.size for t in self.supports], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.size = int(self.offsets[-1])
         self.task_of = np.repeat(np.arange(self.m), sizes)
@@ -149,6 +161,7 @@ class SupportSpace:
         shared = self.counts[self.feature] >= 2
         self.lone = np.flatnonzero(~shared)
         self.lone_task = self.task_of[self.lone]
+        self.lone_offsets = np.searchsorted(self.lone_task, np.arange(self.m + 1))    # lone is in task order
         self.shared = np.flatnonzero(shared)
         columns = np.flatnonzero(self.counts >= 2)
         self.n_shared = columns.size
@@ -157,6 +170,7 @@ class SupportSpace:
             pairs = float(np.sum(self.counts[columns].astype(np.float64) ** 2))
             shared_dense = self.m * columns.size <= SHARED_DENSE * pairs
         self.shared_dense = bool(shared_dense)
+        self._gram_blocks = {}     # _gram_shared's dense blocks, by number of parts
 
     def _transposed(self, row_of_sorted, n_rows, counts):
         """An empty ``d x n_rows`` CSR whose row f lists, ascending, the ``counts[f]`` rows holding feature f."""
@@ -186,7 +200,7 @@ class SupportSpace:
 
     # -- algebra -----------------------------------------------------------------
     def dots(self, X, Y):
-        return np.bincount(self.task_of, weights=X * Y, minlength=self.m)
+        return segment_sums(X * Y, self.offsets)
 
     def total(self, X, Y):
         return float(np.sum(X * Y))
@@ -202,7 +216,9 @@ class SupportSpace:
         """``[X; Y; ...][X; Y; ...]^T``: BLAS on the dense block of the shared features, plus each task's sums
         over the features of its support alone (the diagonal of each pair of parts)."""
         m, u = self.m, self.n_shared
-        D = np.zeros((len(parts) * m, u))
+        D = self._gram_blocks.get(len(parts))
+        if D is None:          # kept: only the shared cells are written, the others stay zero (no 2m x u memset)
+            D = self._gram_blocks[len(parts)] = np.zeros((len(parts) * m, u))
         cells = D.reshape(-1)
         for k, X in enumerate(parts):
             cells[k * m * u + self.shared_cell] = X[self.shared]
@@ -211,7 +227,7 @@ class SupportSpace:
         lone = [X[self.lone] for X in parts]
         for a in range(len(parts)):
             for b in range(a, len(parts)):
-                add = np.bincount(self.lone_task, weights=lone[a] * lone[b], minlength=m)
+                add = segment_sums(lone[a] * lone[b], self.lone_offsets)
                 G[a * m + tasks, b * m + tasks] += add
                 if b != a:
                     G[b * m + tasks, a * m + tasks] += add
@@ -236,14 +252,18 @@ class SupportSpace:
     def add(self, Y, X):
         Y += X
 
+    def spread(self, c):
+        """One number a task on each of its positions (``c[task_of]``, by ``np.repeat``: several times faster)."""
+        return np.repeat(np.asarray(c, dtype=np.float64), self.sizes)
+
     def add_scaled(self, Y, c, X):
-        Y += c[self.task_of] * X
+        Y += self.spread(c) * X
 
     def add_two(self, Y, c1, X1, c2, X2):
-        Y += c1[self.task_of] * X1 + c2[self.task_of] * X2
+        Y += self.spread(c1) * X1 + self.spread(c2) * X2
 
     def combine(self, c1, X1, c2, X2):
-        return c1[self.task_of] * X1 + c2[self.task_of] * X2
+        return self.spread(c1) * X1 + self.spread(c2) * X2
 
     def mix(self, Sigma, B, lam):
         """``w_i = (1/lam) sum_j Sigma_ij b_j`` on ``T_i``: the pairs of positions sharing a feature."""

@@ -384,8 +384,9 @@ def test_dense_tasks_keep_the_dense_exchange_and_its_bytes(tmp_path):
     auto, dense = runs["auto"], runs["dense"]
     assert auto["model"]["W"].tobytes() == dense["model"]["W"].tobytes()
     assert np.array_equal(auto["history"]["round"], dense["history"]["round"])
-    # the same collectives every round; once, GET_SUPPORTS: one number a block ([-1]: exchanged whole)
-    assert np.all(auto["history"]["bytes"] - dense["history"]["bytes"] == 8 * m + 32 * 2)     # + its control
+    # the same collectives every round; once, GET_SUPPORTS: one number a block ([-1]: exchanged whole), each
+    # rank's count of them (8 bytes a rank, P = 3) and its control
+    assert np.all(auto["history"]["bytes"] - dense["history"]["bytes"] == 8 * m + 8 * 3 + 32 * 2)
 
 
 @pytest.mark.mpi
