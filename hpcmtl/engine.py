@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -567,6 +568,27 @@ def local_reader(local_class, cluster, source, config, test_source=None):
     return make_local
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS / LAPACK run on one thread: every rank's whole run (:func:`train`).
+
+    * The same bits on any node: a threaded BLAS splits some sums by its thread count (a worker's
+      ``X^T q`` and ``y . q`` on MNIST-sized blocks), so the results would depend on the cores a rank
+      finds, not only on the data and the rank count.
+    * Speed where it matters: the kernels are one thread a rank, an MPI job places one rank a core, and
+      a rank's BLAS threads then fight the other ranks for their cores (MNIST at P = 3 on 2 cores: a
+      round 0.41 -> 0.22 s); the server's algebra is on m x m (2m x 2m) matrices, where a threaded eigh
+      or Cholesky is slower than one thread (7x for m = 60 on a loaded 2-core node).
+
+    Entered once a run: threadpoolctl's limits cost milliseconds each."""
+    return _blas_controller().limit(limits=1, user_api="blas")
+
+
 def train(cluster, make_local, make_server, build_result, resume=None):
     """What every method's ``train`` does around its own classes, on every rank.
 
@@ -578,9 +600,10 @@ def train(cluster, make_local, make_server, build_result, resume=None):
     per-rank memory figures.  Returns that result on the server, None on workers.
     """
     rss_before_data = peak_rss_mb()
-    local = make_local()
-    state = resume if resume is not None and cluster.is_server else None
-    outcome = run(cluster, local, make_server, rss_before_data, state)
+    with one_blas_thread():
+        local = make_local()
+        state = resume if resume is not None and cluster.is_server else None
+        outcome = run(cluster, local, make_server, rss_before_data, state)
     if outcome is None:
         return None
     server, value, ranks = outcome

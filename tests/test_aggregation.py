@@ -8,7 +8,9 @@ from numpy.testing import assert_allclose
 from hpcmtl import store
 from hpcmtl.baselines import mtrl_central
 from hpcmtl.cluster import Cluster
-from hpcmtl.dmtrl import AGGREGATIONS, DMTRLConfig, box_qp, conjugate_along, task_rho_bounds, train
+from hpcmtl import dmtrl
+from hpcmtl.dmtrl import (AGGREGATIONS, DMTRLConfig, box_qp, conjugate_along, coupled_passes, coupled_rho,
+                         task_rho_bounds, train)
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.losses import conjugate_reference
 
@@ -133,6 +135,82 @@ def test_fixed_sigma_optimum_lies_inside_the_certificate(aggregation):
     slack = 1e-12 * abs(optimum)
     assert dual - slack <= optimum <= primal + slack
 
+
+
+def test_coupled_passes_grow_as_the_other_tasks_explain_less_of_a_task():
+    # floor(1 / (2 (1 - s))) in [1, COUPLED_PASSES_MAX] while s < 1; an uncoupled task (rho = 1) keeps one pass
+    cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 3, 0.86: 3, 0.875: 4, 0.95: 4, 1 - 1e-12: 4, 1.0: 1}
+    assert {rho: coupled_passes(rho) for rho in cases} == cases
+    assert dmtrl.COUPLED_PASSES_MAX == 4
+
+
+def weakly_coupled_sigma(m, c):
+    """A fixed Sigma with equal off-diagonals c (trace 1): s_i = 1 / (sigma_ii (Sigma^-1)_ii) close to 1 for small c."""
+    Sigma = (1 - c) * np.eye(m) + c * np.ones((m, m))
+    return Sigma / np.trace(Sigma)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic"])
+def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_optimum(loss, monkeypatch):
+    """'qp' under a Sigma whose tasks explain little of each other (s_i ~ 0.9): every exchanged round takes
+    coupled_passes(rho) local passes (4), the certificate and dual ascent hold, the optimum is the one-pass
+    run's within both certificates, in fewer rounds."""
+    Xs, ys = random_tasks(seed=21, loss=loss, m=5, sparse=loss == "logistic")
+    Sigma = weakly_coupled_sigma(5, 0.2)                  # s_i = 0.9
+    rho = coupled_rho(Sigma)
+    assert np.all((rho > 0.875) & (rho < 1)) and coupled_passes(float(rho[0])) == 4
+    passes = []
+    kernel = dmtrl._kernels.sdca_local
+
+    def recording(*args):
+        passes.append(args[12])
+        return kernel(*args)
+
+    monkeypatch.setattr(dmtrl._kernels, "sdca_local", recording)
+    cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed")
+    several = run(Xs, ys, sigma=Sigma, **cfg)
+    # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, one pass
+    assert passes[:5] == [1.0] * 5 and set(passes[5:]) == {4.0}
+    passes.clear()
+    monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 1)
+    one = run(Xs, ys, sigma=Sigma, **cfg)
+    assert set(passes) == {1.0}
+    for r in (several, one):
+        h = r.history
+        assert r.converged and np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
+        assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))
+        assert np.all(np.diff(h["dual"]) >= -1e-13 * (np.abs(h["dual"][1:]) + np.abs(h["primal"][1:])))
+    gaps = sum(r.history["primal"][-1] - r.history["dual"][-1] for r in (several, one))
+    assert abs(several.history["primal"][-1] - one.history["primal"][-1]) <= gaps + 1e-14
+    assert several.n_rounds < one.n_rounds
+
+
+def test_split_tasks_and_other_aggregations_keep_local_iters():
+    """``local_passes``: ``--local-iters`` times coupled_passes(rho) under 'qp' for a task's only block; a block of a
+    task cut into several (the plan, the same at every rank count) and 'adaptive' / 'line' keep ``--local-iters``."""
+    from types import SimpleNamespace
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import LocalBlocks
+    Xs, ys = random_tasks(seed=22, m=3)
+    tasks = MemoryTasks(Xs, ys)
+    blocks = [tasks.read_task(i) for i in range(3)]
+    for aggregation, expected in (("qp", [6.0, 6.0, 6.0]), ("adaptive", [1.5] * 3), ("line", [1.5] * 3)):
+        local = LocalBlocks(Cluster.serial(), blocks, DMTRLConfig(aggregation=aggregation, local_iters=1.5))
+        local.rho_block[:] = 0.9
+        assert [local.local_passes(k) for k in range(3)] == expected, aggregation
+    cluster = Cluster.serial()
+    cluster.blocks = [SimpleNamespace(task=t) for t in (0, 1, 2, 2)]        # the plan: task 2 in two blocks
+    local = LocalBlocks(cluster, blocks[:2], DMTRLConfig(local_iters=1.5))
+    assert local.whole_task.tolist() == [True, True]
+    cluster.blocks = [SimpleNamespace(task=t) for t in (0, 0, 1, 2)]        # task 0 in two blocks
+    local = LocalBlocks(cluster, blocks[:2], DMTRLConfig(local_iters=1.5))
+    local.rho_block[:] = 0.9
+    assert local.whole_task.tolist() == [False, True]
+    assert [local.local_passes(k) for k in range(2)] == [1.5, 6.0]
+    local.rho_block[:] = 1.0                                                # nothing couples: one pass
+    assert [local.local_passes(k) for k in range(2)] == [1.5, 1.5]
+    local = LocalBlocks(Cluster.serial(), [], DMTRLConfig())                 # a rank without blocks
+    assert local.whole_task.size == 0
 
 def test_learned_sigma_matches_centralized_mtrl_within_the_certificate():
     Xs, ys = random_tasks(seed=13, loss="squared", m=6)

@@ -311,3 +311,34 @@ def test_a_nan_in_any_round_ends_the_job_naming_round_and_task(tmp_path, method,
         r.stderr
     assert not out.exists()
     assert store.read_checkpoint(str(out) + ".checkpoint.h5")["counters"]["round"] == 10   # the last good one
+
+
+def test_every_rank_runs_its_whole_training_on_one_blas_thread(monkeypatch):
+    """engine.train enters threadpoolctl's one-thread BLAS limit once for the run: the workers' X^T q and y . q
+    (threaded BLAS splits such sums by its thread count) and the server's algebra give the same bits on any node,
+    and no rank's BLAS threads take the cores of the others; the limit ends with the run."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+    from hpcmtl import dmtrl
+    blas = lambda: [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]  # noqa: E731
+    seen = {"trial": [], "omega": []}
+    trial, omega = dmtrl.LocalBlocks.trial_parts, dmtrl.Server.omega
+
+    def trial_parts(self, *args, **kwargs):
+        seen["trial"].append(blas())
+        return trial(self, *args, **kwargs)
+
+    def omega_step_(self):
+        seen["omega"].append(blas())
+        return omega(self)
+
+    monkeypatch.setattr(dmtrl.LocalBlocks, "trial_parts", trial_parts)
+    monkeypatch.setattr(dmtrl.Server, "omega", omega_step_)
+    Xs, ys = random_tasks(seed=31, m=4)
+    with threadpool_limits(limits=2, user_api="blas"):      # more than one, whatever this machine's cores
+        before = blas()
+        r = run(Xs, ys, tol=1e-6, outer=3, max_rounds=500)
+        after = blas()
+    assert r.converged and seen["trial"] and seen["omega"]
+    assert before == [2] * len(before) and before
+    assert all(n == [1] * len(before) for n in seen["trial"] + seen["omega"])
+    assert after == before
