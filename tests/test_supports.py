@@ -550,3 +550,14 @@ def test_omega_from_b_gram_equals_omega_step_on_dense_w():
     got = dmtrl.omega_from_gram(space.wtw(space.mix(Sigma, B, lam), B, Sigma, lam), 1e-8)
     assert np.all(np.isfinite(got)) and np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
     assert abs(np.trace(got) - 1.0) <= 1e-12
+
+
+def test_segment_sums_with_empty_segments_at_every_place():
+    rng = np.random.default_rng(9)
+    for sizes in ([0, 3, 0, 2, 0], [0], [4], [0, 0], [1, 0, 1], [2, 5, 1]):
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        values = rng.normal(size=int(offsets[-1]))
+        expected = np.array([values[a:b].sum() for a, b in zip(offsets[:-1], offsets[1:])])
+        out = taskspace.segment_sums(values, offsets)
+        assert out.shape == (len(sizes),)
+        assert np.allclose(out, expected, rtol=1e-15, atol=0) and np.all(out[np.array(sizes) == 0] == 0)
