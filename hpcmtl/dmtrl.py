@@ -716,9 +716,10 @@ class LocalBlocks(LocalBase):
         """
         return self.dense_rows(self.trial_parts(ctrl.round), 2 if self.momentum == "box" else 1, ctrl.width)
 
-    def trial_parts(self, round_, inner=0, skip=None):
+    def trial_parts(self, round_, inner=0, skip=None, exchanged=True):
         """TRIAL's computation: per block ``(vectors on its own columns, scalars)``; ``inner``: the block's local
-        step in this round (local rounds take several), ``skip[k]``: block k takes none (its part is None)."""
+        step in this round (local rounds take several), ``skip[k]``: block k takes none (its part is None);
+        ``exchanged``: a round the server aggregates (:meth:`local_passes`), not a step of a local round."""
         cfg = self.config
         parts = []
         for k, blk in enumerate(self.blocks):
@@ -728,7 +729,7 @@ class LocalBlocks(LocalBase):
             if (round_ + inner) % UNSHRINK_EVERY == 0:
                 self.unshrink(k)
             st = self.state[k]
-            passes = cfg.local_iters if skip is not None else self.local_passes(k)
+            passes = self.local_passes(k) if exchanged else cfg.local_iters
             with self.working_on(blk, round_):
                 a = st.alpha
                 c = self.rho_block[k] * self.sigma_ii[k] / cfg.lam
@@ -967,7 +968,7 @@ class LocalBlocks(LocalBase):
             return out
         done = np.zeros(len(self.blocks), dtype=bool)
         for inner in range(self.config.local_steps):
-            self.local_steps(self.trial_parts(ctrl.round, inner, done), out, False)
+            self.local_steps(self.trial_parts(ctrl.round, inner, done, exchanged=False), out, False)
             out[~done, :2] = self.objective_terms(~done)
             done |= self.local_done(out)
             if done.all():
