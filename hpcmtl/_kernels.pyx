@@ -592,6 +592,37 @@ def row_sq_norms(Rows rows not None, Py_ssize_t n_rows):
     return out
 
 
+def rmatvec_nonzero(Rows rows not None, const double[::1] v, double[::1] out):
+    """``out = X^T v`` over the rows where ``v`` is non-zero, one row at a time in row order.
+
+    For a sparse ``v`` (the box momentum's direction q moves a few rows a round)
+    this costs the nnz of those rows, not the block's.  Each feature's sum runs in
+    row order, as scipy's ``X.T @ v`` of CSR rows does, so on CSR rows the result
+    is bitwise that product's (rows with ``v_j = 0`` add exact zeros there).
+    Only the rows it reads are checked (dense rows: the shared index array, once).
+    Raises ValueError on inconsistent lengths or rows.
+    """
+    cdef Py_ssize_t n = v.shape[0], j
+    cdef int k
+    cdef RowView view
+    cdef double* o
+    check_length("out", out.shape[0], rows.n_features)
+    if rows.dense:
+        check_rows(rows, 0, n, True)
+    else:
+        for j in range(n):
+            if v[j] != 0.0:
+                check_rows(rows, j, j + 1, True)
+    view = rows.view
+    o = &out[0] if out.shape[0] > 0 else NULL
+    with nogil:
+        for k in range(rows.n_features):
+            o[k] = 0.0
+        for j in range(n):
+            if v[j] != 0.0:
+                row_axpy(&view, j, v[j], o)
+
+
 # ---------------------------------------------------------------------------
 # Projections (paper 002, Sec. 4; Duchi et al. 2008)
 # ---------------------------------------------------------------------------

@@ -751,7 +751,7 @@ class LocalBlocks(LocalBase):
                 elif self.momentum == "box":
                     q, beta_max = box_direction(a, self.previous[k], blk.y)
                     self.pending_q[k] = q
-                    vecs = [db, blk.rmatvec(q) / blk.n_task]
+                    vecs = [db, blk.rmatvec_sparse(q) / blk.n_task]     # q moves few rows
                     scalars = [*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma), beta_max]
                 else:
                     vecs, scalars = [db], list(c12)

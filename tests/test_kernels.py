@@ -152,6 +152,57 @@ def test_row_sq_norms_dense_and_csr(kernels):
         assert_allclose(_block(M, np.ones(20)).sq_norms, (X ** 2).sum(axis=1), rtol=1e-14)
 
 
+
+def test_rmatvec_nonzero_reads_only_the_moved_rows(kernels):
+    """X^T v over the rows where v is non-zero (the box momentum's direction): on CSR rows bitwise scipy's
+    X.T @ v, dense rows to rounding; at its edges (v all zero, one row, the last row, rows without entries,
+    d = 0, no rows) and against damaged rows, which it refuses only where it reads them."""
+    rng = np.random.default_rng(9)
+    n, d = 40, 7
+    X = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.4)
+    X[[3, 17, n - 1]] = 0.0                                    # rows without entries (CSR: empty rows)
+    for v in (np.zeros(n), np.eye(n)[0], np.eye(n)[n - 1], np.eye(n)[17],
+              rng.normal(size=n) * (rng.uniform(size=n) < 0.1), rng.normal(size=n)):
+        csr = sp.csr_matrix(X)
+        out = np.full(d, np.nan)
+        kernels.rmatvec_nonzero(_block(csr, np.ones(n)).rows, v, out)
+        assert_array_equal(out, csr.T @ v)                     # bitwise, zeros included
+        kernels.rmatvec_nonzero(_block(X, np.ones(n)).rows, v, out)
+        assert_allclose(out, X.T @ v, rtol=1e-13, atol=1e-15)
+        X32 = X.astype(np.float32)
+        kernels.rmatvec_nonzero(_block(sp.csr_matrix(X32), np.ones(n)).rows, v, out)
+        assert_allclose(out, X32.astype(np.float64).T @ v, rtol=1e-13, atol=1e-15)
+    # the block method: implicit centering subtracts mu sum(v), as rmatvec does
+    mu = rng.normal(size=d)
+    centered = TaskBlock(0, "t", n, 0, sp.csr_matrix(X), np.ones(n), mu=mu)
+    v = rng.normal(size=n) * (rng.uniform(size=n) < 0.2)
+    assert_array_equal(centered.rmatvec_sparse(v), centered.rmatvec(v))
+    assert_allclose(centered.rmatvec_sparse(v), (X - mu).T @ v, rtol=1e-12, atol=1e-14)
+    one = _block(sp.csr_matrix(np.array([[0.0, 2.5, 0.0]])), np.ones(1))
+    out = np.empty(3)
+    kernels.rmatvec_nonzero(one.rows, np.array([-2.0]), out)
+    assert_array_equal(out, [0.0, -5.0, 0.0])
+    empty = _block(np.zeros((0, 0)), np.zeros(0))
+    kernels.rmatvec_nonzero(empty.rows, np.zeros(0), np.zeros(0))
+    no_features = _block(np.zeros((2, 0)), np.ones(2))
+    kernels.rmatvec_nonzero(no_features.rows, np.ones(2), np.zeros(0))
+    rows = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2)).rows
+    with pytest.raises(ValueError, match="out has length 3"):
+        kernels.rmatvec_nonzero(rows, np.ones(2), np.zeros(3))
+    with pytest.raises(ValueError, match="indptr has 3 entries"):
+        kernels.rmatvec_nonzero(rows, np.ones(3), np.zeros(2))      # a v longer than the rows
+    bad_column = changed(rows, indices=np.array([0, 2], dtype=np.int32))
+    with pytest.raises(ValueError, match="column index 2 outside 0..1"):
+        kernels.rmatvec_nonzero(bad_column, np.array([0.0, 1.0]), np.zeros(2))
+    out = np.zeros(2)
+    kernels.rmatvec_nonzero(bad_column, np.array([1.0, 0.0]), out)  # the damaged row is never read
+    assert_array_equal(out, [1.0, 0.0])
+    with pytest.raises(ValueError, match="dense rows"):
+        kernels.rmatvec_nonzero(changed(_block(np.ones((2, 2)), np.ones(2)).rows, data=np.ones(3)),
+                                np.ones(2), np.zeros(2))
+    with pytest.raises(TypeError):
+        kernels.rmatvec_nonzero(None, np.ones(2), np.zeros(2))
+
 # ---------------------------------------------------------------------------
 # Issue 12: an active set that shrinking empties restarts (liblinear), never underflows
 # ---------------------------------------------------------------------------
