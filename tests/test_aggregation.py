@@ -138,10 +138,11 @@ def test_fixed_sigma_optimum_lies_inside_the_certificate(aggregation):
 
 
 def test_coupled_passes_grow_as_the_other_tasks_explain_less_of_a_task():
-    # floor(1 / (2 (1 - s))) in [1, COUPLED_PASSES_MAX] while s < 1; an uncoupled task (rho = 1) keeps one pass
-    cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 3, 0.86: 3, 0.875: 4, 0.95: 4, 1 - 1e-12: 4, 1.0: 1}
+    # floor(1 / (2 (1 - s))) in [1, COUPLED_PASSES_MAX] while s < 1; an uncoupled task (rho = 1) takes
+    # UNCOUPLED_PASSES a local step
+    cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 3, 0.86: 3, 0.875: 4, 0.95: 4, 1 - 1e-12: 4, 1.0: 2}
     assert {rho: coupled_passes(rho) for rho in cases} == cases
-    assert dmtrl.COUPLED_PASSES_MAX == 4
+    assert dmtrl.COUPLED_PASSES_MAX == 4 and dmtrl.UNCOUPLED_PASSES == 2
 
 
 def weakly_coupled_sigma(m, c):
@@ -169,10 +170,11 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     monkeypatch.setattr(dmtrl._kernels, "sdca_local", recording)
     cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed")
     several = run(Xs, ys, sigma=Sigma, **cfg)
-    # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, one pass
-    assert passes[:5] == [1.0] * 5 and set(passes[5:]) == {4.0}
+    # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, UNCOUPLED_PASSES
+    assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {4.0}
     passes.clear()
     monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 1)
+    monkeypatch.setattr(dmtrl, "UNCOUPLED_PASSES", 1)
     one = run(Xs, ys, sigma=Sigma, **cfg)
     assert set(passes) == {1.0}
     for r in (several, one):
@@ -207,8 +209,8 @@ def test_split_tasks_and_other_aggregations_keep_local_iters():
     local.rho_block[:] = 0.9
     assert local.whole_task.tolist() == [False, True]
     assert [local.local_passes(k) for k in range(2)] == [1.5, 6.0]
-    local.rho_block[:] = 1.0                                                # nothing couples: one pass
-    assert [local.local_passes(k) for k in range(2)] == [1.5, 1.5]
+    local.rho_block[:] = 1.0                                                # nothing couples: UNCOUPLED_PASSES
+    assert [local.local_passes(k) for k in range(2)] == [1.5, 3.0]
     local = LocalBlocks(Cluster.serial(), [], DMTRLConfig())                 # a rank without blocks
     assert local.whole_task.size == 0
 

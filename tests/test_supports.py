@@ -395,7 +395,7 @@ def test_resume_on_supports_is_bitwise_at_another_rank_count(data, tmp_path):
     path = data[0]
     # smoothed hinge: the first W-step (Sigma = I/m) runs local rounds (one local step a round), the later rounds
     # exchange on supports (and take dmtrl.coupled_passes local passes: the blocks' rho comes back on resume)
-    more = ("--tol", "1e-9", "--local-steps", "1", "--outer", "8")
+    more = ("--tol", "1e-9", "--local-steps", "1", "--outer", "14")
     ref = run(path, tmp_path, "ref", "smoothed-hinge", 3, *more)
     assert ref["history"]["round"][-1] > 35 and ref["history"]["outer"][ref["history"]["round"] == 30] >= 1
     out = tmp_path / "r.h5"
