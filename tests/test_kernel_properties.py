@@ -242,7 +242,7 @@ def test_sdca_local_converges_to_the_kkt_point_of_its_subproblem(kernels, loss, 
 
 
 # ---------------------------------------------------------------------------
-# objective_terms, row_sq_norms, ssdca_epoch
+# objective_terms, row_sq_norms, rmatvec_nonzero, ssdca_epoch
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("loss", ALL_LOSSES)
 @examples(25)
@@ -267,6 +267,30 @@ def test_objective_terms_and_row_norms(kernels, loss, data):
         assert np.isfinite(lsum) and np.isfinite(csum)
         assert abs(lsum - losses.sum()) <= 1e-12 * np.abs(losses).sum() + 1e-300
         assert abs(csum - conj.sum()) <= 1e-12 * np.abs(conj).sum() + 1e-300
+
+
+@examples(40)
+@given(data=st.data())
+def test_rmatvec_nonzero_matches_numpy(kernels, data):
+    """X^T v over the rows where v is non-zero: 0-3 rows, zero rows, v all zero / one entry / dense, dense,
+    CSR and float32 rows; the output sits between guard cells; CSR rows give scipy's bits."""
+    draw = data.draw
+    X = draw(rows(min_n=0))
+    n, d = X.shape
+    v = draw(hnp.arrays(np.float64, n, elements=st.one_of(st.just(0.0), st.floats(-3.0, 3.0))))
+    v = v * draw(st.sampled_from([1.0, 1e-50, 1e50]))
+    for sparse in (False, True):
+        for single in (False, True) if np.all(np.abs(X) < 1e38) else (False,):     # float32 where X fits it
+            Xs = X.astype(np.float32) if single else X
+            blk = block(Xs, np.ones(n), sparse)
+            obuf, out = guarded(np.full(d, np.nan))
+            kernels.rmatvec_nonzero(blk.rows, v, out)
+            assert_guards(obuf)
+            exact = Xs.astype(np.float64)
+            if sparse and not single:
+                assert_array_equal(out, sp.csr_matrix(exact).T @ v)
+            scale = np.abs(exact).T @ np.abs(v)
+            assert np.all(np.abs(out - exact.T @ v) <= 1e-14 * scale + 1e-300)
 
 
 @pytest.mark.parametrize("loss", ALL_LOSSES)
