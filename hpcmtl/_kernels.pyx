@@ -597,8 +597,8 @@ def rmatvec_nonzero(Rows rows not None, const double[::1] v, double[::1] out):
 
     For a sparse ``v`` (the box momentum's direction q moves a few rows a round)
     this costs the nnz of those rows, not the block's.  Each feature's sum runs in
-    row order, as scipy's ``X.T @ v`` of CSR rows does, so on CSR rows the result
-    is bitwise that product's (rows with ``v_j = 0`` add exact zeros there).
+    row order, as scipy's ``X.T @ v`` of CSR rows does, so on float64 CSR rows the
+    result is bitwise that product's (rows with ``v_j = 0`` add exact zeros there).
     Only the rows it reads are checked (dense rows: the shared index array, once).
     Raises ValueError on inconsistent lengths or rows.
     """

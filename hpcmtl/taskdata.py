@@ -129,7 +129,7 @@ class TaskBlock:
 
     def rmatvec_sparse(self, v: np.ndarray) -> np.ndarray:
         """:meth:`rmatvec` for a ``v`` with few non-zeros: only their rows are read (``_kernels.rmatvec_nonzero``;
-        on CSR rows bitwise :meth:`rmatvec`)."""
+        on float64 CSR rows bitwise :meth:`rmatvec`; dense and float32 rows to rounding)."""
         out = np.empty(self.n_features)
         _kernels.rmatvec_nonzero(self.rows, np.ascontiguousarray(v, dtype=np.float64), out)
         return out - self.mu * float(np.sum(v)) if self.mu is not None else out
