@@ -95,7 +95,8 @@ def test_mnist_idx_protocol(tmp_path):
     assert names[3] == "digit3" and len(Xs) == 10
     for digit in range(10):
         assert Xs[digit].shape == (12, 784) and ys[digit].sum() == 0           # 6 positives + 6 negatives
-        assert_allclose(Xs[digit][:6], images[labels == digit].reshape(6, -1) / 255.0)
+        assert sp.isspmatrix_csr(Xs[digit]) and Xs[digit].nnz == np.count_nonzero(Xs[digit].toarray())
+        assert_allclose(Xs[digit][:6].toarray(), images[labels == digit].reshape(6, -1) / 255.0, rtol=0, atol=0)
     write_idx(tmp_path / "raw", labels, gz=False)
     assert_array_equal(converters.read_idx(str(tmp_path / "raw")), labels)
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04\x00\x00\x00\x01")
