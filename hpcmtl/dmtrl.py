@@ -365,7 +365,7 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     return np.clip(s, 0.5, 1.0)
 
 
-COUPLED_PASSES_MAX = 4     # 'qp': at most this many local passes a round for a task the others hardly explain
+COUPLED_PASSES_MAX = 2     # 'qp': at most this many local passes a round for a task the others hardly explain
 UNCOUPLED_PASSES = 2       # 'qp': local passes a step for a task nothing couples (a diagonal Sigma: rho = 1)
 
 
@@ -388,8 +388,13 @@ def coupled_passes(rho: float) -> int:
     before an exchange is work the next rounds would otherwise repeat; the server's steps (eta <= 1) cut back
     what the coupling makes too long, so the certificate and dual ascent are unchanged.  Strongly related
     tasks (s_i <= 3/4) keep one pass.  Measured (bench_convergence, P = 3, 10 W-steps, tol 1e-6) on MNIST
-    (s_i 0.89-0.96): one pass 226 rounds / 61 s, 4 passes 66 / 29 s, 5-8 passes (a cap of 8) 55 / 51 s: beyond
-    4 the rounds saved no longer pay for the passes.
+    (s_i 0.89-0.96, dense rows then): one pass 226 rounds / 61 s, 4 passes 66 / 29 s, 5-8 passes (a cap of
+    8) 55 / 51 s.  With the later local solver (CSR rows, UNCOUPLED_PASSES), seeds 0, 1, 2, P = 3, rounds /
+    s: a cap of 4 70 / 10.4, 73 / 10.2, 66 / 9.6; a cap of 2 71 / 8.8, 71 / 8.4, 77 / 8.8 (median -13 %
+    seconds, the same median rounds; 3 passes was worse than both on dense rows, 87 rounds).  The
+    late W-steps take 3 rounds each whatever the cap, so passes beyond 2 are work the certificate does not
+    need there.  Synthetic 1 and 2, the small tasks and School (s_i <= 5/6, or the exact
+    solver) are unchanged by the cap; MDS 210 -> 212 rounds, the same seconds.
     """
     if rho >= 1.0:
         return UNCOUPLED_PASSES

@@ -137,12 +137,15 @@ def test_fixed_sigma_optimum_lies_inside_the_certificate(aggregation):
 
 
 
-def test_coupled_passes_grow_as_the_other_tasks_explain_less_of_a_task():
+def test_coupled_passes_grow_as_the_other_tasks_explain_less_of_a_task(monkeypatch):
     # floor(1 / (2 (1 - s))) in [1, COUPLED_PASSES_MAX] while s < 1; an uncoupled task (rho = 1) takes
     # UNCOUPLED_PASSES a local step
+    assert dmtrl.COUPLED_PASSES_MAX == 2 and dmtrl.UNCOUPLED_PASSES == 2
+    cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 2, 0.95: 2, 1 - 1e-12: 2, 1.0: 2}
+    assert {rho: coupled_passes(rho) for rho in cases} == cases
+    monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 4)          # the rule under a higher cap
     cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 3, 0.86: 3, 0.875: 4, 0.95: 4, 1 - 1e-12: 4, 1.0: 2}
     assert {rho: coupled_passes(rho) for rho in cases} == cases
-    assert dmtrl.COUPLED_PASSES_MAX == 4 and dmtrl.UNCOUPLED_PASSES == 2
 
 
 def weakly_coupled_sigma(m, c):
@@ -154,12 +157,12 @@ def weakly_coupled_sigma(m, c):
 @pytest.mark.parametrize("loss", ["hinge", "logistic"])
 def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_optimum(loss, monkeypatch):
     """'qp' under a Sigma whose tasks explain little of each other (s_i ~ 0.9): every exchanged round takes
-    coupled_passes(rho) local passes (4), the certificate and dual ascent hold, the optimum is the one-pass
-    run's within both certificates, in fewer rounds."""
+    coupled_passes(rho) local passes (COUPLED_PASSES_MAX, 2), the certificate and dual ascent hold, the optimum
+    is the one-pass run's within both certificates, in fewer rounds."""
     Xs, ys = random_tasks(seed=21, loss=loss, m=5, sparse=loss == "logistic")
     Sigma = weakly_coupled_sigma(5, 0.2)                  # s_i = 0.9
     rho = coupled_rho(Sigma)
-    assert np.all((rho > 0.875) & (rho < 1)) and coupled_passes(float(rho[0])) == 4
+    assert np.all((rho > 0.875) & (rho < 1)) and coupled_passes(float(rho[0])) == dmtrl.COUPLED_PASSES_MAX == 2
     passes = []
     kernel = dmtrl._kernels.sdca_local
 
@@ -171,7 +174,7 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed")
     several = run(Xs, ys, sigma=Sigma, **cfg)
     # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, UNCOUPLED_PASSES
-    assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {4.0}
+    assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {2.0} and len(passes) > 5
     passes.clear()
     monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 1)
     monkeypatch.setattr(dmtrl, "UNCOUPLED_PASSES", 1)
@@ -196,7 +199,7 @@ def test_split_tasks_and_other_aggregations_keep_local_iters():
     Xs, ys = random_tasks(seed=22, m=3)
     tasks = MemoryTasks(Xs, ys)
     blocks = [tasks.read_task(i) for i in range(3)]
-    for aggregation, expected in (("qp", [6.0, 6.0, 6.0]), ("adaptive", [1.5] * 3), ("line", [1.5] * 3)):
+    for aggregation, expected in (("qp", [3.0, 3.0, 3.0]), ("adaptive", [1.5] * 3), ("line", [1.5] * 3)):
         local = LocalBlocks(Cluster.serial(), blocks, DMTRLConfig(aggregation=aggregation, local_iters=1.5))
         local.rho_block[:] = 0.9
         assert [local.local_passes(k) for k in range(3)] == expected, aggregation
@@ -208,7 +211,9 @@ def test_split_tasks_and_other_aggregations_keep_local_iters():
     local = LocalBlocks(cluster, blocks[:2], DMTRLConfig(local_iters=1.5))
     local.rho_block[:] = 0.9
     assert local.whole_task.tolist() == [False, True]
-    assert [local.local_passes(k) for k in range(2)] == [1.5, 6.0]
+    assert [local.local_passes(k) for k in range(2)] == [1.5, 3.0]
+    local.rho_block[:] = 0.7                                                # s <= 3/4: one pass
+    assert [local.local_passes(k) for k in range(2)] == [1.5, 1.5]
     local.rho_block[:] = 1.0                                                # nothing couples: UNCOUPLED_PASSES
     assert [local.local_passes(k) for k in range(2)] == [1.5, 3.0]
     local = LocalBlocks(Cluster.serial(), [], DMTRLConfig())                 # a rank without blocks
