@@ -391,10 +391,10 @@ def coupled_passes(rho: float) -> int:
     (s_i 0.89-0.96, dense rows then): one pass 226 rounds / 61 s, 4 passes 66 / 29 s, 5-8 passes (a cap of
     8) 55 / 51 s.  With the later local solver (CSR rows, UNCOUPLED_PASSES), seeds 0, 1, 2, P = 3, rounds /
     s: a cap of 4 70 / 10.4, 73 / 10.2, 66 / 9.6; a cap of 2 71 / 8.8, 71 / 8.4, 77 / 8.8 (median -13 %
-    seconds, the same median rounds; 3 passes was worse than both on dense rows, 87 rounds).  The
+    seconds, about the same rounds; a cap of 3 was worse than both, 87 rounds, dense rows at P = 1).  The
     late W-steps take 3 rounds each whatever the cap, so passes beyond 2 are work the certificate does not
-    need there.  Synthetic 1 and 2, the small tasks and School (s_i <= 5/6, or the exact
-    solver) are unchanged by the cap; MDS 210 -> 212 rounds, the same seconds.
+    need there.  Synthetic 1 and 2, the small tasks and School (every s_i < 5/6, or the exact
+    solver) are bitwise unchanged by the cap; MDS 210 -> 212 rounds, the same seconds.
     """
     if rho >= 1.0:
         return UNCOUPLED_PASSES
