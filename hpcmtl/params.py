@@ -148,7 +148,10 @@ PARAMS = {
                        "stop when the objective changes by at most this, relatively, between W-steps"),
     "eig_floor": Param(POSITIVE, 1e-8, "eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest"),
     "relationship": Param(RELATIONSHIPS, "learned", "the task covariance: learned, identity or fixed"),
-    "local_solver": Param(LOCAL_SOLVERS, "auto", "sdca, or exact local subproblems for the squared loss"),
+    "local_solver": Param(LOCAL_SOLVERS, "auto",
+                          "the local subproblems: sdca (paper 001's local SDCA), exact (squared loss: solved exactly), "
+                          "auto (exact where it is cheap: the squared loss up to 2048 features, hinge and smoothed "
+                          "hinge on blocks of up to 64 rows; aggregations other than safe)"),
     "exchange": Param(EXCHANGES, "auto",
                       "auto: while Sigma is diagonal (STL, a diagonal fixed Sigma, the first W-step of a learned "
                       "one), every task is one block and the loss is not squared, workers take whole rounds alone "
@@ -394,6 +397,7 @@ def train_option_groups():
             param("--aggregation"),
             param("--eta"),
             param("--exchange"),
+            param("--local-solver"),
         ]),
         ("task graph", ("graph",), [
             (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "

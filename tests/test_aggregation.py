@@ -171,7 +171,7 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
         return kernel(*args)
 
     monkeypatch.setattr(dmtrl._kernels, "sdca_local", recording)
-    cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed")
+    cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed", local_solver="sdca")
     several = run(Xs, ys, sigma=Sigma, **cfg)
     # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, UNCOUPLED_PASSES
     assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {2.0} and len(passes) > 5
@@ -245,14 +245,15 @@ def test_unconverged_w_steps_are_reported_each_and_in_the_result():
     Xs, ys = random_tasks(seed=15, loss="hinge", m=4)
     heard = []
     r = train(Cluster.serial(), MemoryTasks(Xs, ys),
-              DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0, local_steps=1),
-              warn=heard.append)      # (local_steps: several local steps a round could reach tol in the first)
+              DMTRLConfig(loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=3, outer_tol=0, local_steps=1,
+                          local_solver="sdca"),
+              warn=heard.append)      # (local SDCA, one local step a round: the first W-step must not reach tol)
     assert not r.converged
     assert len(heard) == 3 and all("ended unconverged" in h for h in heard)
     assert r.wsteps["outer"].tolist() == [0, 1, 2] and r.wsteps["round"].tolist() == [5, 10, 15]
     assert not r.wsteps["converged"].any() and np.all(r.wsteps["rel_gap"] > 1e-12)
     with pytest.warns(UserWarning, match="W-step 1 ended unconverged at round 5"):
-        run(Xs, ys, loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=1, local_steps=1)
+        run(Xs, ys, loss="hinge", lam=1e-3, tol=1e-12, max_rounds=5, outer=1, local_steps=1, local_solver="sdca")
 
 
 # --- real mpiexec runs ------------------------------------------------------------------------------------
@@ -300,11 +301,12 @@ def test_bitwise_identical_at_1_2_3_5_ranks(synth, tmp_path, loss):
 @pytest.mark.mpi
 def test_checkpoint_resume_is_bitwise_with_the_aggregation_state(synth, tmp_path):
     ref_out, out = tmp_path / "ref.h5", tmp_path / "r.h5"
-    r = run_hpcmtl(train_args(synth, ref_out), n_ranks=3, timeout=300)
+    sdca = ["--local-solver", "sdca"]     # (what 'auto' takes on these 84-row tasks; test_exact_box: the exact steps)
+    r = run_hpcmtl(train_args(synth, ref_out, *sdca), n_ranks=3, timeout=300)
     assert r.returncode == 0, r.stderr
     ref = store.read_result(ref_out)
     assert ref["history"]["round"][-1] > 40
-    args = train_args(synth, out, "--checkpoint-every", "7")
+    args = train_args(synth, out, "--checkpoint-every", "7", *sdca)
     r = run_hpcmtl(args, n_ranks=3, env={"HPCMTL_FAULT": "1:40:kill"}, timeout=120)
     assert r.returncode != 0 and not out.exists()
     ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
@@ -319,7 +321,7 @@ def test_checkpoint_resume_is_bitwise_with_the_aggregation_state(synth, tmp_path
     for key in ("outer", "round", "rel_gap", "converged"):
         assert res["wsteps"][key].tobytes() == ref["wsteps"][key].tobytes(), key
     # another aggregation cannot continue this checkpoint
-    r = run_hpcmtl(train_args(synth, out, "--aggregation", "safe", "--resume"), n_ranks=2)
+    r = run_hpcmtl(train_args(synth, out, "--aggregation", "safe", "--resume", *sdca), n_ranks=2)
     assert r.returncode == 2 and "'aggregation' is" in r.stderr
 
 
@@ -328,7 +330,7 @@ def test_unconverged_run_warns_and_stores_status(synth, tmp_path):
     out = tmp_path / "r.h5"
     r = run_hpcmtl(["train", "dmtrl", "--train", synth, "--out", out, "--lam", "1e-3", "--tol", "1e-12",
                     "--max-rounds", "4", "--outer", "3", "--outer-tol", "0", "--log-level", "warning",
-                    "--local-steps", "1"], n_ranks=2)
+                    "--local-steps", "1", "--local-solver", "sdca"], n_ranks=2)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("hpcmtl: warning:")]
     assert len(warnings) == 4, r.stderr                       # one per W-step, one at the end

@@ -293,7 +293,7 @@ def test_features_scaled_by_1e200_fail_every_rank_with_exit_2(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("method,extra", [("dmtrl", ["--aggregation", "safe"]), ("dmtrl", []),
-                                          ("stl", ["--local-steps", "2"]), ("graph", ["--graph", "cycle"]),
+                                          ("stl", ["--local-steps", "2", "--local-solver", "sdca"]), ("graph", ["--graph", "cycle"]),
                                           ("l1inf", ["--radius", "5"])])
 def test_a_nan_in_any_round_ends_the_job_naming_round_and_task(tmp_path, method, extra):
     from conftest import run_hpcmtl

@@ -123,7 +123,7 @@ def test_quiet_still_says_when_the_model_is_not_certified(tmp_path):
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.03"]).returncode == 0
     r = run_hpcmtl(["train", "dmtrl", "--train", tr, "--out", tmp_path / "o.h5", "--loss", "hinge", "--lam", "1e-4",
                     "--outer", "2", "--outer-tol", "0", "--max-rounds", "5", "--tol", "1e-9", "--quiet",
-                    "--local-steps", "1"])      # (several local steps a round could certify the first W-step)
+                    "--local-steps", "1", "--local-solver", "sdca"])   # (exact steps certify the first W-step at once)
     assert r.returncode == 0 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "2 of 2 W-steps ended unconverged" in lines[0] and "not certified" in lines[0], r.stderr

@@ -132,7 +132,7 @@ def config_from_args(args):
     return DMTRLConfig(loss=args.loss, lam=lam, gamma=args.gamma, tol=args.tol, max_rounds=args.max_rounds or 500,
                        outer=args.outer, outer_tol=args.outer_tol, local_iters=args.local_iters, seed=args.seed,
                        local_steps=args.local_steps, eta=args.eta, gap_every=args.gap_every, relationship=relationship, rff_dim=args.rff_dim,
-                       aggregation=args.aggregation, exchange=args.exchange,
+                       aggregation=args.aggregation, exchange=args.exchange, local_solver=args.local_solver,
                        rff_gamma=args.rff_gamma, split_tasks=args.split_tasks, shrinking=not args.no_shrinking,
                        float32=getattr(args, "float32", False),
                        fit_intercept=not args.no_intercept, intercept_scaling=args.intercept_scaling,
