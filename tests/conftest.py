@@ -43,6 +43,22 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
+def assert_resume_is_bitwise(args, out, ref, kill_round, saved_round, keys=("round", "primal", "dual", "step")):
+    """Train ``args`` (writing ``out``) at P = 3 killed in round ``kill_round`` (HPCMTL_FAULT): no result, the
+    checkpoint at ``saved_round``; ``--resume`` at P = 2 then gives ``ref``'s W and history ``keys`` bitwise."""
+    from hpcmtl import store
+    killed = run_hpcmtl(args, n_ranks=3, timeout=120, env={"HPCMTL_FAULT": f"1:{kill_round}:kill"})
+    assert killed.returncode != 0 and not os.path.exists(out)
+    assert store.read_checkpoint(str(out) + ".checkpoint.h5")["counters"]["round"] == saved_round
+    r = run_hpcmtl(list(args) + ["--resume"], n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(out)
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in keys:
+        assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
+    return res
+
+
 def metrics_during_and_after(train_args, out, test_path, n_ranks):
     """Train (``train_args`` with ``--test``, under mpiexec) and ``hpcmtl evaluate`` the saved model on the same
     test file: ``(summary reported during training, summary of evaluate)``."""

@@ -6,9 +6,6 @@ and dP on the task supports (:class:`hpcmtl.taskspace.SupportSpace`): another su
 match the dense exchange to rounding (W to 1e-10 relative where the trajectory is the same, within the duality
 certificates where the box losses' active sets amplify the rounding), and are bitwise the same at every rank
 count, with split tasks, with centered and augmented intercepts, and across a checkpoint and resume."""
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -22,7 +19,7 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskdata import TaskBlock
 from hpcmtl.taskspace import SupportSpace
 
-from conftest import metrics_during_and_after, mpiexec_path, run_hpcmtl
+from conftest import assert_resume_is_bitwise, metrics_during_and_after, run_hpcmtl
 
 SIZES = (200, 30, 40, 25, 35, 20)      # task 0 is larger than a worker's share at P = 3: --split-tasks cuts it
 
@@ -399,18 +396,7 @@ def test_resume_on_supports_is_bitwise_at_another_rank_count(data, tmp_path):
     ref = run(path, tmp_path, "ref", "smoothed-hinge", 3, *more)
     assert ref["history"]["round"][-1] > 35 and ref["history"]["outer"][ref["history"]["round"] == 30] >= 1
     out = tmp_path / "r.h5"
-    args = args_of(path, out, "smoothed-hinge", "--checkpoint-every", "5", *more)
-    killed = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
-    proc = subprocess.run(killed, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, HPCMTL_FAULT="1:33:kill"))
-    assert proc.returncode != 0 and not out.exists()
-    assert store.read_checkpoint(str(out) + ".checkpoint.h5")["counters"]["round"] == 30
-    r = run_hpcmtl(args + ["--resume"], n_ranks=2, timeout=120)
-    assert r.returncode == 0, r.stderr
-    res = store.read_result(out)
-    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
-    for key in ("round", "primal", "dual", "step"):
-        assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
+    assert_resume_is_bitwise(args_of(path, out, "smoothed-hinge", "--checkpoint-every", "5", *more), out, ref, 33, 30)
 
 
 @pytest.mark.mpi
