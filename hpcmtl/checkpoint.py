@@ -92,9 +92,10 @@ class Checkpointer:
             return True
         return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
 
-    def save(self, server):
-        """Write ``server.checkpoint_state()`` plus what identifies the run."""
-        arrays, blocks, counters = server.checkpoint_state()
+    def save(self, server, state=None):
+        """Write ``server.checkpoint_state()`` (or ``state``, what it returned earlier) plus what identifies the
+        run."""
+        arrays, blocks, counters = state if state is not None else server.checkpoint_state()
         counters = dict(counters, n_ranks=server.cluster.size, data_signature=self.data_signature,
                         train=self.train_path, sigma_signature=self.sigma_signature)
         store.write_checkpoint(self.path, arrays, blocks, self.config, counters,

@@ -481,16 +481,21 @@ class ServerBase:
             out[task] += rows[k]
         return out
 
-    def safe_point(self):
-        """Between rounds: write a checkpoint when one is due or a signal arrived."""
+    def safe_point(self, earlier=None):
+        """Between rounds: write a checkpoint when one is due or a signal arrived.
+
+        ``earlier``: ``(state, round)``, what :meth:`checkpoint_state` returned after an earlier round, written
+        instead of the current state (rounds whose own state is not saved: DMTRL's interior-point rounds resume
+        from where they began)."""
         ck = self.checkpointer
         if ck is None:
             return
         signal_name = ck.signal_received()
         if signal_name or ck.due(self.round):
-            ck.save(self)
+            ck.save(self, None if earlier is None else earlier[0])
         if signal_name:
-            raise Preempted(f"received {signal_name}: checkpoint written to {ck.path} after round {self.round}; "
+            after = self.round if earlier is None else earlier[1]
+            raise Preempted(f"received {signal_name}: checkpoint written to {ck.path} after round {after}; "
                             f"continue with --resume")
 
     def test_metrics(self, regression):
