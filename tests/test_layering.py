@@ -22,7 +22,7 @@ LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
     ("foundations", {"errors", "_rows", "_kernels", "_online", "features", "progress"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
-              "online_rules", "output_codes"}),
+              "online_rules", "output_codes", "interior"}),
     # the only modules that talk to MPI and to HDF5
     ("io", {"cluster", "store"}),
     ("files", {"checkpoint", "converters", "results"}),
