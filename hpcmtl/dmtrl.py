@@ -68,6 +68,7 @@ import numpy as np
 
 from . import _kernels
 from . import engine
+from . import interior
 from .checkpoint import BlockState, block_payloads, read_compatible
 from .engine import Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows, nan_fault
 from .errors import ConvergenceError, InputError
@@ -144,6 +145,17 @@ class DMTRLCommand(Command):
     # the server's B and dP on every block's support (its workers' mirror of them: a resume, after local rounds
     # or a warm start); sent on supports only
     SET_DP_ON_SUPPORT = 24, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_dp_on_support"
+    # interior-point W-steps (hpcmtl.interior; every task one block, dense rows): each block starts its iterate x
+    # from its alpha -> per block [Z^T x / n (d), z.x + s.(1 - x)]
+    IPM_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "ipm_start"
+    # per block [w at x (d), primal step, dual step, mu]: the pending step taken, then -> per block
+    # [G (d x d), v (d), loss sum, conjugate sum] at the new x
+    IPM_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "ipm_system"
+    # per block [y_i (d), accepted]: (accepted: alpha = y o x) -> per block [Z^T dx / n (d), largest primal step,
+    # largest dual step, the 4 coefficients of the complementarity after the steps]
+    IPM_STEP = 27, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_step"
+    # [accepted]: (accepted: alpha = y o x), the iterates dropped (width = 1)
+    IPM_END = 28, Down.BCAST, Up.NOTHING, ("width",), "ipm_end"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
@@ -620,6 +632,7 @@ class LocalBlocks(LocalBase):
         self.gram = [None] * len(self.blocks)           # exact solver: eigendecomposition of X^T X per block
         self.local = []                                 # local rounds: each block's TaskSteps
         self.support_sizes = None                       # every plan block's exchange size (SET_SUPPORTS)
+        self.iterates = []                              # interior-point W-steps: every block's BlockIterate
         self.reset_shrinking()
 
     def extra_bytes(self):
@@ -1031,6 +1044,58 @@ class LocalBlocks(LocalBase):
         self.rho = float(shared[m])
         self.reset_shrinking()
 
+    # -- interior-point W-steps (hpcmtl.interior): every block's iterate x = y o alpha in (0, 1) --------------
+    def ipm_start(self, ctrl, inputs):
+        """IPM_START: every block's iterate from its alpha -> per block ``[Z^T x / n, z.x + s.(1 - x)]``."""
+        gamma = self.config.gamma if self.loss.name == "smoothed-hinge" else 0.0
+        self.iterates, parts = [], []
+        for k, blk in enumerate(self.blocks):
+            it = interior.BlockIterate(blk, blk.y * self.state[k].alpha, gamma)
+            self.iterates.append(it)
+            parts.append(([it.b()], [it.complementarity()]))
+        return self.dense_rows(parts, 1, ctrl.width)
+
+    def ipm_system(self, ctrl, rows):
+        """IPM_SYSTEM: the pending steps taken; per block ``[G (d x d), v, loss sum, conjugate sum]`` at x."""
+        d = ctrl.d
+        out = np.zeros((len(self.blocks), d * d + d + 2))
+        for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
+            blk, it, w = self.blocks[k], self.iterates[k], vecs[0]
+            with self.working_on(blk, ctrl.round):
+                it.move(float(sc[0]), float(sc[1]))
+                terms = _kernels.objective_terms(blk.rows, blk.y, blk.y * it.x, w, self.loss.kernel_id,
+                                                 self.config.gamma, blk.z_shift(w))
+                G, v = it.system(w, float(sc[2]))
+                if nan_fault(ctrl.round, blk.task) and v.size:
+                    v[0] = np.nan
+            f = self.columns[k]
+            if f is not None:                      # the block's own columns -> their places among all d
+                Gd, vd = np.zeros((d, d)), np.zeros(d)
+                Gd[np.ix_(f, f)], vd[f] = G, v
+                G, v = Gd, vd
+            out[k, :d * d], out[k, d * d:d * d + d], out[k, d * d + d:] = G.reshape(-1), v, terms
+        return out
+
+    def ipm_step(self, ctrl, rows):
+        """IPM_STEP: ``alpha = y o x`` when accepted; the Newton steps -> per block ``[Z^T dx / n, largest primal
+        step, largest dual step, 4 complementarity coefficients]``."""
+        parts = []
+        for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
+            if sc[0] > 0:
+                self.state[k].alpha = self.blocks[k].y * self.iterates[k].x
+            db, primal, dual, coefficients = self.iterates[k].step(vecs[0])
+            parts.append(([db], [primal, dual, *coefficients]))
+        return self.dense_rows(parts, 1, ctrl.d + 6)
+
+    def ipm_end(self, ctrl, shared):
+        """IPM_END: ``alpha = y o x`` when accepted; the iterates dropped, shrinking reset."""
+        for k, it in enumerate(self.iterates):
+            if shared[0] > 0:
+                self.state[k].alpha = self.blocks[k].y * it.x
+            self.pending[k] = None
+        self.iterates = []
+        self.reset_shrinking()
+
     def get_previous(self, ctrl, inputs):
         """GET_PREVIOUS: every block's previous step, concatenated in plan order."""
         parts = [p for p in self.previous]
@@ -1094,6 +1159,15 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
     # the active set can change one bound an iteration: up to a few per row (60 rows of rank 5 from zero: 60 < it <= 200)
     beta = box_qp(A, g, 1.0, start=np.clip(y * a, 0.0, 1.0), max_iter=QP_ITERATIONS + 10 * len(a))
     return y * beta - a
+
+
+def uses_interior_point(config, d, m) -> bool:
+    """Coupled hinge (smoothed hinge) W-steps start with interior-point rounds (:mod:`hpcmtl.interior`):
+    'auto' local solver, the 'qp' or 'adaptive' aggregation, ``d <= interior.MAX_FEATURES`` and
+    ``d m <= interior.MAX_WIDTH`` (d with the intercept feature)."""
+    return (config.local_solver == "auto" and config.loss in ("hinge", "smoothed-hinge")
+            and config.aggregation in ("qp", "adaptive") and d <= interior.MAX_FEATURES
+            and d * m <= interior.MAX_WIDTH)
 
 
 def uses_momentum(config) -> str | None:
@@ -1749,7 +1823,82 @@ class Server(StepSolver, ServerBase):
             self.step, self.beta = rows[:, 3].copy(), rows[:, 4].copy()
         return rows
 
+    def interior_point_possible(self) -> bool:
+        """At the start of a W-step under a coupled Sigma (not after a resume inside one), every task one block on
+        dense task arrays, and :func:`uses_interior_point`."""
+        return (self.t == 0 and uses_interior_point(self.config, self.d, self.m) and self.one_block_a_task
+                and not self.space.sparse and bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma)))))
+
+    def interior_rounds(self):
+        """Interior-point rounds (:mod:`hpcmtl.interior`) until alpha is certified, they stall, or a cap.
+
+        The iterate x lives on the workers beside alpha; alpha (the engine's iterate, what the history and the
+        certificate are about) becomes x whenever x's dual is at least alpha's, so the dual never decreases.
+        x, z and s are not saved: a checkpoint due inside these rounds, or a signal, writes the state they began
+        from (a job stopped in them resumes there and repeats them bit for bit).  Returns ``(last history row or
+        None, certified)``; uncertified, the W-step goes on with the 'qp' rounds from alpha."""
+        cfg, d, m = self.config, self.d, self.m
+        began = (self.checkpoint_state(), self.round) if self.checkpointer is not None else None
+        primal_a, dual_a = self.objective(self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None,
+                                                            with_objective=True))
+        start = self.command(DMTRLCommand.IPM_START, width=d + 1)
+        self.check_vectors(start, "interior-point start b")
+        BxT = self.per_task(start[:, :d])
+        n_total = float(np.sum(self.n))
+        mu = interior.barrier_parameter(np.sum(self.per_task(start[:, d])), n_total)   # task order: same bits at any P
+        root = interior.sigma_root(self.Sigma, cfg.lam)
+        a_primal = a_dual = 0.0
+        row, certified, accepted = None, False, False
+        halved, smallest, since = np.inf, np.inf, 0      # x's gap at its last halving, its smallest; rounds since
+        for _ in range(interior.MAX_ROUNDS):
+            if self.t >= cfg.max_rounds:
+                break
+            self.t += 1
+            self.round += 1
+            WxT = self.space.mix(self.Sigma, BxT, cfg.lam)
+            steps = np.tile([a_primal, a_dual, mu], (len(self.blocks), 1))
+            rows = self.command(DMTRLCommand.IPM_SYSTEM, payload=np.column_stack([WxT[self.block_task], steps]),
+                                round=self.round, width=d + 3, d=d)
+            sums = self.per_task(rows)
+            check_finite_rows(sums, self.round, self.names, "interior-point system", self.outer)
+            primal_x, dual_x = primal_dual_of(sums[:, -2], sums[:, -1], self.n, float(np.sum(BxT * WxT)))
+            accepted = dual_x >= dual_a
+            if accepted:
+                self.BT, self.WT = BxT.copy(), WxT
+                primal_a, dual_a = primal_x, dual_x
+            certified = primal_a - dual_a <= cfg.tol * max(abs(primal_a), 1e-300)
+            if certified or self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds:
+                row = self.record(primal_a, dual_a)
+            if certified:
+                break
+            self.safe_point(began)
+            gap_x = primal_x - dual_x
+            halved, since = (gap_x, 0) if gap_x < 0.5 * halved else (halved, since + 1)
+            smallest = min(smallest, gap_x)
+            if since >= interior.STALL_ROUNDS or gap_x > interior.DIVERGED * smallest:
+                break
+            Y = interior.coupled_solve(root, sums[:, :d * d].reshape(m, d, d), sums[:, d * d:d * d + d])
+            check_finite_rows(Y, self.round, self.names, "interior-point step", self.outer)
+            rows = self.command(DMTRLCommand.IPM_STEP, width=d + 1, d=d,
+                                payload=np.column_stack([Y[self.block_task], np.full(len(self.blocks), float(accepted))]))
+            check_finite_rows(rows, self.round, self.names, "interior-point step", self.outer)
+            accepted = False                                        # delivered
+            a_primal, a_dual = interior.step_lengths(rows[:, d], rows[:, d + 1])
+            BxT = BxT + a_primal * self.per_task(rows[:, :d])
+            c = self.per_task(rows[:, d + 2:d + 6])
+            mu = interior.barrier_parameter(np.sum(c[:, 0] + a_primal * c[:, 1] + a_dual * c[:, 2]
+                                                   + a_primal * a_dual * c[:, 3]), n_total)
+        self.command(DMTRLCommand.IPM_END, payload=np.array([float(accepted)]), width=1)
+        self.recompute_w()
+        self.mirrored = False               # the workers' mirror of B (box momentum on supports) is stale
+        self.push_w(False)
+        return row, certified
+
     def w_step(self):
+        if not self.local_rounds_possible() and self.interior_point_possible():
+            row, certified = self.interior_rounds()
+            if certified or self.t >= self.config.max_rounds:
+                return row, certified
         local = self.local_rounds_possible()
         if local:
             self.enter_local()

@@ -1,0 +1,230 @@
+"""Interior-point W-steps (hpcmtl.interior): coupled hinge / smoothed-hinge duals under a learned or fixed Sigma."""
+import warnings
+
+import numpy as np
+import pytest
+
+from hpcmtl import interior, store
+from hpcmtl.cluster import Cluster
+from hpcmtl.dmtrl import DMTRLConfig, train, uses_interior_point
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.taskdata import TaskBlock
+
+from conftest import assert_resume_is_bitwise, run_hpcmtl
+from reference import box_qp_reference
+
+
+def raw_tasks(seed, m=6, d=5, one_row=False, zero_row=False):
+    """Tasks of 30-50 raw rows (positive, skewed, feature scales 0.1-10), 20 % positive labels, related weights;
+    optionally task 0 of one row and an all-zero row in every other task."""
+    rng = np.random.default_rng(seed)
+    scales, base = rng.uniform(0.1, 10, d), rng.normal(size=d)
+    Xs, ys = [], []
+    for t in range(m):
+        n = 1 if one_row and t == 0 else int(rng.integers(30, 51))
+        X = rng.gamma(2.0, 1.0, size=(n, d)) * scales
+        if zero_row and n > 1:
+            X[n // 2] = 0.0
+        s = (X - X.mean(0)) @ (base + 0.5 * rng.normal(size=d))
+        Xs.append(X)
+        ys.append(np.where(s > np.quantile(s, 0.8), 1.0, -1.0) if n > 1 else np.ones(1))
+    return Xs, ys
+
+
+def low_rank_sigma(m, rank, seed):
+    """A task covariance of the given rank plus the eigenvalue floor (what the Omega-step learns on few tasks)."""
+    U = np.random.default_rng(seed).normal(size=(m, rank))
+    S = U @ U.T + 1e-8 * np.eye(m)
+    return S / np.trace(S)
+
+
+def fit(Xs, ys, Sigma, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(relationship="fixed", **kw),
+                     sigma_fixed=Sigma)
+
+
+def dual_optimum(Xs, ys, Sigma, lam, gamma=0.0):
+    """The coupled dual's maximum by an independent dense box QP over all N rows (tests/reference.py):
+    ``max_x sum_ij (x_ij - gamma x_ij^2 / 2) / n_i - tr(B Sigma B^T) / (2 lam)``, ``b_i = Z_i^T x_i / n_i``."""
+    n = [len(y) for y in ys]
+    off = np.concatenate([[0], np.cumsum(n)])
+    Z = [X * y[:, None] / len(y) for X, y in zip(Xs, ys)]
+    A = np.zeros((off[-1], off[-1]))
+    for i in range(len(Xs)):
+        for j in range(len(Xs)):
+            A[off[i]:off[i + 1], off[j]:off[j + 1]] = Sigma[i, j] / lam * Z[i] @ Z[j].T
+    A[np.diag_indices_from(A)] += np.concatenate([np.full(k, gamma / k) for k in n])
+    g = np.concatenate([np.full(k, 1.0 / k) for k in n])
+    x = box_qp_reference(A, g, 1.0, max_iter=500)
+    return float(g @ x - 0.5 * x @ A @ x)
+
+
+def assert_certified_ascent(h):
+    assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
+    assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))              # P >= D every row
+    for outer in np.unique(h["outer"]):
+        dual = h["dual"][h["outer"] == outer]
+        assert np.all(np.diff(dual) >= -1e-12 * np.abs(dual[1:])), f"the dual decreased in W-step {outer}"
+
+
+# -- the server's Newton system ------------------------------------------------------------------------------
+@pytest.mark.parametrize("m,d,rank", [(1, 1, 1), (7, 3, 2), (12, 4, 12), (5, 6, 1)])
+def test_coupled_solve_is_the_dense_newton_solve_under_a_singular_sigma(m, d, rank):
+    rng = np.random.default_rng([m, d, rank])
+    lam = 1e-4
+    Sigma = low_rank_sigma(m, rank, m + d)
+    # the tasks' G_i: PSD, one of them zero (a task whose rows all sit at bounds), curvatures over 8 decades
+    G = np.stack([(lambda A: A @ A.T)(rng.normal(size=(d, d)) * 10.0 ** rng.uniform(-4, 4)) for _ in range(m)])
+    G[m // 2] = 0.0
+    V = rng.normal(size=(m, d))
+    Y = interior.coupled_solve(interior.sigma_root(Sigma, lam), G, V)
+    K = np.kron(Sigma / lam, np.eye(d))
+    blocks = np.zeros((m * d, m * d))
+    for i in range(m):
+        blocks[i * d:(i + 1) * d, i * d:(i + 1) * d] = G[i]
+    # (K^-1 + G) y = v, multiplied through by K: (I + K G) y = K v (K itself is nearly singular).  Backward error:
+    # the residual against the sizes of the terms (the system's condition number reaches 1e13 here)
+    A, rhs, y = np.eye(m * d) + K @ blocks, K @ V.reshape(-1), Y.reshape(-1)
+    assert np.all(np.isfinite(Y))
+    assert np.linalg.norm(A @ y - rhs) <= 1e-12 * (np.linalg.norm(A, 2) * np.linalg.norm(y) + np.linalg.norm(rhs))
+    if m * d > 1:          # and it is not the trivial solution of a well-conditioned system
+        assert np.linalg.norm(y) > 1e-3 * np.linalg.norm(np.linalg.solve(A, rhs))
+
+
+def test_sigma_root_squares_to_sigma_over_lam_and_clips_rounding_negatives():
+    Sigma = low_rank_sigma(9, 3, 0)
+    Sigma[0, 0] -= 2e-8                      # an eigenvalue a rounding error below zero
+    root = interior.sigma_root(Sigma, 1e-3)
+    assert np.all(np.isfinite(root)) and np.array_equal(root, root.T)
+    assert np.allclose(root @ root, Sigma / 1e-3, atol=1e-6)
+
+
+def test_step_lengths_at_their_edges():
+    v = np.array([1.0, 2.0])
+    assert interior.largest_step(v, np.array([0.0, 1.0])) == 2.0                  # nothing decreases: the cap
+    assert interior.largest_step(v, np.array([-4.0, 1.0])) == 0.25
+    assert interior.largest_step(np.zeros(0), np.zeros(0)) == 2.0                 # an empty block
+    assert interior.step_lengths(np.array([2.0, 2.0]), np.array([2.0])) == (1.0, 1.0)
+    assert interior.step_lengths(np.array([0.5, 2.0]), np.array([0.1])) == (0.995 * 0.5, 0.995 * 0.1)
+    assert interior.step_lengths(np.zeros(0), np.zeros(0)) == (1.0, 1.0)           # no blocks: full steps
+
+
+@pytest.mark.parametrize("n,zero_row,gamma", [(1, False, 0.0), (1, True, 0.0), (2, True, 0.5), (40, True, 0.0)])
+def test_a_block_iterate_stays_inside_the_box_on_one_row_and_zero_rows(n, zero_row, gamma):
+    rng = np.random.default_rng(n)
+    X = rng.gamma(2.0, 1.0, size=(n, 4)) * 10.0
+    if zero_row:
+        X[-1] = 0.0
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    blk = TaskBlock(0, "t", n, 0, X, y)
+    it = interior.BlockIterate(blk, np.array([0.0, 1.0] * n)[:n], gamma)
+    assert np.all((it.x >= interior.START_MARGIN) & (it.x <= 1 - interior.START_MARGIN))
+    Z = X * y[:, None]
+    assert np.allclose(it.b(), Z.T @ it.x / n, rtol=1e-14, atol=0)
+    for _ in range(5):
+        w = rng.normal(size=4)
+        G, v = it.system(w, 1e-3)
+        h = it.z / it.x + it.s / (1 - it.x) + gamma / n
+        assert np.allclose(G, Z.T @ (Z / h[:, None]) / n ** 2, rtol=1e-12, atol=0) and np.all(np.isfinite(v))
+        db, primal, dual, coefficients = it.step(rng.normal(size=4))
+        assert primal > 0 and dual > 0 and np.all(np.isfinite(db)) and np.all(np.isfinite(coefficients))
+        a_p, a_d = interior.step_lengths(np.array([primal]), np.array([dual]))
+        before = it.complementarity()
+        it.move(a_p, a_d)
+        assert np.all((it.x > 0) & (it.x < 1) & (it.z > 0) & (it.s > 0))
+        c00, c10, c01, c11 = coefficients
+        assert it.complementarity() == pytest.approx(c00 + a_p * c10 + a_d * c01 + a_p * a_d * c11, rel=1e-12)
+        assert c00 == before
+
+
+def test_auto_takes_interior_point_w_steps_for_box_losses_with_small_d_only():
+    hinge = DMTRLConfig(loss="hinge", lam=1e-3)
+    assert uses_interior_point(hinge, interior.MAX_FEATURES, 2)
+    assert uses_interior_point(DMTRLConfig(loss="smoothed-hinge", lam=1e-3, aggregation="adaptive"), 10, 100)
+    assert not uses_interior_point(hinge, interior.MAX_FEATURES + 1, 2)
+    assert not uses_interior_point(hinge, 32, interior.MAX_WIDTH // 32 + 1)
+    for cfg in (DMTRLConfig(loss="logistic", lam=1e-3), DMTRLConfig(loss="squared", lam=1e-3),
+                DMTRLConfig(loss="hinge", lam=1e-3, aggregation="safe"),
+                DMTRLConfig(loss="hinge", lam=1e-3, aggregation="line"),
+                DMTRLConfig(loss="hinge", lam=1e-3, local_solver="sdca")):
+        assert not uses_interior_point(cfg, 5, 5)
+
+
+# -- whole W-steps in one process -----------------------------------------------------------------------------
+@pytest.mark.parametrize("loss,lam", [("hinge", 1e-2), ("hinge", 1e-4), ("smoothed-hinge", 1e-4)])
+def test_a_coupled_w_step_reaches_the_independent_dual_optimum_where_the_qp_rounds_stall(loss, lam, monkeypatch):
+    """A fixed Sigma of rank 2 on 6 raw tasks (one of them a single row, all-zero rows): the interior-point rounds
+    certify 1e-8 within 40 rounds and the certified objective brackets the optimum of an independent dense box QP;
+    the 'qp' rounds alone (interior-point rounds off) are still above 1e-8 after 400 rounds."""
+    Xs, ys = raw_tasks(0, one_row=True, zero_row=True)
+    Sigma = low_rank_sigma(len(Xs), 2, 1)
+    kw = dict(loss=loss, lam=lam, tol=1e-8, fit_intercept=False, max_rounds=400)
+    r = fit(Xs, ys, Sigma, **kw)
+    h = r.history
+    assert r.converged and r.n_rounds <= 40
+    assert_certified_ascent(h)
+    optimum = dual_optimum(Xs, ys, Sigma, lam, 1.0 if loss == "smoothed-hinge" else 0.0)
+    gap = h["primal"][-1] - h["dual"][-1]
+    assert h["dual"][-1] - 1e-12 * abs(optimum) <= optimum <= h["primal"][-1] + 1e-12 * abs(optimum)
+    assert abs(optimum - h["dual"][-1]) <= gap + 1e-12 * abs(optimum)
+    monkeypatch.setattr(interior, "MAX_ROUNDS", 0)
+    qp = fit(Xs, ys, Sigma, **kw)
+    assert not qp.converged and qp.history["rel_gap"][-1] > 1e-8
+    assert_certified_ascent(qp.history)
+
+
+def test_stalled_interior_point_rounds_hand_over_to_the_qp_rounds_keeping_ascent_and_the_certificate(monkeypatch):
+    """Interior-point rounds cut off after 6 rounds: the W-step goes on with the 'qp' rounds from the best
+    accepted iterate, certifies, and the dual never decreases across the switch."""
+    Xs, ys = raw_tasks(3, m=5, d=3)
+    Xs = [(X - X.mean(0)) / X.std(0) for X in Xs]         # standardized: the 'qp' rounds can finish the job
+    Sigma = low_rank_sigma(len(Xs), 3, 2)
+    kw = dict(loss="hinge", lam=1e-2, tol=1e-6, max_rounds=3000)
+    full = fit(Xs, ys, Sigma, **kw)
+    monkeypatch.setattr(interior, "MAX_ROUNDS", 6)
+    cut = fit(Xs, ys, Sigma, **kw)
+    assert full.converged and cut.converged and cut.n_rounds > 6 and cut.n_rounds > full.n_rounds
+    assert_certified_ascent(cut.history)
+    assert cut.history["dual"][5] > cut.history["dual"][0]              # the interior-point rounds did ascend
+    gaps = [r.history["primal"][-1] - r.history["dual"][-1] for r in (full, cut)]
+    assert abs(full.history["primal"][-1] - cut.history["primal"][-1]) <= sum(gaps)
+
+
+# -- at every rank count, killed and resumed ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_raw(tmp_path_factory):
+    path = tmp_path_factory.mktemp("interior") / "tr.h5"
+    Xs, ys = raw_tasks(7, m=12, d=6, zero_row=True)
+    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(12)])
+    return path
+
+
+def learned(train_path, out, *extra):
+    return ["train", "dmtrl", "--train", train_path, "--out", out, "--loss", "hinge", "--lam", "1e-4", "--tol", "1e-6",
+            "--outer", "4", "--outer-tol", "0", "--quiet", "--force", *extra]
+
+
+@pytest.mark.mpi
+def test_learned_sigma_w_steps_certify_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(small_raw, tmp_path):
+    runs = {}
+    for p in (1, 2, 3, 5):
+        r = run_hpcmtl(learned(small_raw, tmp_path / f"p{p}.h5"), n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[p] = store.read_result(tmp_path / f"p{p}.h5")
+    ref = runs[1]
+    steps = ref["wsteps"]
+    assert ref["model"]["converged"] == 1 and steps["converged"].all() and np.all(steps["rel_gap"] <= 1e-6)
+    assert steps["round"][0] == 1                             # Sigma = I/m: one round of exact local steps
+    assert np.max(np.diff(steps["round"])) <= interior.MAX_ROUNDS   # the coupled ones: interior-point rounds only
+    assert_certified_ascent(ref["history"])
+    for p in (2, 3, 5):
+        assert runs[p]["model"]["W"].tobytes() == ref["model"]["W"].tobytes(), f"W differs at P={p}"
+        assert runs[p]["model"]["Sigma"].tobytes() == ref["model"]["Sigma"].tobytes(), f"Sigma differs at P={p}"
+        for key in ("round", "primal", "dual", "step"):
+            assert runs[p]["history"][key].tobytes() == ref["history"][key].tobytes(), f"{key} differs at P={p}"
+    # killed inside W-step 3's interior-point rounds: the checkpoint is the one after W-step 2 (none inside them)
+    out = tmp_path / "r.h5"
+    assert_resume_is_bitwise(learned(small_raw, out, "--checkpoint-every", "1"), out, ref,
+                             int(steps["round"][1]) + 3, int(steps["round"][1]))
