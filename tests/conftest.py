@@ -43,6 +43,34 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
+def assert_certified_ascent(h):
+    """Every history row: finite, P >= D, and the dual never decreasing within a W-step."""
+    assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
+    assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))              # P >= D every row
+    for outer in np.unique(h["outer"]):
+        dual = h["dual"][h["outer"] == outer]
+        assert np.all(np.diff(dual) >= -1e-12 * np.abs(dual[1:])), f"the dual decreased in W-step {outer}"
+
+
+def assert_bitwise_at_rank_counts(make_args, directory, counts=(1, 2, 3, 5), keys=("round", "primal", "dual", "step")):
+    """Train ``make_args(out)`` at each rank count: W, Sigma and the history ``keys`` bitwise those of the first;
+    returns the first run's result."""
+    from hpcmtl import store
+    runs = {}
+    for p in counts:
+        out = os.path.join(directory, f"p{p}.h5")
+        r = run_hpcmtl(make_args(out), n_ranks=p, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[p] = store.read_result(out)
+    ref = runs[counts[0]]
+    for p in counts[1:]:
+        for name in ("W", "Sigma"):
+            assert runs[p]["model"][name].tobytes() == ref["model"][name].tobytes(), f"{name} differs at P={p}"
+        for key in keys:
+            assert runs[p]["history"][key].tobytes() == ref["history"][key].tobytes(), f"{key} differs at P={p}"
+    return ref
+
+
 def assert_resume_is_bitwise(args, out, ref, kill_round, saved_round, keys=("round", "primal", "dual", "step")):
     """Train ``args`` (writing ``out``) at P = 3 killed in round ``kill_round`` (HPCMTL_FAULT): no result, the
     checkpoint at ``saved_round``; ``--resume`` at P = 2 then gives ``ref``'s W and history ``keys`` bitwise."""
