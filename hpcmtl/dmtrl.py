@@ -149,7 +149,7 @@ class DMTRLCommand(Command):
     # from its alpha -> per block [Z^T x / n (d), z.x + s.(1 - x)]
     IPM_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "ipm_start"
     # per block [w at x (d), primal step, dual step, mu]: the pending step taken, then -> per block
-    # [G (d x d), v (d), loss sum, conjugate sum] at the new x
+    # [G's upper triangle (d (d + 1) / 2), v (d), loss sum, conjugate sum] at the new x
     IPM_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "ipm_system"
     # per block [y_i (d), accepted]: (accepted: alpha = y o x) -> per block [Z^T dx / n (d), largest primal step,
     # largest dual step, the 4 coefficients of the complementarity after the steps]
@@ -1056,9 +1056,10 @@ class LocalBlocks(LocalBase):
         return self.dense_rows(parts, 1, ctrl.width)
 
     def ipm_system(self, ctrl, rows):
-        """IPM_SYSTEM: the pending steps taken; per block ``[G (d x d), v, loss sum, conjugate sum]`` at x."""
+        """IPM_SYSTEM: the pending steps taken; per block ``[G's upper triangle, v, loss sum, conjugate sum]`` at x."""
         d = ctrl.d
-        out = np.zeros((len(self.blocks), d * d + d + 2))
+        t = d * (d + 1) // 2                       # G's upper triangle
+        out = np.zeros((len(self.blocks), t + d + 2))
         for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
             blk, it, w = self.blocks[k], self.iterates[k], vecs[0]
             with self.working_on(blk, ctrl.round):
@@ -1073,7 +1074,7 @@ class LocalBlocks(LocalBase):
                 Gd, vd = np.zeros((d, d)), np.zeros(d)
                 Gd[np.ix_(f, f)], vd[f] = G, v
                 G, v = Gd, vd
-            out[k, :d * d], out[k, d * d:d * d + d], out[k, d * d + d:] = G.reshape(-1), v, terms
+            out[k, :t], out[k, t:t + d], out[k, t + d:] = interior.packed(G), v, terms
         return out
 
     def ipm_step(self, ctrl, rows):
@@ -1877,7 +1878,8 @@ class Server(StepSolver, ServerBase):
             smallest = min(smallest, gap_x)
             if since >= interior.STALL_ROUNDS or gap_x > interior.DIVERGED * smallest:
                 break
-            Y = interior.coupled_solve(root, sums[:, :d * d].reshape(m, d, d), sums[:, d * d:d * d + d])
+            t = d * (d + 1) // 2
+            Y = interior.coupled_solve(root, interior.unpacked(sums[:, :t], d), sums[:, t:t + d])
             check_finite_rows(Y, self.round, self.names, "interior-point step", self.outer)
             rows = self.command(DMTRLCommand.IPM_STEP, width=d + 1, d=d,
                                 payload=np.column_stack([Y[self.block_task], np.full(len(self.blocks), float(accepted))]))

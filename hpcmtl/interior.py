@@ -10,7 +10,7 @@ primal-dual interior-point method does not care: its Newton system is solved exa
 
 One iteration is one round of two exchanges, the server never sees a row:
 
-1. every block sends ``G_i = Z_i^T diag(1/h) Z_i / n_i^2`` (d x d) and
+1. every block sends ``G_i = Z_i^T diag(1/h) Z_i / n_i^2`` (d x d, its upper triangle) and
    ``v_i = Z_i^T (r / h) / n_i`` (d), ``h = z/x + s/(1-x) (+ gamma/n_i)`` the barrier's
    curvature and ``r = g + mu/x - mu/(1-x)``, ``g`` the dual's gradient at x;
 2. the server solves the coupled Newton system by Woodbury through
@@ -21,7 +21,7 @@ One iteration is one round of two exchanges, the server never sees a row:
    sends ``Z_i^T dx / n_i`` with the largest steps that keep x, z and s inside (a common
    step for all tasks: the Newton direction is a joint one).
 
-So a round moves ``d^2 + O(d)`` numbers a task: this solver is for small d
+So a round moves ``d (d + 1) / 2 + O(d)`` numbers a task: this solver is for small d
 (``MAX_FEATURES``) and a small server system (``MAX_WIDTH`` = d m).  Measured on 29
 hinge tasks of 30-50 rows, raw features (the issue's shape), lam 1e-4: 20-36
 iterations a W-step, every one of 10 W-steps certified to 1e-6, where the 'qp' rounds
@@ -115,6 +115,20 @@ class BlockIterate:
         dual = min(largest_step(z, dz), largest_step(s, ds))
         coefficients = (self.complementarity(), dot(z - s, dx), dot(dz, x) + dot(ds, 1.0 - x), dot(dz - ds, dx))
         return self.zt(dx), primal, dual, coefficients
+
+
+def packed(G):
+    """The upper triangle of a symmetric d x d ``G``, row by row (what travels: d (d + 1) / 2 numbers)."""
+    return G[np.triu_indices(G.shape[0])]
+
+
+def unpacked(rows, d):
+    """The symmetric ``(m, d, d)`` matrices of rows of :func:`packed` triangles."""
+    G = np.zeros((rows.shape[0], d, d))
+    i, j = np.triu_indices(d)
+    G[:, i, j] = rows
+    G[:, j, i] = rows
+    return G
 
 
 def largest_step(v, dv, cap=2.0):
