@@ -148,7 +148,7 @@ class DMTRLCommand(Command):
     # interior-point W-steps (hpcmtl.interior; every task one block, dense rows): each block starts its iterate x
     # from its alpha -> per block [Z^T x / n (d), z.x + s.(1 - x)]
     IPM_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "ipm_start"
-    # per block [w at x (d), primal step, dual step, mu]: the pending step taken, then -> per block
+    # per block [w at x (d), primal step, dual step, mu, ||K||]: the pending step taken, then -> per block
     # [G's upper triangle (d (d + 1) / 2), v (d), loss sum, conjugate sum] at the new x
     IPM_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "ipm_system"
     # per block [y_i (d), accepted]: (accepted: alpha = y o x) -> per block [Z^T dx / n (d), largest primal step,
@@ -156,6 +156,10 @@ class DMTRLCommand(Command):
     IPM_STEP = 27, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_step"
     # [accepted]: (accepted: alpha = y o x), the iterates dropped (width = 1)
     IPM_END = 28, Down.BCAST, Up.NOTHING, ("width",), "ipm_end"
+    # refinement of the Newton step: per block [K Z^T dx (the w of dx, d)] -> per block [v of its residual (d)]
+    IPM_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_residual"
+    # per block [y_i of the residual (d)]: dx corrected -> what IPM_STEP sends
+    IPM_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_correct"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
@@ -1066,7 +1070,7 @@ class LocalBlocks(LocalBase):
                 it.move(float(sc[0]), float(sc[1]))
                 terms = _kernels.objective_terms(blk.rows, blk.y, blk.y * it.x, w, self.loss.kernel_id,
                                                  self.config.gamma, blk.z_shift(w))
-                G, v = it.system(w, float(sc[2]))
+                G, v = it.system(w, float(sc[2]), float(sc[3]))
                 if nan_fault(ctrl.round, blk.task) and v.size:
                     v[0] = np.nan
             f = self.columns[k]
@@ -1085,6 +1089,19 @@ class LocalBlocks(LocalBase):
             if sc[0] > 0:
                 self.state[k].alpha = self.blocks[k].y * self.iterates[k].x
             db, primal, dual, coefficients = self.iterates[k].step(vecs[0])
+            parts.append(([db], [primal, dual, *coefficients]))
+        return self.dense_rows(parts, 1, ctrl.d + 6)
+
+    def ipm_residual(self, ctrl, rows):
+        """IPM_RESIDUAL: every block's Newton residual at its pending dx -> per block its ``v``."""
+        return self.dense_rows([([self.iterates[k].residual(vecs[0])], ())
+                                for k, (vecs, sc) in enumerate(self.from_rows(rows, 1))], 1, ctrl.d)
+
+    def ipm_correct(self, ctrl, rows):
+        """IPM_CORRECT: every block's dx corrected -> what :meth:`ipm_step` sends."""
+        parts = []
+        for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
+            db, primal, dual, coefficients = self.iterates[k].correct(vecs[0])
             parts.append(([db], [primal, dual, *coefficients]))
         return self.dense_rows(parts, 1, ctrl.d + 6)
 
@@ -1833,21 +1850,26 @@ class Server(StepSolver, ServerBase):
     def interior_rounds(self):
         """Interior-point rounds (:mod:`hpcmtl.interior`) until alpha is certified, they stall, or a cap.
 
-        The iterate x lives on the workers beside alpha; alpha (the engine's iterate, what the history and the
-        certificate are about) becomes x whenever x's dual is at least alpha's, so the dual never decreases.
+        The iterate x lives on the workers beside alpha; alpha (the engine's dual iterate) becomes x whenever x's
+        dual is at least alpha's, so the dual never decreases.  Every round P and D are computed exactly at x;
+        the certificate is the smallest P seen (alpha's w or an iterate's) against alpha's D (weak duality holds
+        for any w), and a certified W-step ends with that w as W (B stays alpha's: the next W-step starts from
+        alpha).  The warm start's D is often above x's until the last rounds, where x's own gap is smallest.
         x, z and s are not saved: a checkpoint due inside these rounds, or a signal, writes the state they began
         from (a job stopped in them resumes there and repeats them bit for bit).  Returns ``(last history row or
         None, certified)``; uncertified, the W-step goes on with the 'qp' rounds from alpha."""
         cfg, d, m = self.config, self.d, self.m
         began = (self.checkpoint_state(), self.round) if self.checkpointer is not None else None
-        primal_a, dual_a = self.objective(self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None,
+        primal_best, dual_a = self.objective(self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None,
                                                             with_objective=True))
+        best_WT = self.WT
         start = self.command(DMTRLCommand.IPM_START, width=d + 1)
         self.check_vectors(start, "interior-point start b")
         BxT = self.per_task(start[:, :d])
         n_total = float(np.sum(self.n))
         mu = interior.barrier_parameter(np.sum(self.per_task(start[:, d])), n_total)   # task order: same bits at any P
         root = interior.sigma_root(self.Sigma, cfg.lam)
+        k_norm = float(np.max(np.linalg.eigvalsh(self.Sigma))) / cfg.lam
         a_primal = a_dual = 0.0
         row, certified, accepted = None, False, False
         halved, smallest, since = np.inf, np.inf, 0      # x's gap at its last halving, its smallest; rounds since
@@ -1857,19 +1879,21 @@ class Server(StepSolver, ServerBase):
             self.t += 1
             self.round += 1
             WxT = self.space.mix(self.Sigma, BxT, cfg.lam)
-            steps = np.tile([a_primal, a_dual, mu], (len(self.blocks), 1))
+            steps = np.tile([a_primal, a_dual, mu, k_norm], (len(self.blocks), 1))
             rows = self.command(DMTRLCommand.IPM_SYSTEM, payload=np.column_stack([WxT[self.block_task], steps]),
-                                round=self.round, width=d + 3, d=d)
+                                round=self.round, width=d + 4, d=d)
             sums = self.per_task(rows)
             check_finite_rows(sums, self.round, self.names, "interior-point system", self.outer)
             primal_x, dual_x = primal_dual_of(sums[:, -2], sums[:, -1], self.n, float(np.sum(BxT * WxT)))
             accepted = dual_x >= dual_a
             if accepted:
                 self.BT, self.WT = BxT.copy(), WxT
-                primal_a, dual_a = primal_x, dual_x
-            certified = primal_a - dual_a <= cfg.tol * max(abs(primal_a), 1e-300)
+                dual_a = dual_x
+            if primal_x <= primal_best:                # the best w seen (weak duality: any w against alpha's D)
+                primal_best, best_WT = primal_x, WxT
+            certified = primal_best - dual_a <= cfg.tol * max(abs(primal_best), 1e-300)
             if certified or self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds:
-                row = self.record(primal_a, dual_a)
+                row = self.record(primal_best, dual_a)
             if certified:
                 break
             self.safe_point(began)
@@ -1879,12 +1903,20 @@ class Server(StepSolver, ServerBase):
             if since >= interior.STALL_ROUNDS or gap_x > interior.DIVERGED * smallest:
                 break
             t = d * (d + 1) // 2
-            Y = interior.coupled_solve(root, interior.unpacked(sums[:, :t], d), sums[:, t:t + d])
+            newton = interior.NewtonSystem(root, interior.unpacked(sums[:, :t], d))
+            Y = newton.solve(sums[:, t:t + d])
             check_finite_rows(Y, self.round, self.names, "interior-point step", self.outer)
             rows = self.command(DMTRLCommand.IPM_STEP, width=d + 1, d=d,
                                 payload=np.column_stack([Y[self.block_task], np.full(len(self.blocks), float(accepted))]))
             check_finite_rows(rows, self.round, self.names, "interior-point step", self.outer)
             accepted = False                                        # delivered
+            for _ in range(interior.REFINEMENTS):                   # the step through the full system's residual
+                WdT = self.space.mix(self.Sigma, self.per_task(rows[:, :d]), cfg.lam)
+                V = self.per_task(self.command(DMTRLCommand.IPM_RESIDUAL, payload=WdT[self.block_task], width=d, d=d))
+                Y = newton.solve(V)
+                check_finite_rows(Y, self.round, self.names, "interior-point refinement", self.outer)
+                rows = self.command(DMTRLCommand.IPM_CORRECT, payload=Y[self.block_task], width=d, d=d)
+                check_finite_rows(rows, self.round, self.names, "interior-point refinement", self.outer)
             a_primal, a_dual = interior.step_lengths(rows[:, d], rows[:, d + 1])
             BxT = BxT + a_primal * self.per_task(rows[:, :d])
             c = self.per_task(rows[:, d + 2:d + 6])
@@ -1892,6 +1924,8 @@ class Server(StepSolver, ServerBase):
                                                    + a_primal * a_dual * c[:, 3]), n_total)
         self.command(DMTRLCommand.IPM_END, payload=np.array([float(accepted)]), width=1)
         self.recompute_w()
+        if certified:
+            self.WT = best_WT               # the certified w (alpha's own, or an iterate's with a smaller P)
         self.mirrored = False               # the workers' mirror of B (box momentum on supports) is stale
         self.push_w(False)
         return row, certified

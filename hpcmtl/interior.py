@@ -8,29 +8,35 @@ the per-task steps of the 'qp' aggregation, exact local solves, momentum, ADMM a
 L-BFGS-B all stall (relative gaps of 1e-3 to 0.25 after hundreds of rounds).  A
 primal-dual interior-point method does not care: its Newton system is solved exactly.
 
-One iteration is one round of two exchanges, the server never sees a row:
+One iteration is one round of exchanges, the server never sees a row:
 
 1. every block sends ``G_i = Z_i^T diag(1/h) Z_i / n_i^2`` (d x d, its upper triangle) and
    ``v_i = Z_i^T (r / h) / n_i`` (d), ``h = z/x + s/(1-x) (+ gamma/n_i)`` the barrier's
-   curvature and ``r = g + mu/x - mu/(1-x)``, ``g`` the dual's gradient at x;
+   curvature (held at >= ``REGULARIZATION ||K|| max_j ||z_j||^2 / n_i^2`` in the solves) and
+   ``r = g + mu/x - mu/(1-x)``, ``g`` the dual's gradient at x;
 2. the server solves the coupled Newton system by Woodbury through
    ``K = (Sigma / lam) (x) I_d``: ``y = K^(1/2) (I + K^(1/2) G K^(1/2))^-1 K^(1/2) v``
-   (:func:`coupled_solve`, a (d m) x (d m) Cholesky of a matrix whose eigenvalues are >= 1,
+   (:class:`NewtonSystem`, a (d m) x (d m) Cholesky of a matrix whose eigenvalues are >= 1,
    however singular Sigma is), and sends each task its ``y_i``;
-3. every block takes ``dx = (r - Z_i y_i / n_i) / h`` (and the multipliers' steps), and
-   sends ``Z_i^T dx / n_i`` with the largest steps that keep x, z and s inside (a common
-   step for all tasks: the Newton direction is a joint one).
+3. every block takes ``dx = (r - Z_i y_i / n_i) / h`` and sends ``Z_i^T dx / n_i``;
+4. ``REFINEMENTS`` times: the server sends the w of dx, ``(K Z^T dx)_i``, every block the v
+   of its residual ``r - h dx - Z_i (K Z^T dx)_i / n_i`` (the true h), the server solves with
+   the same factor, every block corrects dx and sends ``Z_i^T dx / n_i`` again; with it the
+   largest steps that keep x, z and s inside (a common step for all tasks: the Newton
+   direction is a joint one).
 
 So a round moves ``d (d + 1) / 2 + O(d)`` numbers a task: this solver is for small d
 (``MAX_FEATURES``) and a small server system (``MAX_WIDTH`` = d m).  Measured on 29
-hinge tasks of 30-50 rows, raw features (the issue's shape), lam 1e-4: 20-36
-iterations a W-step, every one of 10 W-steps certified to 1e-6, where the 'qp' rounds
-left 9 of 10 at relative gaps 3.5e-3 to 0.25 after 500 rounds each.
+hinge tasks of 30-50 rows, raw features (the issue's shape), lam 1e-4: 20-28 rounds a
+W-step, every one of 10 W-steps certified to 1e-6, where the 'qp' rounds left 9 of 10
+at relative gaps 3.5e-3 to 0.25 after 500 rounds each; at lam 1e-5 to 1e-7 the same
+(without the floor and the refinements the Newton steps' rounding stopped them near
+relative gaps of 1e-5 from lam 1e-5 down).
 
 The arithmetic here is per block and per server step, with no MPI and no files
 (:mod:`hpcmtl.dmtrl` wires it into rounds).  Everything is deterministic: the same
 bits at every rank count (each block's numbers depend on its own rows only, the
-server's on per-task sums taken in plan order).
+server's on per-task sums taken in task order).
 """
 from __future__ import annotations
 
@@ -45,6 +51,12 @@ START_MARGIN = 0.05     # x starts at the engine's alpha moved into [START_MARGI
 CENTERING = 0.1         # mu = CENTERING * (z.x + s.(1 - x)) / (2 N): the barrier parameter of the next step
 TO_BOUNDARY = 0.995     # steps stop this fraction of the way to the nearest bound
 MAX_ROUNDS = 100        # interior-point rounds a W-step at most; then the 'qp' rounds go on from the best point
+REFINEMENTS = 2         # iterative refinements of every Newton step (2 more exchanges each): the Woodbury form's
+                        # dx = (r - Z y / n) / h cancels for free coordinates (h ~ mu), and its error grows like
+                        # 1/mu; refinement through the residual of the full system corrects it
+REGULARIZATION = 1e-12  # the solves use max(h, REGULARIZATION ||K|| max_j ||z_j||^2 / n^2) for h: I + K^(1/2) G K^(1/2)
+                        # then has a condition number below about 1e12 (the refinements go on against the true
+                        # h).  Without it, raw features at lam 1e-6 gave Newton steps no refinement could fix
 STALL_ROUNDS = 12       # ... or when the iterate's duality gap has not halved in this many rounds
 DIVERGED = 100.0        # ... or at once when it is this many times its smallest (the Newton steps' rounding
                         # grows like 1/mu: at lam 1e-6 on raw features the gap stops near 1e-5 and then grows)
@@ -70,7 +82,7 @@ class BlockIterate:
         self.z = np.full(self.x.size, 1.0 / self.n)
         self.s = np.full(self.x.size, 1.0 / self.n)
         self.dx = self.dz = self.ds = None
-        self.r = self.h = None
+        self.r = self.h = self.h_solve = self.res = None
         self.mu = 0.0
 
     def zt(self, v):
@@ -92,25 +104,45 @@ class BlockIterate:
             self.s = self.s + a_dual * self.ds
             self.dx = self.dz = self.ds = None
 
-    def system(self, w, mu):
-        """``(G, v)`` of the Newton system at x (``w``: x's w) for the barrier parameter ``mu``."""
+    def system(self, w, mu, k_norm):
+        """``(G, v)`` of the Newton system at x (``w``: x's w) for the barrier parameter ``mu``; ``k_norm``:
+        ``||K|| = max eig(Sigma) / lam``, which sets the curvature floor of the solves (:data:`REGULARIZATION`)."""
         x, n = self.x, self.n
         margins = self.block.y * self.block.decision(w)
         g = (1.0 - margins - self.gamma * x) / n              # the dual's gradient in x
         self.h = self.z / x + self.s / (1.0 - x) + self.gamma / n
+        floor = REGULARIZATION * k_norm * float(np.max(self.block.sq_norms, initial=0.0)) / (n * n)
+        self.h_solve = np.maximum(self.h, floor)
         self.r = g + mu / x - mu / (1.0 - x)
         self.mu = mu
-        scaled = self.Z / self.h[:, None]
-        return (self.Z.T @ scaled) / (n * n), self.zt(self.r / self.h)
+        scaled = self.Z / self.h_solve[:, None]
+        return (self.Z.T @ scaled) / (n * n), self.zt(self.r / self.h_solve)
 
     def step(self, y):
         """The Newton step given the server's ``y_i``: ``(Z^T dx / n, largest primal step, largest dual step,
         the 4 coefficients of z.x + s.(1 - x) after steps (a, a'): c00 + a c10 + a' c01 + a a' c11)``."""
-        x, z, s, mu = self.x, self.z, self.s, self.mu
-        dx = (self.r - self.block.y * self.block.decision(y) / self.n) / self.h
+        self.dx = (self.r - self.block.y * self.block.decision(y) / self.n) / self.h_solve
+        return self.finish()
+
+    def residual(self, wd):
+        """The Newton system's residual at the pending dx, ``r - h dx - Z_i (K Z^T dx)_i / n`` (``wd``: the task's
+        row of ``K Z^T dx``, the w of dx; the true curvature h), kept for :meth:`correct` -> its ``v``."""
+        self.res = self.r - self.h * self.dx - self.block.y * self.block.decision(wd) / self.n
+        return self.zt(self.res / self.h_solve)
+
+    def correct(self, y):
+        """dx plus the Newton solve of its residual (the server's ``y_i`` for it); returns what :meth:`step` does."""
+        self.dx = self.dx + (self.res - self.block.y * self.block.decision(y) / self.n) / self.h_solve
+        self.res = None
+        return self.finish()
+
+    def finish(self):
+        """The multipliers' steps for the pending dx, the largest step lengths and the complementarity's
+        coefficients (:meth:`step`)."""
+        x, z, s, mu, dx = self.x, self.z, self.s, self.mu, self.dx
         dz = mu / x - z - (z / x) * dx
         ds = mu / (1.0 - x) - s + (s / (1.0 - x)) * dx
-        self.dx, self.dz, self.ds = dx, dz, ds
+        self.dz, self.ds = dz, ds
         primal = min(largest_step(x, dx), largest_step(1.0 - x, -dx))
         dual = min(largest_step(z, dz), largest_step(s, ds))
         coefficients = (self.complementarity(), dot(z - s, dx), dot(dz, x) + dot(ds, 1.0 - x), dot(dz - ds, dx))
@@ -156,23 +188,42 @@ def sigma_root(Sigma, lam):
     return 0.5 * (root + root.T)
 
 
+class NewtonSystem:
+    """The server's coupled Newton system for the tasks' ``G_i`` (m x d x d): :meth:`solve` gives ``Y`` (m x d)
+    with ``vec Y = K^(1/2) (I + K^(1/2) G K^(1/2))^-1 K^(1/2) vec V``, ``K^(1/2) = root (x) I_d`` and ``G`` the
+    block diagonal of the ``G_i``: ``(K^-1 + G)^-1 v`` without K^-1.  Factored once, solved for the step and
+    its refinements."""
+
+    def __init__(self, root, G):
+        m, d = G.shape[0], G.shape[1]
+        self.root = root
+        # (K^(1/2) G K^(1/2))[i a, j b] = sum_l root[i, l] G_l[a, b] root[l, j]: T = G K^(1/2) (T[l a, j b] =
+        # G_l[a, b] root[l, j]) then root times T, (d m)^2 numbers and m^3 d^2 flops
+        T = G[:, :, None, :] * root[:, None, :, None]
+        S = (root @ T.reshape(m, d * m * d)).reshape(m * d, m * d)
+        S = 0.5 * (S + S.T)
+        S[np.diag_indices_from(S)] += 1.0
+        self.factor = self.eigen = None
+        try:
+            self.factor = cho_factor(S, lower=True, check_finite=True)
+        except LinAlgError:
+            # late iterations: free coordinates' curvature 1/h grows like 1/mu, and S's eigenvalues (>= 1 exactly)
+            # span more than 1e16; its rounding can make a pivot non-positive.  Solve on the eigenbasis with the
+            # eigenvalues held at >= 1, what they are in exact arithmetic.
+            evals, evecs = eigh(S, check_finite=False)
+            self.eigen = (np.maximum(evals, 1.0), evecs)
+
+    def solve(self, V):
+        m, d = V.shape
+        u = (self.root @ V).reshape(-1)
+        if self.factor is not None:
+            u = cho_solve(self.factor, u, check_finite=False)
+        else:
+            evals, evecs = self.eigen
+            u = evecs @ ((evecs.T @ u) / evals)
+        return self.root @ u.reshape(m, d)
+
+
 def coupled_solve(root, G, V):
-    """``Y`` (m x d) with ``vec Y = K^(1/2) (I + K^(1/2) G K^(1/2))^-1 K^(1/2) vec V``, ``K^(1/2) = root (x) I_d``
-    and ``G`` the block diagonal of the tasks' ``G_i`` (m x d x d): ``(K^-1 + G)^-1 v`` without K^-1."""
-    m, d = V.shape
-    # (K^(1/2) G K^(1/2))[i a, j b] = sum_l root[i, l] G_l[a, b] root[l, j]: T = G K^(1/2) (T[l a, j b] =
-    # G_l[a, b] root[l, j]) then root times T, (d m)^2 numbers and m^3 d^2 flops
-    T = G[:, :, None, :] * root[:, None, :, None]
-    S = (root @ T.reshape(m, d * m * d)).reshape(m * d, m * d)
-    S = 0.5 * (S + S.T)
-    S[np.diag_indices_from(S)] += 1.0
-    u = (root @ V).reshape(-1)
-    try:
-        u = cho_solve(cho_factor(S, lower=True, check_finite=True), u, check_finite=False)
-    except LinAlgError:
-        # late iterations: free coordinates' curvature 1/h grows like 1/mu, and S's eigenvalues (>= 1 exactly)
-        # span more than 1e16; its rounding can make a pivot non-positive.  Solve on the eigenbasis with the
-        # eigenvalues held at >= 1, what they are in exact arithmetic.
-        evals, evecs = eigh(S, check_finite=False)
-        u = evecs @ ((evecs.T @ u) / np.maximum(evals, 1.0))
-    return root @ u.reshape(m, d)
+    """:meth:`NewtonSystem.solve` for one right-hand side."""
+    return NewtonSystem(root, G).solve(V)

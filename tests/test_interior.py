@@ -126,9 +126,15 @@ def test_a_block_iterate_stays_inside_the_box_on_one_row_and_zero_rows(n, zero_r
     assert np.allclose(it.b(), Z.T @ it.x / n, rtol=1e-14, atol=0)
     for _ in range(5):
         w = rng.normal(size=4)
-        G, v = it.system(w, 1e-3)
+        G, v = it.system(w, 1e-3, 0.0)          # no curvature floor: the exact G
         h = it.z / it.x + it.s / (1 - it.x) + gamma / n
         assert np.allclose(G, Z.T @ (Z / h[:, None]) / n ** 2, rtol=1e-12, atol=0) and np.all(np.isfinite(v))
+        k_norm = 1e30                        # the curvature floor of the solves: REGULARIZATION ||K|| max ||z||^2 / n^2
+        floor = interior.REGULARIZATION * k_norm * np.max(np.sum(X * X, axis=1)) / n ** 2
+        G_floor, _ = it.system(w, 1e-3, k_norm)
+        if floor > 0:
+            assert np.allclose(G_floor, Z.T @ Z / (n ** 2 * floor), rtol=1e-12, atol=0)   # h << floor here
+        G, v = it.system(w, 1e-3, 0.0)
         db, primal, dual, coefficients = it.step(rng.normal(size=4))
         assert primal > 0 and dual > 0 and np.all(np.isfinite(db)) and np.all(np.isfinite(coefficients))
         a_p, a_d = interior.step_lengths(np.array([primal]), np.array([dual]))
@@ -194,6 +200,25 @@ def test_stalled_interior_point_rounds_hand_over_to_the_qp_rounds_keeping_ascent
     assert cut.history["dual"][5] > cut.history["dual"][0]              # the interior-point rounds did ascend
     gaps = [r.history["primal"][-1] - r.history["dual"][-1] for r in (full, cut)]
     assert abs(full.history["primal"][-1] - cut.history["primal"][-1]) <= sum(gaps)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_raw_features_at_lam_1e_6_certify_with_refined_regularized_newton_steps(seed, monkeypatch):
+    """Learned Sigma, lam 1e-6, 12 raw tasks (objective near 1e-3: the data are nearly separable): every W-step
+    certified at 1e-6 within 40 interior-point rounds.  Without the curvature floor and the refinements the
+    Newton steps' rounding stops the interior-point rounds first and 300 rounds a W-step leave it unconverged."""
+    Xs, ys = raw_tasks(seed, m=12, d=6, zero_row=True)
+    kw = dict(loss="hinge", lam=1e-6, outer=4, outer_tol=0, max_rounds=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+        assert r.converged and np.all(r.wsteps["rel_gap"] <= 1e-6) and np.max(np.diff(r.wsteps["round"])) <= 40
+        assert_certified_ascent(r.history)
+        monkeypatch.setattr(interior, "REFINEMENTS", 0)
+        monkeypatch.setattr(interior, "REGULARIZATION", 0.0)
+        plain = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+    assert not plain.converged
+    assert_certified_ascent(plain.history)
 
 
 # -- at every rank count, killed and resumed ------------------------------------------------------------------
