@@ -1924,8 +1924,8 @@ class Server(StepSolver, ServerBase):
                                                    + a_primal * a_dual * c[:, 3]), n_total)
         self.command(DMTRLCommand.IPM_END, payload=np.array([float(accepted)]), width=1)
         self.recompute_w()
-        if certified:
-            self.WT = best_WT               # the certified w (alpha's own, or an iterate's with a smaller P)
+        if certified or self.t >= cfg.max_rounds:
+            self.WT = best_WT               # the w of the last row's P (alpha's own, or an iterate's with a smaller P)
         self.mirrored = False               # the workers' mirror of B (box momentum on supports) is stale
         self.push_w(False)
         return row, certified
