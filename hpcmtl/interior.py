@@ -49,6 +49,7 @@ MAX_FEATURES = 64       # d: each task's d x d matrix G_i travels every round
 MAX_WIDTH = 1024        # d m: the server's Newton system, a dense Cholesky of (d m)^2 numbers
 START_MARGIN = 0.05     # x starts at the engine's alpha moved into [START_MARGIN, 1 - START_MARGIN]
 CENTERING = 0.1         # mu = CENTERING * (z.x + s.(1 - x)) / (2 N): the barrier parameter of the next step
+INSIDE = 1e-15          # x is kept in [INSIDE, 1 - INSIDE] (a coordinate there is at its bound to rounding)
 TO_BOUNDARY = 0.995     # steps stop this fraction of the way to the nearest bound
 MAX_ROUNDS = 100        # interior-point rounds a W-step at most; then the 'qp' rounds go on from the best point
 REFINEMENTS = 2         # iterative refinements of every Newton step (2 more exchanges each): the Woodbury form's
@@ -99,7 +100,9 @@ class BlockIterate:
     def move(self, a_primal, a_dual):
         """Take the pending step with the server's step lengths (nothing pending: nothing)."""
         if self.dx is not None:
-            self.x = self.x + a_primal * self.dx
+            # the steps stop short of the bounds in exact arithmetic; rounding can still land on one (1 - x
+            # below half an ulp of 1): held INSIDE away, where the barrier terms stay finite
+            self.x = np.clip(self.x + a_primal * self.dx, INSIDE, 1.0 - INSIDE)
             self.z = self.z + a_dual * self.dz
             self.s = self.s + a_dual * self.ds
             self.dx = self.dz = self.ds = None

@@ -146,6 +146,20 @@ def test_a_block_iterate_stays_inside_the_box_on_one_row_and_zero_rows(n, zero_r
         assert c00 == before
 
 
+def test_a_step_that_rounds_onto_a_bound_leaves_x_inside_and_the_system_finite():
+    """1 - x below half an ulp of 1 rounds to 1 (seen at lam 1e-8, where it ended the job with a NaN)."""
+    X = np.array([[1.0, 2.0], [3.0, 0.5], [0.0, 0.0]])
+    blk = TaskBlock(0, "t", 3, 0, X, np.array([1.0, -1.0, 1.0]))
+    it = interior.BlockIterate(blk, np.array([0.5, 0.5, 0.5]))
+    it.x = np.array([1.0 - 2.0 ** -52, 2.0 ** -52, 0.5])
+    it.system(np.zeros(2), 1e-3, 1.0)
+    it.dx, it.dz, it.ds = np.array([1.0, -1.0, 0.0]), np.zeros(3), np.zeros(3)
+    it.move(2.0 ** -52, 0.0)                                 # x_0 -> 1.0 and x_1 -> 0.0 in floating point
+    assert it.x[0] == 1.0 - interior.INSIDE and it.x[1] == interior.INSIDE and it.x[2] == 0.5
+    G, v = it.system(np.array([0.1, -0.2]), 1e-3, 1.0)
+    assert np.all(np.isfinite(G)) and np.all(np.isfinite(v))
+
+
 def test_auto_takes_interior_point_w_steps_for_box_losses_with_small_d_only():
     hinge = DMTRLConfig(loss="hinge", lam=1e-3)
     assert uses_interior_point(hinge, interior.MAX_FEATURES, 2)
