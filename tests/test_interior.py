@@ -1,4 +1,7 @@
 """Interior-point W-steps (hpcmtl.interior): coupled hinge / smoothed-hinge duals under a learned or fixed Sigma."""
+import signal
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -8,9 +11,11 @@ from hpcmtl import interior, store
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, train, uses_interior_point
 from hpcmtl.estimators import MemoryTasks
+from hpcmtl.progress import fields
 from hpcmtl.taskdata import TaskBlock
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise
+from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, mpiexec_path, \
+    run_hpcmtl
 from reference import box_qp_reference
 
 
@@ -261,3 +266,36 @@ def test_learned_sigma_w_steps_certify_bitwise_at_1_2_3_5_ranks_and_resume_bitwi
     out = tmp_path / "r.h5"
     assert_resume_is_bitwise(learned(small_raw, out, "--checkpoint-every", "1"), out, ref,
                              int(steps["round"][1]) + 3, int(steps["round"][1]))
+
+
+@pytest.mark.mpi
+def test_a_sigterm_in_interior_point_rounds_writes_the_state_they_began_from_and_resume_is_bitwise(small_raw, tmp_path):
+    """Signalled in the middle of the run (nearly every round is an interior-point round): exit 75, the
+    checkpoint is a W-step's starting state (the one the message names), and --resume gives the uninterrupted
+    run's W and history bitwise."""
+    args = learned(small_raw, tmp_path / "ref.h5", "--outer", "10", "--tol", "1e-9")
+    assert run_hpcmtl(args, n_ranks=2, timeout=300).returncode == 0
+    ref = store.read_result(tmp_path / "ref.h5")
+    starts = set(int(r) for r in ref["wsteps"]["round"][:-1])
+    out = tmp_path / "r.h5"
+    args = learned(small_raw, out, "--outer", "10", "--tol", "1e-9")
+    args = [a for a in args if a != "--quiet"] + ["--progress-seconds", "0"]
+    proc = subprocess.Popen([mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcmtl"] + [str(a) for a in args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(5000):
+        line = proc.stdout.readline()
+        if not line or fields(line).get("round", 0) >= sorted(starts)[2] + 3:
+            break
+    assert fields(line).get("round", 0) > 0, "the run ended before it could be signalled"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    saved = store.read_checkpoint(str(out) + ".checkpoint.h5")["counters"]["round"]
+    assert saved in starts and f"checkpoint written to {out}.checkpoint.h5 after round {saved};" in err, err
+    r = run_hpcmtl([a for a in learned(small_raw, out, "--outer", "10", "--tol", "1e-9")] + ["--resume"], n_ranks=2,
+                   timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(out)
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in ("round", "primal", "dual"):
+        assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
