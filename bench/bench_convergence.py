@@ -22,9 +22,9 @@ positive skewed features on scales 0.1-10, 15 % positive labels, hinge, lam 1e-4
 (its learned Sigma has rank 10 of 29, the rest at the eigenvalue floor).  On
 small and small-raw the coupled W-steps are interior-point rounds
 (``hpcmtl/interior.py``); measured at P = 3, medians of 3 (safe: 1 run): small
-184 rounds, 3.2 s, every W-step certified (safe: > 50,000 rounds, 157 s, worst
+177 rounds, 2.7 s, every W-step certified (safe: > 50,000 rounds, 122 s, worst
 gap 1.2e-2; the 'qp' rounds before the interior-point ones: 1,446 rounds,
-19.7 s), small-raw 207 rounds, 2.7 s (safe: > 50,000 rounds, 167 s, worst gap
+19.7 s), small-raw 207 rounds, 3.3 s (safe: > 50,000 rounds, 119 s, worst gap
 0.86; 'qp' before: 9 of 10 W-steps unconverged after 500 rounds each).  ``school-default`` is the default
 command on raw School at lam 1e-2 (defaults for every stopping rule) against
 the exact MTRL objective with the same defaults.
