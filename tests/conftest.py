@@ -43,6 +43,12 @@ def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
+def learned_hinge_args(train, out, lam, outer, *extra):
+    """``train dmtrl`` with a learned Sigma: hinge, tol 1e-6 on every W-step, ``outer`` W-steps (outer-tol 0)."""
+    return ["train", "dmtrl", "--train", train, "--out", out, "--loss", "hinge", "--lam", lam, "--tol", "1e-6",
+            "--outer", outer, "--outer-tol", "0", "--quiet", "--force", *extra]
+
+
 def assert_certified_ascent(h):
     """Every history row: finite, P >= D, and the dual never decreasing within a W-step."""
     assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))

@@ -12,7 +12,8 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.losses import LOSSES
 from hpcmtl.taskdata import TaskBlock
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, run_hpcmtl
+from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
+    learned_hinge_args, run_hpcmtl
 from reference import local_dual_objective
 
 
@@ -109,8 +110,7 @@ def small_synth(tmp_path_factory):
 
 
 def learned(train, out, *extra):
-    return ["train", "dmtrl", "--train", train, "--out", out, "--loss", "hinge", "--lam", "1e-3", "--tol", "1e-6",
-            "--outer", "3", "--outer-tol", "0", "--quiet", "--force", *extra]
+    return learned_hinge_args(train, out, "1e-3", "3", *extra)
 
 
 @pytest.mark.mpi

@@ -14,8 +14,8 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.progress import fields
 from hpcmtl.taskdata import TaskBlock
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, mpiexec_path, \
-    run_hpcmtl
+from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
+    learned_hinge_args, mpiexec_path, run_hpcmtl
 from reference import box_qp_reference
 
 
@@ -250,8 +250,7 @@ def small_raw(tmp_path_factory):
 
 
 def learned(train_path, out, *extra):
-    return ["train", "dmtrl", "--train", train_path, "--out", out, "--loss", "hinge", "--lam", "1e-4", "--tol", "1e-6",
-            "--outer", "4", "--outer-tol", "0", "--quiet", "--force", *extra]
+    return learned_hinge_args(train_path, out, "1e-4", "4", *extra)
 
 
 @pytest.mark.mpi
