@@ -1084,13 +1084,10 @@ class LocalBlocks(LocalBase):
     def ipm_step(self, ctrl, rows):
         """IPM_STEP: ``alpha = y o x`` when accepted; the Newton steps -> per block ``[Z^T dx / n, largest primal
         step, largest dual step, 4 complementarity coefficients]``."""
-        parts = []
-        for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
-            if sc[0] > 0:
-                self.state[k].alpha = self.blocks[k].y * self.iterates[k].x
-            db, primal, dual, coefficients = self.iterates[k].step(vecs[0])
-            parts.append(([db], [primal, dual, *coefficients]))
-        return self.dense_rows(parts, 1, ctrl.d + 6)
+        parts = self.from_rows(rows, 1)
+        if parts and parts[0][1][0] > 0:              # (the same flag for every block)
+            self.accept_iterates()
+        return self.step_rows([it.step(vecs[0]) for it, (vecs, sc) in zip(self.iterates, parts)], ctrl.d)
 
     def ipm_residual(self, ctrl, rows):
         """IPM_RESIDUAL: every block's Newton residual at its pending dx -> per block its ``v``."""
@@ -1099,18 +1096,24 @@ class LocalBlocks(LocalBase):
 
     def ipm_correct(self, ctrl, rows):
         """IPM_CORRECT: every block's dx corrected -> what :meth:`ipm_step` sends."""
-        parts = []
-        for k, (vecs, sc) in enumerate(self.from_rows(rows, 1)):
-            db, primal, dual, coefficients = self.iterates[k].correct(vecs[0])
-            parts.append(([db], [primal, dual, *coefficients]))
-        return self.dense_rows(parts, 1, ctrl.d + 6)
+        return self.step_rows([it.correct(vecs[0]) for it, (vecs, sc) in zip(self.iterates, self.from_rows(rows, 1))],
+                              ctrl.d)
+
+    def step_rows(self, steps, d):
+        """Every block's ``(Z^T dx / n, largest primal step, largest dual step, 4 coefficients)`` -> its row."""
+        return self.dense_rows([([db], [primal, dual, *coefficients]) for db, primal, dual, coefficients in steps],
+                               1, d + 6)
+
+    def accept_iterates(self):
+        """``alpha = y o x`` on every block: the server accepted the iterates."""
+        for st, blk, it in zip(self.state, self.blocks, self.iterates):
+            st.alpha = blk.y * it.x
 
     def ipm_end(self, ctrl, shared):
         """IPM_END: ``alpha = y o x`` when accepted; the iterates dropped, shrinking reset."""
-        for k, it in enumerate(self.iterates):
-            if shared[0] > 0:
-                self.state[k].alpha = self.blocks[k].y * it.x
-            self.pending[k] = None
+        if shared[0] > 0:
+            self.accept_iterates()
+        self.pending = [None] * len(self.blocks)
         self.iterates = []
         self.reset_shrinking()
 
@@ -1166,10 +1169,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
     iteration cap still never loses (the server's step then decides how much of it to take).
     """
     n, y = float(blk.n_task), blk.y
-    X = blk.X.toarray() if hasattr(blk.X, "toarray") else blk.X
-    Z = np.asarray(X, dtype=np.float64) * y[:, None]
-    if blk.mu is not None:                     # (implicit centering: the squared loss's only)
-        Z = Z - y[:, None] * blk.mu[None, :]
+    Z = blk.signed_rows()
     A = (c / n) * (Z @ Z.T)
     if loss == "smoothed-hinge":
         A[np.diag_indices_from(A)] += gamma

@@ -73,10 +73,7 @@ class BlockIterate:
 
     def __init__(self, block, beta, gamma=0.0):
         self.block = block
-        X = np.asarray(block.X.toarray() if hasattr(block.X, "toarray") else block.X, dtype=np.float64)
-        if block.mu is not None:                              # implicitly centered rows: x_j - mu
-            X = X - block.mu[None, :]
-        self.Z = X * block.y[:, None]
+        self.Z = block.signed_rows()
         self.n = float(block.n_task)
         self.gamma = float(gamma)
         self.x = np.clip(np.clip(beta, 0.0, 1.0), START_MARGIN, 1.0 - START_MARGIN)

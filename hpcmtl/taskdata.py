@@ -145,6 +145,15 @@ class TaskBlock:
             G = G - np.outer(self.mu, s) - np.outer(s, self.mu) + self.n_rows * np.outer(self.mu, self.mu)
         return G
 
+    def signed_rows(self) -> np.ndarray:
+        """``Z = diag(y) X`` as a dense float64 array (of the centered rows when implicitly centered): the box
+        losses' dual in ``y o alpha`` is written in it.  n x d numbers: small blocks or small d only."""
+        X = self.X.toarray() if hasattr(self.X, "toarray") else self.X
+        Z = np.asarray(X, dtype=np.float64) * self.y[:, None]
+        if self.mu is not None:
+            Z = Z - self.y[:, None] * self.mu[None, :]
+        return Z
+
     def intercept(self, w: np.ndarray) -> float:
         """The task's intercept for the centered problem's w: ``ybar - mu . w`` (0 for an uncentered block)."""
         if self.center is None:
