@@ -160,6 +160,10 @@ class DMTRLCommand(Command):
     IPM_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_residual"
     # per block [y_i of the residual (d)]: dx corrected -> what IPM_STEP sends
     IPM_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_correct"
+    # a stalled box-loss W-step (every task one block, dense task arrays): per block [c (d), loss sum at w + c,
+    # c . b (local: the block's own b; else 0)], c the least-squares change of w that puts the free rows on
+    # their margins (margin_correction); nothing changes on the workers
+    POLISH = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "polish"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
@@ -471,10 +475,17 @@ class OuterState:
                 for k in keys}
 
 
-def unconverged_message(step, config):
-    return (f"W-step {step['outer'] + 1} ended unconverged at round {step['round']}: relative gap "
-            f"{step['rel_gap']:.3e} > tol {config.tol:g} (raise --max-rounds; the model of this step is not "
-            f"certified)")
+def unconverged_message(step, config, stalled_since=None):
+    """The warning of a W-step that ended above tol; ``stalled_since``: the round its gap last halved, when it
+    has not since for most of the W-step (more rounds would not help)."""
+    head = (f"W-step {step['outer'] + 1} ended unconverged at round {step['round']}: relative gap "
+            f"{step['rel_gap']:.3e} > tol {config.tol:g}")
+    if stalled_since is None:
+        return head + " (raise --max-rounds; the model of this step is not certified)"
+    return (head + f" (the model of this step is not certified); the gap has not halved since round "
+            f"{stalled_since}, so more rounds will not help: features on very different scales (raw values "
+            f"far above 1 beside the intercept feature, a small --lam) are the usual cause; standardize them "
+            f"(hpcmtl data standardize) or raise --lam")
 
 
 def alternate(config, w_step, omega_update, state: OuterState | None = None, warn=None):
@@ -498,7 +509,7 @@ def alternate(config, w_step, omega_update, state: OuterState | None = None, war
                 "converged": int(bool(converged))}
         state.wsteps.append(step)
         if not converged:
-            warn(unconverged_message(step, config))
+            warn(unconverged_message(step, config, row.get("stalled_since")))
         if not np.isfinite(objective):
             raise ConvergenceError(f"non-finite objective {objective} after W-step {state.p + 1}")
         if (config.relationship != "learned" or state.p + 1 == config.outer or
@@ -1099,6 +1110,23 @@ class LocalBlocks(LocalBase):
         return self.step_rows([it.correct(vecs[0]) for it, (vecs, sc) in zip(self.iterates, self.from_rows(rows, 1))],
                               ctrl.d)
 
+    def polish(self, ctrl, inputs):
+        """POLISH: per block ``[c (d), loss sum at w + c, c . b (local rounds: its own b)]``
+        (:func:`margin_correction`; nothing changes here)."""
+        d = ctrl.d
+        out = np.zeros((len(self.blocks), d + 2))
+        for k, blk in enumerate(self.blocks):
+            a, w = self.state[k].alpha, self.w[k]
+            c = margin_correction(blk, a, w, self.loss.name, self.config.gamma)
+            moved = w + c
+            out[k, d] = _kernels.objective_terms(blk.rows, blk.y, a, moved, self.loss.kernel_id, self.config.gamma,
+                                                 blk.z_shift(moved))[0]
+            if ctrl.local:
+                out[k, d + 1] = float(c @ self.local[k].BT[0])
+            f = self.columns[k]
+            out[k, :d] = c if f is None else self.spread(f, c)
+        return out
+
     def step_rows(self, steps, d):
         """Every block's ``(Z^T dx / n, largest primal step, largest dual step, 4 coefficients)`` -> its row."""
         return self.dense_rows([([db], [primal, dual, *coefficients]) for db, primal, dual, coefficients in steps],
@@ -1177,6 +1205,58 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
     # the active set can change one bound an iteration: up to a few per row (60 rows of rank 5 from zero: 60 < it <= 200)
     beta = box_qp(A, g, 1.0, start=np.clip(y * a, 0.0, 1.0), max_iter=QP_ITERATIONS + 10 * len(a))
     return y * beta - a
+
+
+POLISH_STALL = 5                 # recorded rounds without the W-step's gap halving before a margin correction
+POLISH_MAX_FLOPS = 2 ** 28       # a block's least squares: |F| d min(|F|, d) at most (about 0.1 s)
+FREE_SLACK = 1e-12               # free rows: y alpha in (FREE_SLACK, 1 - FREE_SLACK)
+
+
+def margin_correction(blk, a, w, loss, gamma=1.0):
+    """The least-squares change ``c`` of a box-loss block's ``w`` that puts its free rows on their margins.
+
+    At the optimum every row with ``beta_j = y_j alpha_j`` strictly inside (0, 1) sits on
+    its margin: ``z_j . w = 1`` (hinge), ``1 - gamma beta_j`` (smoothed hinge), ``Z = diag(y) X``.
+    The engine's ``w = sigma_ii b / lam`` (W = B Sigma / lam) is a sum over rows that
+    cancels where the features are large next to their spread (raw values far from 0 beside
+    the intercept feature 1): a dual within 1e-10 of its optimum can then give a w whose
+    margins are off by 1e-4 and a primal stuck a relative 1e-6 above it.  ``c`` solves
+    ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
+    the rows leave freedom), from the rows themselves, so the cancellation does not return.
+    Zero where there is no free row or the least squares would cost more than
+    POLISH_MAX_FLOPS; zero on the columns the free rows do not touch.  Any w is a valid
+    primal point: the server keeps ``w + c`` only where its exact primal is smaller.
+    """
+    beta = blk.y * a
+    free = np.flatnonzero((beta > FREE_SLACK) & (beta < 1.0 - FREE_SLACK))
+    d = blk.n_features
+    if free.size == 0 or free.size * d * min(free.size, d) > POLISH_MAX_FLOPS:
+        return np.zeros(d)
+    Z = blk.signed_rows(free)
+    target = 1.0 - gamma * beta[free] if loss == "smoothed-hinge" else np.ones(free.size)
+    c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+    c[~np.any(Z != 0.0, axis=0)] = 0.0
+    return c
+
+
+def rounds_since_halved(rel_gaps) -> int:
+    """Recorded rounds since a W-step's relative gap last fell below half its value at the previous halving."""
+    halved, since = np.inf, 0
+    for g in rel_gaps:
+        halved, since = (g, 0) if g < 0.5 * halved else (halved, since + 1)
+    return since
+
+
+STALLED_ROWS = 20                # an unconverged W-step is reported stalled after this many rows without halving
+
+
+def stalled_since(rounds, rel_gaps):
+    """The round a W-step's gap last halved when it has not since for STALLED_ROWS recorded rounds and the
+    second half of the W-step at least, else None."""
+    since = rounds_since_halved(rel_gaps)
+    if since < max(STALLED_ROWS, len(rel_gaps) // 2):
+        return None
+    return int(rounds[len(rounds) - 1 - since])
 
 
 def uses_interior_point(config, d, m) -> bool:
@@ -1535,6 +1615,7 @@ class Server(StepSolver, ServerBase):
         self.dp_known = True
         self.mirrored = True          # the workers mirror B and dP (False: sent before the next such TRIAL)
         self.history = GapHistory()
+        self.correction = None        # CT of a margin correction that certified the W-step (W + C is its model)
         self.t = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
         self.want_test = test
@@ -1942,6 +2023,16 @@ class Server(StepSolver, ServerBase):
         if local:
             self.pull_local()
             self.local_phase = False
+        if not converged and row is not None:
+            rows = self.history.rows
+            mine = [i for i, o in enumerate(rows["outer"]) if o == self.outer]
+            stalled = stalled_since([rows["round"][i] for i in mine], [rows["rel_gap"][i] for i in mine])
+            if stalled is not None:
+                row = dict(row, stalled_since=stalled)
+        if self.correction is not None:      # certified at W + C: the model, on the workers too (B stays alpha's)
+            self.WT = self.WT + self.correction
+            self.correction = None
+            self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None, with_objective=False)
         return row, converged
 
     def w_step_rounds(self, local):
@@ -1958,14 +2049,56 @@ class Server(StepSolver, ServerBase):
                 terms = self.round_safe(want_gap) if self.safe else self.round_steps(want_gap)
             if want_gap:
                 if local:
-                    primal_dual_now = primal_dual_of(terms[:, 0], terms[:, 1], self.n, float(np.sum(terms[:, 2])))
+                    regularizer = float(np.sum(terms[:, 2]))
+                    primal, dual = primal_dual_of(terms[:, 0], terms[:, 1], self.n, regularizer)
                 else:
-                    primal_dual_now = self.objective(terms)
-                row = self.record(*primal_dual_now)
+                    regularizer = self.space.total(self.BT, self.WT)
+                    primal, dual = self.objective(terms)
+                correction = None
+                if primal - dual > cfg.tol * abs(primal) and self.polish_due(primal, dual):
+                    polished, CT = self.polished_primal(regularizer, local)
+                    if polished < primal:               # any W is a primal point: the smaller P certifies
+                        primal, correction = polished, CT
+                row = self.record(primal, dual)
                 if row["rel_gap"] <= cfg.tol:
+                    self.correction = correction
                     return row, True
             self.safe_point()
         return row, False
+
+    # -- margin corrections of stalled box-loss W-steps (margin_correction) ----------------------------------
+    def polish_possible(self) -> bool:
+        """Hinge or smoothed hinge, an aggregation other than the paper's 'safe' rule, every task one block,
+        dense task arrays."""
+        return (not self.safe and self.config.loss in ("hinge", "smoothed-hinge") and self.one_block_a_task
+                and not self.space.sparse)
+
+    def polish_due(self, primal, dual) -> bool:
+        """The W-step's last round, or its gap (this round's with the recorded ones) has not halved for a
+        multiple of POLISH_STALL recorded rounds; read from the history, so a resumed run decides alike."""
+        if not self.polish_possible():
+            return False
+        if self.t >= self.config.max_rounds:
+            return True
+        rows = self.history.rows
+        mine = [g for g, o in zip(rows["rel_gap"], rows["outer"]) if o == self.outer]
+        since = rounds_since_halved(mine + [(primal - dual) / max(abs(primal), 1e-300)])
+        return since > 0 and since % POLISH_STALL == 0
+
+    def polished_primal(self, regularizer, local):
+        """The exact primal at ``W + C`` (C from POLISH) and ``C^T`` (m x d).
+
+        ``(lam / 2) tr((W + C) Omega (W + C)^T)`` with ``W Omega = B / lam``: the
+        current ``regularizer / 2`` plus ``sum_i c_i . b_i`` plus ``(lam / 2) tr(C
+        Sigma^-1 C^T)``; ``c_i . b_i`` from the workers in local rounds (B lives there)."""
+        d, lam = self.d, self.config.lam
+        rows = self.per_task(self.command(DMTRLCommand.POLISH, width=d + 2, d=d, local=int(local)))
+        check_finite_rows(rows, self.round, self.names, "margin correction", self.outer)
+        CT = rows[:, :d]
+        cb = float(np.sum(rows[:, d + 1])) if local else self.space.total(CT, self.BT)
+        curvature = self.space.total(CT, np.linalg.solve(self.Sigma, CT))
+        primal, _ = primal_dual_of(rows[:, d], np.zeros(self.m), self.n, regularizer + 2.0 * cb + lam * curvature)
+        return primal, CT
 
     def omega(self):
         G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)

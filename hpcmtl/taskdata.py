@@ -145,13 +145,15 @@ class TaskBlock:
             G = G - np.outer(self.mu, s) - np.outer(s, self.mu) + self.n_rows * np.outer(self.mu, self.mu)
         return G
 
-    def signed_rows(self) -> np.ndarray:
+    def signed_rows(self, which=None) -> np.ndarray:
         """``Z = diag(y) X`` as a dense float64 array (of the centered rows when implicitly centered): the box
-        losses' dual in ``y o alpha`` is written in it.  n x d numbers: small blocks or small d only."""
-        X = self.X.toarray() if hasattr(self.X, "toarray") else self.X
-        Z = np.asarray(X, dtype=np.float64) * self.y[:, None]
+        losses' dual in ``y o alpha`` is written in it.  ``which``: those rows only (indices).  n x d numbers:
+        small blocks, few rows or small d only."""
+        X, y = (self.X, self.y) if which is None else (self.X[which], self.y[which])
+        X = X.toarray() if hasattr(X, "toarray") else X
+        Z = np.asarray(X, dtype=np.float64) * y[:, None]
         if self.mu is not None:
-            Z = Z - self.y[:, None] * self.mu[None, :]
+            Z = Z - y[:, None] * self.mu[None, :]
         return Z
 
     def intercept(self, w: np.ndarray) -> float:

@@ -29,8 +29,9 @@ def test_every_command_has_a_computation_and_unique_id(local):
 
 def test_command_ids_are_the_historical_ones():
     # 10-13: local rounds (diagonal Sigma); 14-19, 20 and 22: the exchange on supports (sparse blocks); 23-24:
-    # the box momentum's direction where it differs from the server's dP; 25-30: interior-point W-steps
-    assert [int(c) for c in DMTRLCommand] == list(range(1, 21)) + list(range(22, 31))
+    # the box momentum's direction where it differs from the server's dP; 25-30: interior-point W-steps; 36
+    # (31-35 are the online method's): the margin correction of stalled box-loss W-steps
+    assert [int(c) for c in DMTRLCommand] == list(range(1, 21)) + list(range(22, 31)) + [36]
     assert [int(c) for c in JointSparseCommand] == [21]
     assert [int(c) for c in OnlineCommand] == [31, 32, 33, 34, 35]
     assert int(EngineCommand.TEST) == 100

@@ -380,7 +380,8 @@ def cmd_train(args, cluster):
     if not result.converged:             # at every --log-level, --quiet included: the model is not certified
         print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
               f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
-              f"raise --max-rounds", file=sys.stderr, flush=True)
+              f"raise --max-rounds, or rescale the features where a W-step's warning says its gap stalled",
+              file=sys.stderr, flush=True)
     return result
 
 
