@@ -1239,14 +1239,21 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     return c
 
 
+def halving(state, rel_gap):
+    """``(gap at the last halving, rows since)`` after one more recorded relative gap."""
+    halved, since = state
+    return (rel_gap, 0) if rel_gap < 0.5 * halved else (halved, since + 1)
+
+
 def rounds_since_halved(rel_gaps) -> int:
     """Recorded rounds since a W-step's relative gap last fell below half its value at the previous halving."""
-    halved, since = np.inf, 0
+    state = (np.inf, 0)
     for g in rel_gaps:
-        halved, since = (g, 0) if g < 0.5 * halved else (halved, since + 1)
-    return since
+        state = halving(state, g)
+    return state[1]
 
 
+IPM_AFTER_STALL = 10             # recorded rounds without halving before a W-step turns to interior-point rounds
 STALLED_ROWS = 20                # an unconverged W-step is reported stalled after this many rows without halving
 
 
@@ -1616,6 +1623,8 @@ class Server(StepSolver, ServerBase):
         self.mirrored = True          # the workers mirror B and dP (False: sent before the next such TRIAL)
         self.history = GapHistory()
         self.correction = None        # CT of a margin correction that certified the W-step (W + C is its model)
+        self.ipm_tried = False        # the current W-step ran interior-point rounds (checkpointed)
+        self.halving = (None, 0, (np.inf, 0))    # (outer, history rows read, halving state): since_halved
         self.t = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
         self.want_test = test
@@ -1923,10 +1932,37 @@ class Server(StepSolver, ServerBase):
         return rows
 
     def interior_point_possible(self) -> bool:
-        """At the start of a W-step under a coupled Sigma (not after a resume inside one), every task one block on
-        dense task arrays, and :func:`uses_interior_point`."""
-        return (self.t == 0 and uses_interior_point(self.config, self.d, self.m) and self.one_block_a_task
-                and not self.space.sparse and bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma)))))
+        """Every task one block on dense task arrays, and :func:`uses_interior_point`."""
+        return (uses_interior_point(self.config, self.d, self.m) and self.one_block_a_task
+                and not self.space.sparse)
+
+    def interior_point_due(self) -> bool:
+        """Interior-point rounds now: at the start of a W-step under a coupled Sigma (not after a resume inside
+        one), or, once a W-step, when its gap has not halved for IPM_AFTER_STALL recorded rounds (under any
+        Sigma: a diagonal one's local rounds stall on raw features far above 1, where local SDCA and the
+        exact local steps make no progress).  Read from the history and the checkpointed ``ipm_tried``, so a
+        resumed run decides alike."""
+        if not self.interior_point_possible():
+            return False
+        if self.t == 0:
+            return bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+        return not self.ipm_tried and self.since_halved() >= IPM_AFTER_STALL
+
+    def since_halved(self, rel_gap=None):
+        """:func:`rounds_since_halved` of the current W-step's recorded rows (and ``rel_gap`` after them): what
+        the history says, read incrementally (a long W-step does not rescan it every round)."""
+        rows = self.history.rows
+        n = len(rows["round"])
+        outer, seen, state = self.halving
+        if outer != self.outer or seen > n:
+            seen = n
+            while seen > 0 and rows["outer"][seen - 1] == self.outer:
+                seen -= 1
+            state = (np.inf, 0)
+        for g in rows["rel_gap"][seen:n]:
+            state = halving(state, g)
+        self.halving = (self.outer, n, state)
+        return (state if rel_gap is None else halving(state, rel_gap))[1]
 
     def interior_rounds(self):
         """Interior-point rounds (:mod:`hpcmtl.interior`) until alpha is certified, they stall, or a cap.
@@ -1941,6 +1977,7 @@ class Server(StepSolver, ServerBase):
         None, certified)``; uncertified, the W-step goes on with the 'qp' rounds from alpha."""
         cfg, d, m = self.config, self.d, self.m
         began = (self.checkpoint_state(), self.round) if self.checkpointer is not None else None
+        self.ipm_tried = True                # once a W-step (after the state they began from: a resume repeats them)
         primal_best, dual_a = self.objective(self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None,
                                                             with_objective=True))
         best_WT = self.WT
@@ -2012,17 +2049,23 @@ class Server(StepSolver, ServerBase):
         return row, certified
 
     def w_step(self):
-        if not self.local_rounds_possible() and self.interior_point_possible():
-            row, certified = self.interior_rounds()
-            if certified or self.t >= self.config.max_rounds:
-                return row, certified
-        local = self.local_rounds_possible()
-        if local:
-            self.enter_local()
-        row, converged = self.w_step_rounds(local)
-        if local:
-            self.pull_local()
-            self.local_phase = False
+        if self.t == 0:
+            self.ipm_tried = False
+        row, converged = None, False
+        while True:
+            if self.interior_point_due():
+                row, converged = self.interior_rounds()
+                if converged or self.t >= self.config.max_rounds:
+                    break
+            local = self.local_rounds_possible()
+            if local:
+                self.enter_local()
+            row, converged = self.w_step_rounds(local)
+            if local:
+                self.pull_local()
+                self.local_phase = False
+            if converged or self.t >= self.config.max_rounds or not self.interior_point_due():
+                break
         if not converged and row is not None:
             rows = self.history.rows
             mine = [i for i, o in enumerate(rows["outer"]) if o == self.outer]
@@ -2064,6 +2107,8 @@ class Server(StepSolver, ServerBase):
                     self.correction = correction
                     return row, True
             self.safe_point()
+            if want_gap and self.interior_point_due():     # stalled: interior-point rounds from here (w_step)
+                return row, False
         return row, False
 
     # -- margin corrections of stalled box-loss W-steps (margin_correction) ----------------------------------
@@ -2080,9 +2125,7 @@ class Server(StepSolver, ServerBase):
             return False
         if self.t >= self.config.max_rounds:
             return True
-        rows = self.history.rows
-        mine = [g for g, o in zip(rows["rel_gap"], rows["outer"]) if o == self.outer]
-        since = rounds_since_halved(mine + [(primal - dual) / max(abs(primal), 1e-300)])
+        since = self.since_halved((primal - dual) / max(abs(primal), 1e-300))
         return since > 0 and since % POLISH_STALL == 0
 
     def polished_primal(self, regularizer, local):
@@ -2179,7 +2222,7 @@ class Server(StepSolver, ServerBase):
         counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
-                    "dp_known": bool(self.momentum == "box" and self.dp_known)}
+                    "dp_known": bool(self.momentum == "box" and self.dp_known), "ipm_tried": bool(self.ipm_tried)}
         return arrays, blocks, counters
 
     def gather_state(self):
@@ -2207,11 +2250,13 @@ class Server(StepSolver, ServerBase):
         c = ck["counters"]
         self.round, self.t = int(c["round"]), int(c["t"])
         self.dp_known = bool(c.get("dp_known", False))    # dPT is the workers' X^T p / n (box momentum)
+        self.ipm_tried = bool(c.get("ipm_tried", False))
         self.mirrored = False
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])
+        self.halving = (None, 0, (np.inf, 0))
         self.recompute_w()
         self.push_sigma()                                  # also resets shrinking: restored next
         self.command(DMTRLCommand.SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))

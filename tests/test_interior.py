@@ -300,3 +300,65 @@ def test_a_sigterm_in_interior_point_rounds_writes_the_state_they_began_from_and
     assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
     for key in ("round", "primal", "dual"):
         assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
+
+
+# -- W-steps whose rounds stall turn to interior-point rounds (any Sigma) -----------------------------------
+def one_large_feature_tasks(seed, m=4, d=4):
+    """Tasks of 80-120 raw rows (more than the exact local steps take: local SDCA) whose feature 0 is near 1e5
+    (a money amount beside small counts), 30 % positive labels."""
+    rng = np.random.default_rng(seed)
+    scales, base = rng.uniform(0.1, 10, d), rng.normal(size=d)
+    scales[0] *= 1e4
+    Xs, ys = [], []
+    for _ in range(m):
+        n = int(rng.integers(80, 121))
+        X = rng.gamma(2.0, 1.0, size=(n, d)) * scales
+        s = (X - X.mean(0)) @ (base + 0.5 * rng.normal(size=d))
+        Xs.append(X)
+        ys.append(np.where(s > np.quantile(s, 0.7), 1.0, -1.0))
+    return Xs, ys
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(seed, monkeypatch):
+    """STL (a diagonal Sigma: local rounds) with local SDCA on a feature near 1e5 beside the intercept feature
+    makes no progress (relative gap 1.0 after 100 rounds); once the gap has not halved for IPM_AFTER_STALL
+    rounds the W-step turns to interior-point rounds and certifies at 1e-6, and the model written has the
+    certified primal."""
+    from test_polish import exact_primal
+    Xs, ys = one_large_feature_tasks(seed)
+    kw = dict(loss="hinge", lam=1e-2, relationship="identity", max_rounds=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+        h = r.history
+        assert r.converged and h["rel_gap"][-1] <= 1e-6 and r.n_rounds <= 40
+        assert np.all(h["rel_gap"][:dmtrl.IPM_AFTER_STALL] > 0.5)          # the local rounds' stall
+        assert_certified_ascent(h)
+        assert exact_primal(Xs, ys, r.W, r.intercept, r.Sigma, 1e-2) == pytest.approx(h["primal"][-1], rel=1e-10)
+        monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)
+        stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+    assert not stuck.converged and stuck.history["rel_gap"][-1] > 0.1
+    assert_certified_ascent(stuck.history)
+
+
+@pytest.fixture(scope="module")
+def one_large_feature(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stalled") / "tr.h5"
+    Xs, ys = one_large_feature_tasks(1)
+    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(len(Xs))])
+    return path
+
+
+@pytest.mark.mpi
+def test_the_turn_to_interior_point_rounds_is_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(one_large_feature, tmp_path):
+    def args(out, *extra):
+        return learned_hinge_args(str(one_large_feature), str(out), "1e-2", "2", *extra)
+    ref = assert_bitwise_at_rank_counts(args, tmp_path)
+    steps = ref["wsteps"]
+    assert ref["model"]["converged"] == 1 and steps["converged"].all()
+    turn = dmtrl.IPM_AFTER_STALL + 1                 # the first row sets the gap the next ones do not halve
+    assert turn < steps["round"][0] <= 40
+    # killed inside those interior-point rounds: the checkpoint is the state they began from, bitwise again
+    out = tmp_path / "r.h5"
+    assert_resume_is_bitwise(args(out, "--checkpoint-every", "1"), out, ref, turn + 4, turn)

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
     learned_hinge_args, run_hpcmtl
-from test_interior import raw_tasks
+from test_interior import one_large_feature_tasks, raw_tasks
 
 from hpcmtl import store
 from hpcmtl.cluster import Cluster
@@ -130,6 +130,7 @@ def test_learned_sigma_with_a_badly_scaled_task_certifies_every_w_step():
 def test_without_the_correction_the_same_w_step_stalls(monkeypatch):
     from hpcmtl import dmtrl
     monkeypatch.setattr(dmtrl.Server, "polish_possible", lambda self: False)
+    monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
     Xs, ys = scaled_tasks()
     r = fit([Xs[3]], [ys[3]], loss="hinge", lam=1e-2, relationship="identity", max_rounds=60)
     assert not r.converged and r.history["rel_gap"][-1] > 1e-6
@@ -142,13 +143,16 @@ def scaled(tmp_path_factory):
     Xs, ys = scaled_tasks()
     store.write_tasks(directory / "all.h5", Xs, ys, names=[f"t{i}" for i in range(10)])
     store.write_tasks(directory / "one.h5", [Xs[3]], [ys[3]], names=["t3"])
+    Xs, ys = one_large_feature_tasks(1)
+    store.write_tasks(directory / "large.h5", Xs, ys, names=[f"t{i}" for i in range(len(Xs))])
     return directory
 
 
 def test_a_w_step_that_stalls_for_good_says_more_rounds_will_not_help(scaled, tmp_path):
     out = tmp_path / "r.h5"
-    # lam 1e-5 on features near 3e5: the dual's box QP cannot resolve the intercept (liblinear does not either)
-    r = run_hpcmtl(["train", "stl", "--train", str(scaled / "one.h5"), "--out", str(out), "--lam", "1e-5",
+    # lam 1e-5 and a feature near 1e5 in every task: neither the local rounds nor the interior-point rounds
+    # they turn to resolve the intercept beside it (the gap stays near 1)
+    r = run_hpcmtl(["train", "stl", "--train", str(scaled / "large.h5"), "--out", str(out), "--lam", "1e-5",
                     "--max-rounds", "60", "--force"])
     assert r.returncode == 0, r.stderr
     assert "the gap has not halved since round 1, so more rounds will not help" in r.stderr
