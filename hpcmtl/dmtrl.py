@@ -1223,8 +1223,9 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     margins are off by 1e-4 and a primal stuck a relative 1e-6 above it.  ``c`` solves
     ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
     the rows leave freedom), from the rows themselves, so the cancellation does not return.
-    Zero where there is no free row or the least squares would cost more than
-    POLISH_MAX_FLOPS; zero on the columns the free rows do not touch.  Any w is a valid
+    Zero where there is no free row, the least squares would cost more than
+    POLISH_MAX_FLOPS or does not give a finite answer; zero on the columns the free rows
+    do not touch.  Any w is a valid
     primal point: the server keeps ``w + c`` only where its exact primal is smaller.
     """
     beta = blk.y * a
@@ -1234,7 +1235,13 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
         return np.zeros(d)
     Z = blk.signed_rows(free)
     target = 1.0 - gamma * beta[free] if loss == "smoothed-hinge" else np.ones(free.size)
-    c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+    try:
+        with np.errstate(all="ignore"):
+            c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+    except np.linalg.LinAlgError:         # the SVD did not converge: no correction (it is only ever a candidate)
+        return np.zeros(d)
+    if not np.all(np.isfinite(c)):
+        return np.zeros(d)
     c[~np.any(Z != 0.0, axis=0)] = 0.0
     return c
 

@@ -178,3 +178,15 @@ def test_corrected_w_steps_are_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(scale
     # killed in W-step 1 before its correction: resumed at another rank count, the same correction, bitwise
     out = tmp_path / "r.h5"
     assert_resume_is_bitwise(args(out, "--checkpoint-every", "1"), out, ref, first - 1, first - 2)
+
+
+def test_a_least_squares_without_a_finite_answer_gives_no_correction(monkeypatch):
+    X, y = np.array([[3.0, 4.0], [1.0, 2.0]]), np.array([1.0, -1.0])
+    a = np.array([0.5, -0.5])
+    monkeypatch.setattr(np.linalg, "lstsq", lambda *args, **kw: (np.array([np.inf, 0.0]),))
+    assert not np.any(margin_correction(block(X, y), a, np.zeros(2), "hinge"))
+
+    def fails(*args, **kw):
+        raise np.linalg.LinAlgError("SVD did not converge")
+    monkeypatch.setattr(np.linalg, "lstsq", fails)
+    assert not np.any(margin_correction(block(X, y), a, np.zeros(2), "hinge"))
