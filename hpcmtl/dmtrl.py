@@ -1273,13 +1273,14 @@ def stalled_since(rounds, rel_gaps):
     return int(rounds[len(rounds) - 1 - since])
 
 
-def uses_interior_point(config, d, m) -> bool:
-    """Coupled hinge (smoothed hinge) W-steps start with interior-point rounds (:mod:`hpcmtl.interior`):
-    'auto' local solver, the 'qp' or 'adaptive' aggregation, ``d <= interior.MAX_FEATURES`` and
-    ``d m <= interior.MAX_WIDTH`` (d with the intercept feature)."""
+def uses_interior_point(config, d, m, coupled=True) -> bool:
+    """Hinge (smoothed hinge) W-steps may take interior-point rounds (:mod:`hpcmtl.interior`): 'auto' local
+    solver, the 'qp' or 'adaptive' aggregation, ``d <= interior.MAX_FEATURES`` and, under a ``coupled``
+    Sigma, ``d m <= interior.MAX_WIDTH`` (d with the intercept feature).  When they do:
+    :meth:`Server.interior_point_due`."""
     return (config.local_solver == "auto" and config.loss in ("hinge", "smoothed-hinge")
             and config.aggregation in ("qp", "adaptive") and d <= interior.MAX_FEATURES
-            and d * m <= interior.MAX_WIDTH)
+            and (not coupled or d * m <= interior.MAX_WIDTH))
 
 
 def uses_momentum(config) -> str | None:
@@ -1938,21 +1939,26 @@ class Server(StepSolver, ServerBase):
             self.step, self.beta = rows[:, 3].copy(), rows[:, 4].copy()
         return rows
 
+    def coupled(self) -> bool:
+        """Sigma has a nonzero off the diagonal."""
+        return bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+
     def interior_point_possible(self) -> bool:
-        """Every task one block on dense task arrays, and :func:`uses_interior_point`."""
-        return (uses_interior_point(self.config, self.d, self.m) and self.one_block_a_task
-                and not self.space.sparse)
+        """Every task one block on dense task arrays, :func:`uses_interior_point`, and every block's rows
+        dense within ``interior.MAX_ROW_VALUES``."""
+        return (uses_interior_point(self.config, self.d, self.m, self.coupled()) and self.one_block_a_task
+                and not self.space.sparse and float(np.max(self.n)) * self.d <= interior.MAX_ROW_VALUES)
 
     def interior_point_due(self) -> bool:
-        """Interior-point rounds now: at the start of a W-step under a coupled Sigma (not after a resume inside
-        one), or, once a W-step, when its gap has not halved for IPM_AFTER_STALL recorded rounds (under any
+        """Interior-point rounds now: at the start of a W-step under a coupled Sigma with at most
+        ``interior.START_FEATURES`` (not after a resume inside one), or, once a W-step, when its gap has not halved for IPM_AFTER_STALL recorded rounds (under any
         Sigma: a diagonal one's local rounds stall on raw features far above 1, where local SDCA and the
         exact local steps make no progress).  Read from the history and the checkpointed ``ipm_tried``, so a
         resumed run decides alike."""
         if not self.interior_point_possible():
             return False
         if self.t == 0:
-            return bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+            return self.coupled() and self.d <= interior.START_FEATURES
         return not self.ipm_tried and self.since_halved() >= IPM_AFTER_STALL
 
     def since_halved(self, rel_gap=None):

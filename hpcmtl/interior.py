@@ -26,7 +26,8 @@ One iteration is one round of exchanges, the server never sees a row:
    direction is a joint one).
 
 So a round moves ``d (d + 1) / 2 + O(d)`` numbers a task: this solver is for small d
-(``MAX_FEATURES``) and a small server system (``MAX_WIDTH`` = d m).  Measured on 29
+(``START_FEATURES`` at the start of a coupled W-step, ``MAX_FEATURES`` after a stall) and a small server
+system (``MAX_WIDTH`` = d m under a coupled Sigma; a diagonal one gives m systems of d x d).  Measured on 29
 hinge tasks of 30-50 rows, raw features (the issue's shape), lam 1e-4: 20-28 rounds a
 W-step, every one of 10 W-steps certified to 1e-6, where the 'qp' rounds left 9 of 10
 at relative gaps 3.5e-3 to 0.25 after 500 rounds each; at lam 1e-5 to 1e-7 the same
@@ -45,8 +46,16 @@ from scipy.linalg import LinAlgError, cho_factor, cho_solve, eigh
 
 from ._kernels import ordered_dot as dot      # BLAS's ddot sums in an order that depends on alignment
 
-MAX_FEATURES = 64       # d: each task's d x d matrix G_i travels every round
-MAX_WIDTH = 1024        # d m: the server's Newton system, a dense Cholesky of (d m)^2 numbers
+START_FEATURES = 64     # d: a W-step under a coupled Sigma starts with these rounds (each task's d x d G_i travels
+                        # every round: d (d + 1) / 2 numbers, at most 33 d here)
+MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (dmtrl.IPM_AFTER_STALL); there
+                        # d (d + 1) / 2 numbers a task and round are the price of a certificate the O(d) rounds
+                        # do not reach (raw features far above 1: 6 tasks of 800-2,500 rows, 100 features, 10 of
+                        # them on scales up to 7,000, hinge, lam 1e-2: 500 rounds and 594 s left the first W-step
+                        # at a relative gap of 0.86; turned here, 32 rounds, 15 s)
+MAX_WIDTH = 1024        # d m under a coupled Sigma: the server's Newton system, a dense Cholesky of (d m)^2 numbers
+                        # (a diagonal Sigma: m systems of d x d, no limit)
+MAX_ROW_VALUES = 2 ** 25    # n_i d: a block's rows times labels are kept dense for G_i (256 MB)
 START_MARGIN = 0.05     # x starts at the engine's alpha moved into [START_MARGIN, 1 - START_MARGIN]
 CENTERING = 0.1         # mu = CENTERING * (z.x + s.(1 - x)) / (2 N): the barrier parameter of the next step
 INSIDE = 1e-15          # x is kept in [INSIDE, 1 - INSIDE] (a coordinate there is at its bound to rounding)
@@ -183,6 +192,8 @@ def barrier_parameter(complementarity, n_total):
 
 def sigma_root(Sigma, lam):
     """``Sigma^(1/2) / sqrt(lam)`` (m x m, symmetric): K^(1/2) on the task index."""
+    if not np.any(Sigma - np.diag(np.diag(Sigma))):      # diagonal: exactly diagonal (NewtonSystem's blocks)
+        return np.diag(np.sqrt(np.clip(np.diag(Sigma), 0.0, None)) / np.sqrt(lam))
     evals, evecs = np.linalg.eigh(0.5 * (Sigma + Sigma.T))
     root = (evecs * np.sqrt(np.clip(evals, 0.0, None))) @ evecs.T / np.sqrt(lam)
     return 0.5 * (root + root.T)
@@ -197,31 +208,48 @@ class NewtonSystem:
     def __init__(self, root, G):
         m, d = G.shape[0], G.shape[1]
         self.root = root
+        self.blocks = None
+        if not np.any(root - np.diag(np.diag(root))):
+            # a diagonal Sigma couples nothing: m systems I + root_ii^2 G_i of d x d (m d^3 / 3 flops, no (d m)^2)
+            r = np.diag(root)
+            self.blocks = [SymmetricSolve(np.eye(d) + (r[i] * r[i]) * G[i]) for i in range(m)]
+            return
         # (K^(1/2) G K^(1/2))[i a, j b] = sum_l root[i, l] G_l[a, b] root[l, j]: T = G K^(1/2) (T[l a, j b] =
         # G_l[a, b] root[l, j]) then root times T, (d m)^2 numbers and m^3 d^2 flops
         T = G[:, :, None, :] * root[:, None, :, None]
         S = (root @ T.reshape(m, d * m * d)).reshape(m * d, m * d)
         S = 0.5 * (S + S.T)
         S[np.diag_indices_from(S)] += 1.0
+        self.whole = SymmetricSolve(S)
+
+    def solve(self, V):
+        m, d = V.shape
+        if self.blocks is not None:
+            r = np.diag(self.root)[:, None]
+            return r * np.array([b.solve(v) for b, v in zip(self.blocks, r * V)]).reshape(m, d)
+        u = self.whole.solve((self.root @ V).reshape(-1))
+        return self.root @ u.reshape(m, d)
+
+
+class SymmetricSolve:
+    """Solves with a symmetric ``S = I + (a positive semidefinite part)``: a Cholesky factor, or, where rounding
+    makes a pivot non-positive, its eigenbasis with the eigenvalues held at >= 1 (what they are in exact
+    arithmetic).  Late iterations: free coordinates' curvature 1/h grows like 1/mu, and S's eigenvalues span
+    more than 1e16."""
+
+    def __init__(self, S):
         self.factor = self.eigen = None
         try:
             self.factor = cho_factor(S, lower=True, check_finite=True)
         except LinAlgError:
-            # late iterations: free coordinates' curvature 1/h grows like 1/mu, and S's eigenvalues (>= 1 exactly)
-            # span more than 1e16; its rounding can make a pivot non-positive.  Solve on the eigenbasis with the
-            # eigenvalues held at >= 1, what they are in exact arithmetic.
             evals, evecs = eigh(S, check_finite=False)
             self.eigen = (np.maximum(evals, 1.0), evecs)
 
-    def solve(self, V):
-        m, d = V.shape
-        u = (self.root @ V).reshape(-1)
+    def solve(self, u):
         if self.factor is not None:
-            u = cho_solve(self.factor, u, check_finite=False)
-        else:
-            evals, evecs = self.eigen
-            u = evecs @ ((evecs.T @ u) / evals)
-        return self.root @ u.reshape(m, d)
+            return cho_solve(self.factor, u, check_finite=False)
+        evals, evecs = self.eigen
+        return evecs @ ((evecs.T @ u) / evals)
 
 
 def coupled_solve(root, G, V):

@@ -90,6 +90,28 @@ def test_coupled_solve_is_the_dense_newton_solve_under_a_singular_sigma(m, d, ra
         assert np.linalg.norm(y) > 1e-3 * np.linalg.norm(np.linalg.solve(A, rhs))
 
 
+@pytest.mark.parametrize("m,d", [(1, 1), (4, 3), (6, 9)])
+def test_a_diagonal_sigma_gives_one_system_a_task_and_the_dense_solve(m, d):
+    """Under a diagonal Sigma the Newton system is block diagonal: m Cholesky factors of d x d (no (d m)^2
+    matrix), the same y as the dense (I + K G) y = K v; one G_i zero, curvatures over 8 decades."""
+    rng = np.random.default_rng([m, d])
+    lam = 1e-3
+    Sigma = np.diag(rng.uniform(0.01, 1.0, m))
+    G = np.stack([(lambda A: A @ A.T)(rng.normal(size=(d, d)) * 10.0 ** rng.uniform(-4, 4)) for _ in range(m)])
+    G[m // 2] = 0.0
+    V = rng.normal(size=(m, d))
+    root = interior.sigma_root(Sigma, lam)
+    assert np.array_equal(root, np.diag(np.sqrt(np.diag(Sigma)) / np.sqrt(lam)))
+    system = interior.NewtonSystem(root, G)
+    assert system.blocks is not None and len(system.blocks) == m
+    Y = system.solve(V)
+    for i in range(m):
+        A = np.eye(d) + Sigma[i, i] / lam * G[i]
+        assert np.linalg.norm(A @ Y[i] - Sigma[i, i] / lam * V[i]) <= 1e-12 * (
+            np.linalg.norm(A, 2) * np.linalg.norm(Y[i]) + np.linalg.norm(Sigma[i, i] / lam * V[i]))
+    assert interior.NewtonSystem(interior.sigma_root(low_rank_sigma(m, m, 1), lam), G).blocks is None or m == 1
+
+
 def test_sigma_root_squares_to_sigma_over_lam_and_clips_rounding_negatives():
     Sigma = low_rank_sigma(9, 3, 0)
     Sigma[0, 0] -= 2e-8                      # an eigenvalue a rounding error below zero
@@ -171,6 +193,8 @@ def test_auto_takes_interior_point_w_steps_for_box_losses_with_small_d_only():
     assert uses_interior_point(DMTRLConfig(loss="smoothed-hinge", lam=1e-3, aggregation="adaptive"), 10, 100)
     assert not uses_interior_point(hinge, interior.MAX_FEATURES + 1, 2)
     assert not uses_interior_point(hinge, 32, interior.MAX_WIDTH // 32 + 1)
+    assert uses_interior_point(hinge, interior.MAX_FEATURES, 1000, coupled=False)    # m systems of d x d
+    assert interior.START_FEATURES < interior.MAX_FEATURES
     for cfg in (DMTRLConfig(loss="logistic", lam=1e-3), DMTRLConfig(loss="squared", lam=1e-3),
                 DMTRLConfig(loss="hinge", lam=1e-3, aggregation="safe"),
                 DMTRLConfig(loss="hinge", lam=1e-3, aggregation="line"),
@@ -340,6 +364,33 @@ def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(
         stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
     assert not stuck.converged and stuck.history["rel_gap"][-1] > 0.1
     assert_certified_ascent(stuck.history)
+
+
+def test_more_features_than_a_coupled_w_step_starts_with_turn_to_interior_point_rounds_after_a_stall(monkeypatch):
+    """d = 81 with the intercept feature: above START_FEATURES (no coupled W-step starts with interior-point
+    rounds), within MAX_FEATURES (a stalled one turns to them).  Feature 0 near 1e5, a learned Sigma: every
+    W-step certified within 40 rounds, the model written has the certified primal; with the limit before
+    (MAX_FEATURES = START_FEATURES), or with blocks too large to keep dense (MAX_ROW_VALUES), the second
+    W-step ends 60 rounds above a relative gap of 1e-3."""
+    from test_polish import exact_primal
+    Xs, ys = one_large_feature_tasks(1, m=3, d=80)
+    kw = dict(loss="hinge", lam=1e-2, relationship="learned", outer=2, outer_tol=0, max_rounds=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+        assert r.converged and r.wsteps["converged"].all()
+        assert np.all(np.diff(np.concatenate([[0], r.wsteps["round"]])) <= 40)
+        second = r.history["outer"] == 1
+        assert np.all(r.history["rel_gap"][second][:dmtrl.IPM_AFTER_STALL] > 1e-3)    # the qp rounds first
+        assert_certified_ascent(r.history)
+        assert exact_primal(Xs, ys, r.W, r.intercept, r.Sigma, 1e-2) == pytest.approx(r.history["primal"][-1],
+                                                                                       rel=1e-10)
+        for name, value in (("MAX_FEATURES", interior.START_FEATURES), ("MAX_ROW_VALUES", 80 * 81 - 1)):
+            with monkeypatch.context() as patch:
+                patch.setattr(interior, name, value)
+                stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
+            assert not stuck.wsteps["converged"][1] and stuck.wsteps["rel_gap"][1] > 1e-3, name
+            assert_certified_ascent(stuck.history)
 
 
 @pytest.fixture(scope="module")
