@@ -15,7 +15,7 @@ from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, ass
     learned_hinge_args, run_hpcmtl
 from test_interior import one_large_feature_tasks, raw_tasks
 
-from hpcmtl import store
+from hpcmtl import dmtrl, store
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, POLISH_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
 from hpcmtl.estimators import MemoryTasks
@@ -92,6 +92,23 @@ def test_a_least_squares_too_costly_is_skipped():
     X = np.ones((rows, d))
     y = np.ones(rows)
     assert not np.any(margin_correction(block(X, y), np.full(rows, 0.5), np.zeros(d), "hinge"))
+
+
+def test_a_least_squares_costing_more_than_a_few_passes_over_sparse_rows_is_skipped():
+    """|F| d min(|F|, d) within POLISH_MAX_FLOPS but above POLISH_FLOPS_PER_VALUE times the stored values (wide
+    sparse rows): no correction; the same rows with values enough to pay for it: a correction."""
+    import scipy.sparse as sp
+    rows, d = 40, 4000
+    rng = np.random.default_rng(3)
+    X = sp.random(rows, d, density=2.0 / d, format="csr", random_state=rng) + sp.eye(rows, d, format="csr")
+    y = np.ones(rows)
+    flops = rows * d * rows
+    assert flops <= POLISH_MAX_FLOPS and flops > dmtrl.POLISH_FLOPS_PER_VALUE * X.nnz
+    sparse = TaskBlock(0, "t", rows, 0, X.tocsr(), y)
+    assert sparse.sparse
+    assert not np.any(margin_correction(sparse, np.full(rows, 0.5), np.zeros(d), "hinge"))
+    c = margin_correction(block(X.toarray(), y), np.full(rows, 0.5), np.zeros(d), "hinge")
+    assert np.allclose(X @ c, 1.0, atol=1e-12)
 
 
 def test_stall_counting():
