@@ -1268,6 +1268,9 @@ def rounds_since_halved(rel_gaps) -> int:
 
 
 IPM_AFTER_STALL = 10             # recorded rounds without halving before a W-step turns to interior-point rounds
+IPM_AFTER_LOCAL_STALL = 5        # ... local rounds (up to --local-steps local steps a task each): 5 such rounds of
+                                 # 100 steps without halving the gap are a stall (6 tasks, 100 raw features: 1.2 s
+                                 # a round; the turn came after 10 of them, 12 of the W-step's 20 s)
 STALLED_ROWS = 20                # an unconverged W-step is reported stalled after this many rows without halving
 
 
@@ -1958,15 +1961,17 @@ class Server(StepSolver, ServerBase):
 
     def interior_point_due(self) -> bool:
         """Interior-point rounds now: at the start of a W-step under a coupled Sigma with at most
-        ``interior.START_FEATURES`` (not after a resume inside one), or, once a W-step, when its gap has not halved for IPM_AFTER_STALL recorded rounds (under any
-        Sigma: a diagonal one's local rounds stall on raw features far above 1, where local SDCA and the
+        ``interior.START_FEATURES`` features (not after a resume inside one), or, once a W-step, when its gap
+        has not halved for IPM_AFTER_STALL recorded rounds (IPM_AFTER_LOCAL_STALL local rounds: under a
+        diagonal Sigma too, whose local rounds stall on raw features far above 1, where local SDCA and the
         exact local steps make no progress).  Read from the history and the checkpointed ``ipm_tried``, so a
         resumed run decides alike."""
         if not self.interior_point_possible():
             return False
         if self.t == 0:
             return self.coupled() and self.d <= interior.START_FEATURES
-        return not self.ipm_tried and self.since_halved() >= IPM_AFTER_STALL
+        stall = IPM_AFTER_LOCAL_STALL if self.local_rounds_possible() else IPM_AFTER_STALL
+        return not self.ipm_tried and self.since_halved() >= stall
 
     def since_halved(self, rel_gap=None):
         """:func:`rounds_since_halved` of the current W-step's recorded rows (and ``rel_gap`` after them): what

@@ -52,7 +52,7 @@ MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (
                         # d (d + 1) / 2 numbers a task and round are the price of a certificate the O(d) rounds
                         # do not reach (raw features far above 1: 6 tasks of 800-2,500 rows, 100 features, 10 of
                         # them on scales up to 7,000, hinge, lam 1e-2: 500 rounds and 594 s left the first W-step
-                        # at a relative gap of 0.86; turned here, 32 rounds, 15 s)
+                        # at a relative gap of 0.86; turned here, 27 rounds, 6.7 s)
 MAX_WIDTH = 1024        # d m under a coupled Sigma: the server's Newton system, a dense Cholesky of (d m)^2 numbers
                         # (a diagonal Sigma: m systems of d x d, no limit)
 MAX_ROW_VALUES = 2 ** 25    # n_i d: a block's rows times labels are kept dense for G_i (256 MB)

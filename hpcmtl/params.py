@@ -154,8 +154,8 @@ PARAMS = {
                           "hinge on blocks of up to 64 rows; aggregations other than safe; and for hinge and smoothed "
                           "hinge under a coupled Sigma with at most 64 features and 1024 features x tasks, every "
                           "task one block: interior-point W-steps, the qp rounds after them if they stall; under any "
-                          "Sigma, interior-point rounds once a W-step whose gap stops halving for 10 rounds, up to 256 "
-                          "features)"),
+                          "Sigma, interior-point rounds once a W-step whose gap stops halving for 10 rounds (5 local "
+                          "rounds), up to 256 features)"),
     "exchange": Param(EXCHANGES, "auto",
                       "auto: while Sigma is diagonal (STL, a diagonal fixed Sigma, the first W-step of a learned "
                       "one), every task is one block and the loss is not squared, workers take whole rounds alone "

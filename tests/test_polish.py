@@ -148,6 +148,7 @@ def test_without_the_correction_the_same_w_step_stalls(monkeypatch):
     from hpcmtl import dmtrl
     monkeypatch.setattr(dmtrl.Server, "polish_possible", lambda self: False)
     monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
+    monkeypatch.setattr(dmtrl, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
     Xs, ys = scaled_tasks()
     r = fit([Xs[3]], [ys[3]], loss="hinge", lam=1e-2, relationship="identity", max_rounds=60)
     assert not r.converged and r.history["rel_gap"][-1] > 1e-6
