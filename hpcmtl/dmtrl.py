@@ -1285,11 +1285,12 @@ def stalled_since(rounds, rel_gaps):
 
 def uses_interior_point(config, d, m, coupled=True) -> bool:
     """Hinge (smoothed hinge) W-steps may take interior-point rounds (:mod:`hpcmtl.interior`): 'auto' local
-    solver, the 'qp' or 'adaptive' aggregation, ``d <= interior.MAX_FEATURES`` and, under a ``coupled``
-    Sigma, ``d m <= interior.MAX_WIDTH`` (d with the intercept feature).  When they do:
-    :meth:`Server.interior_point_due`."""
+    solver, the 'qp' or 'adaptive' aggregation, ``d <= interior.MAX_FEATURES``, ``m d (d + 1) / 2 <=
+    interior.MAX_SYSTEM_VALUES`` and, under a ``coupled`` Sigma, ``d m <= interior.MAX_WIDTH`` (d with the
+    intercept feature).  When they do: :meth:`Server.interior_point_due`."""
     return (config.local_solver == "auto" and config.loss in ("hinge", "smoothed-hinge")
             and config.aggregation in ("qp", "adaptive") and d <= interior.MAX_FEATURES
+            and m * d * (d + 1) // 2 <= interior.MAX_SYSTEM_VALUES
             and (not coupled or d * m <= interior.MAX_WIDTH))
 
 

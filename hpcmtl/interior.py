@@ -56,6 +56,7 @@ MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (
 MAX_WIDTH = 1024        # d m under a coupled Sigma: the server's Newton system, a dense Cholesky of (d m)^2 numbers
                         # (a diagonal Sigma: m systems of d x d, no limit)
 MAX_ROW_VALUES = 2 ** 25    # n_i d: a block's rows times labels are kept dense for G_i (256 MB)
+MAX_SYSTEM_VALUES = 2 ** 22 # m d (d + 1) / 2: the tasks' G_i triangles a round brings to the server (32 MB)
 START_MARGIN = 0.05     # x starts at the engine's alpha moved into [START_MARGIN, 1 - START_MARGIN]
 CENTERING = 0.1         # mu = CENTERING * (z.x + s.(1 - x)) / (2 N): the barrier parameter of the next step
 INSIDE = 1e-15          # x is kept in [INSIDE, 1 - INSIDE] (a coordinate there is at its bound to rounding)

@@ -193,7 +193,9 @@ def test_auto_takes_interior_point_w_steps_for_box_losses_with_small_d_only():
     assert uses_interior_point(DMTRLConfig(loss="smoothed-hinge", lam=1e-3, aggregation="adaptive"), 10, 100)
     assert not uses_interior_point(hinge, interior.MAX_FEATURES + 1, 2)
     assert not uses_interior_point(hinge, 32, interior.MAX_WIDTH // 32 + 1)
-    assert uses_interior_point(hinge, interior.MAX_FEATURES, 1000, coupled=False)    # m systems of d x d
+    assert uses_interior_point(hinge, interior.MAX_FEATURES, 100, coupled=False)     # m systems of d x d
+    d = interior.MAX_FEATURES          # ... whose triangles the server receives every round: bounded too
+    assert not uses_interior_point(hinge, d, interior.MAX_SYSTEM_VALUES // (d * (d + 1) // 2) + 1, coupled=False)
     assert interior.START_FEATURES < interior.MAX_FEATURES
     for cfg in (DMTRLConfig(loss="logistic", lam=1e-3), DMTRLConfig(loss="squared", lam=1e-3),
                 DMTRLConfig(loss="hinge", lam=1e-3, aggregation="safe"),
