@@ -1230,8 +1230,8 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
     the rows leave freedom), from the rows themselves, so the cancellation does not return.
     Zero where there is no free row, the least squares would cost more than
-    POLISH_MAX_FLOPS or POLISH_FLOPS_PER_VALUE times the block's stored values, or does not give a finite answer; zero on the columns the free rows
-    do not touch.  Any w is a valid
+    POLISH_MAX_FLOPS or POLISH_FLOPS_PER_VALUE times the block's stored values, or does not
+    give a finite answer; zero on the columns the free rows do not touch.  Any w is a valid
     primal point: the server keeps ``w + c`` only where its exact primal is smaller.
     """
     beta = blk.y * a

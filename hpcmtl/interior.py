@@ -54,7 +54,7 @@ MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (
                         # them on scales up to 7,000, hinge, lam 1e-2: 500 rounds and 594 s left the first W-step
                         # at a relative gap of 0.86; turned here, 27 rounds, 6.7 s)
 MAX_WIDTH = 1024        # d m under a coupled Sigma: the server's Newton system, a dense Cholesky of (d m)^2 numbers
-                        # (a diagonal Sigma: m systems of d x d, no limit)
+                        # (a diagonal Sigma: m systems of d x d, bounded by MAX_SYSTEM_VALUES alone)
 MAX_ROW_VALUES = 2 ** 25    # n_i d: a block's rows times labels are kept dense for G_i (256 MB)
 MAX_SYSTEM_VALUES = 2 ** 22 # m d (d + 1) / 2: the tasks' G_i triangles a round brings to the server (32 MB)
 START_MARGIN = 0.05     # x starts at the engine's alpha moved into [START_MARGIN, 1 - START_MARGIN]

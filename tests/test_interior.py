@@ -349,8 +349,8 @@ def one_large_feature_tasks(seed, m=4, d=4):
 def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(seed, monkeypatch):
     """STL (a diagonal Sigma: local rounds) with local SDCA on a feature near 1e5 beside the intercept feature
     makes no progress (relative gap 1.0 after 100 rounds); once the gap has not halved for
-    IPM_AFTER_LOCAL_STALL local rounds the W-step turns to interior-point rounds and certifies at 1e-6, and the model written has the
-    certified primal."""
+    IPM_AFTER_LOCAL_STALL local rounds the W-step turns to interior-point rounds and certifies at 1e-6, and
+    the model written has the certified primal."""
     from test_polish import exact_primal
     Xs, ys = one_large_feature_tasks(seed)
     kw = dict(loss="hinge", lam=1e-2, relationship="identity", max_rounds=100)
