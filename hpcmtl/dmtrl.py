@@ -384,7 +384,7 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     s_i: 273.  Fewer rounds on syn1, syn2 and the small-task case too.
     """
     m = Sigma.shape[0]
-    if not np.any(Sigma - np.diag(np.diag(Sigma))):
+    if interior.is_diagonal(Sigma):
         return np.ones(m)
     s = 1.0 / (np.diag(Sigma) * np.diag(np.linalg.inv(Sigma)))
     return np.clip(s, 0.5, 1.0)
@@ -1913,7 +1913,7 @@ class Server(StepSolver, ServerBase):
         # cancelling (eta, beta) it then returns drive b and alpha apart (a negative gap on tasks of 1-3 rows)
         return (self.config.exchange == "auto" and self.config.aggregation != "line" and self.momentum != "free"
                 and bool(np.all(self.blocks_per_task == 1))
-                and not np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+                and not self.coupled())
 
     def enter_local(self):
         """Hand every block its task's b, dP, step, beta and rho (nothing to send when all are at their start)."""
@@ -1952,7 +1952,7 @@ class Server(StepSolver, ServerBase):
 
     def coupled(self) -> bool:
         """Sigma has a nonzero off the diagonal."""
-        return bool(np.any(self.Sigma - np.diag(np.diag(self.Sigma))))
+        return not interior.is_diagonal(self.Sigma)
 
     def interior_point_possible(self) -> bool:
         """Every task one block on dense task arrays, :func:`uses_interior_point`, and every block's rows

@@ -191,9 +191,14 @@ def barrier_parameter(complementarity, n_total):
     return CENTERING * float(complementarity) / (2.0 * n_total)
 
 
+def is_diagonal(matrix) -> bool:
+    """Every entry off the diagonal is exactly zero (a diagonal Sigma couples no tasks)."""
+    return not np.any(matrix - np.diag(np.diag(matrix)))
+
+
 def sigma_root(Sigma, lam):
     """``Sigma^(1/2) / sqrt(lam)`` (m x m, symmetric): K^(1/2) on the task index."""
-    if not np.any(Sigma - np.diag(np.diag(Sigma))):      # diagonal: exactly diagonal (NewtonSystem's blocks)
+    if is_diagonal(Sigma):                                # exactly diagonal too (NewtonSystem's blocks)
         return np.diag(np.sqrt(np.clip(np.diag(Sigma), 0.0, None)) / np.sqrt(lam))
     evals, evecs = np.linalg.eigh(0.5 * (Sigma + Sigma.T))
     root = (evecs * np.sqrt(np.clip(evals, 0.0, None))) @ evecs.T / np.sqrt(lam)
@@ -210,7 +215,7 @@ class NewtonSystem:
         m, d = G.shape[0], G.shape[1]
         self.root = root
         self.blocks = None
-        if not np.any(root - np.diag(np.diag(root))):
+        if is_diagonal(root):
             # a diagonal Sigma couples nothing: m systems I + root_ii^2 G_i of d x d (m d^3 / 3 flops, no (d m)^2)
             r = np.diag(root)
             self.blocks = [SymmetricSolve(np.eye(d) + (r[i] * r[i]) * G[i]) for i in range(m)]
