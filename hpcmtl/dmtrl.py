@@ -72,7 +72,7 @@ from . import interior
 from .checkpoint import BlockState, block_payloads, read_compatible
 from .engine import Command, Down, EngineCommand, LocalBase, ServerBase, Up, check_finite_rows, nan_fault
 from .errors import ConvergenceError, InputError
-from .losses import conjugate_reference, get_loss
+from .losses import conjugate_reference, get_loss, primal_reference
 from .params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - the choices, named here too
 from .params import check_positive_label, validate as check_params
 from .taskspace import DENSE, DenseSpace, SupportSpace, support_algebra_pays, task_supports
@@ -160,9 +160,9 @@ class DMTRLCommand(Command):
     IPM_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_residual"
     # per block [y_i of the residual (d)]: dx corrected -> what IPM_STEP sends
     IPM_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_correct"
-    # a stalled box-loss W-step (every task one block, dense task arrays): per block [c (d), loss sum at w + c,
-    # c . b (local: the block's own b; else 0)], c the least-squares change of w that puts the free rows on
-    # their margins (margin_correction); nothing changes on the workers
+    # a box-loss W-step near its end or stalled (every task one block, dense task arrays): per block [c (d), loss
+    # sums at w + s c for s in POLISH_SCALES, c . b (local: the block's own b; else 0)], c the least-squares
+    # change of w that puts the free rows on their margins (margin_correction); nothing changes on the workers
     POLISH = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "polish"
 
 
@@ -1111,18 +1111,21 @@ class LocalBlocks(LocalBase):
                               ctrl.d)
 
     def polish(self, ctrl, inputs):
-        """POLISH: per block ``[c (d), loss sum at w + c, c . b (local rounds: its own b)]``
-        (:func:`margin_correction`; nothing changes here)."""
-        d = ctrl.d
-        out = np.zeros((len(self.blocks), d + 2))
+        """POLISH: per block ``[c (d), loss sums at w + s c for s in POLISH_SCALES, c . b (local rounds: its own
+        b)]`` (:func:`margin_correction`; the loss sums from the margins at w and at c, two passes; zeros where
+        c is zero; nothing changes here)."""
+        d, scales = ctrl.d, np.asarray(POLISH_SCALES)
+        out = np.zeros((len(self.blocks), d + scales.size + 1))
         for k, blk in enumerate(self.blocks):
             a, w = self.state[k].alpha, self.w[k]
             c = margin_correction(blk, a, w, self.loss.name, self.config.gamma)
-            moved = w + c
-            out[k, d] = _kernels.objective_terms(blk.rows, blk.y, a, moved, self.loss.kernel_id, self.config.gamma,
-                                                 blk.z_shift(moved))[0]
+            if not np.any(c):
+                continue
+            z, zc = blk.decision(w), blk.decision(c)
+            out[k, d:d + scales.size] = [float(np.sum(primal_reference(self.loss.name, z + s * zc, blk.y,
+                                                                       self.config.gamma))) for s in scales]
             if ctrl.local:
-                out[k, d + 1] = float(c @ self.local[k].BT[0])
+                out[k, -1] = float(c @ self.local[k].BT[0])
             f = self.columns[k]
             out[k, :d] = c if f is None else self.spread(f, c)
         return out
@@ -1208,14 +1211,38 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 POLISH_STALL = 5                 # recorded rounds without the W-step's gap halving before a margin correction
+POLISH_NEAR = 100                # ... and every round whose relative gap is within this factor of --tol: W(alpha)'s
+                                 # primal lags the dual (a box loss's P at W(alpha) falls like the dual's error's
+                                 # square root), and near the end a correction often certifies what would take many
+                                 # more rounds (bench_convergence, P = 3: MNIST 71 -> 28 rounds, 8.5 -> 4.5 s)
+POLISH_SCALES = (0.25, 0.5, 0.75, 1.0)   # per task, the server takes w_i + s_i c_i, s_i one of these or 0
+POLISH_SWEEPS = 8                # the server's sweeps over the tasks choosing the s_i (fewer when one changes nothing)
 POLISH_MAX_FLOPS = 2 ** 28       # a block's least squares: |F| d min(|F|, d) at most (about 0.1 s) ...
 POLISH_FLOPS_PER_VALUE = 64      # ... and at most this many times its stored values (nnz; n d when dense): a few
-                                 # passes' time, so a correction every POLISH_STALL rows costs a fraction of theirs.
-                                 # MDS (4 tasks of 2,000 rows, 10,000 sparse features, about 80 values a row): a
-                                 # correction cost about 1e8 flops a task, 10 % of the run's time, and helped none
-                                 # of its W-steps; it is skipped there now (syn1, syn2 and the raw-feature tasks of
-                                 # test_polish keep theirs)
-FREE_SLACK = 1e-12               # free rows: y alpha in (FREE_SLACK, 1 - FREE_SLACK)
+                                 # passes' time.  Sparse rows beyond it: through the free rows' Gram matrix (|F|
+                                 # nnz(Z_F) + |F|^3 flops, the same caps).  MDS (4 tasks of 2,000 rows, 10,000
+                                 # sparse features, about 80 values a row, |F| 35-175): about 1e8 flops a task the
+                                 # dense way, 2e6 through the Gram matrix
+FREE_FLOOR = 1e-12               # free rows: y alpha in (FREE_FLOOR, 1 - FREE_FLOOR) ...
+FREE_SLACK = 1e-6                # ... and farther than this from either bound, or than FREE_RELATIVE times the
+FREE_RELATIVE = 1e-3             # median distance of such rows to that bound if that is less.  A row within 1e-6
+                                 # of a bound whose margin is still off is on its way there: pinning its margin
+                                 # costs the regularizer and gains no loss (MDS, 10 W-steps: 164 rounds with the
+                                 # floor alone, 138 with the slack; syn1 176 -> 168, syn2 271 -> 241).  A task of
+                                 # raw features near 1e5 has all its free rows near 1e-12, where the slack alone
+                                 # would drop every one (test_polish's 10-task set at lam 1e-5: 5 of 10 W-steps
+                                 # certified instead of 6)
+
+
+def free_rows(beta):
+    """The rows a margin correction puts on their margins: ``beta`` strictly inside (0, 1) by FREE_FLOOR, and
+    not within ``min(FREE_SLACK, FREE_RELATIVE * median distance)`` of a bound."""
+    inside = (beta > FREE_FLOOR) & (beta < 1.0 - FREE_FLOOR)
+    if not np.any(inside):
+        return np.flatnonzero(inside)
+    low = min(FREE_SLACK, FREE_RELATIVE * float(np.median(beta[inside])))
+    high = min(FREE_SLACK, FREE_RELATIVE * float(np.median(1.0 - beta[inside])))
+    return np.flatnonzero(inside & (beta > low) & (beta < 1.0 - high))
 
 
 def margin_correction(blk, a, w, loss, gamma=1.0):
@@ -1226,31 +1253,103 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     The engine's ``w = sigma_ii b / lam`` (W = B Sigma / lam) is a sum over rows that
     cancels where the features are large next to their spread (raw values far from 0 beside
     the intercept feature 1): a dual within 1e-10 of its optimum can then give a w whose
-    margins are off by 1e-4 and a primal stuck a relative 1e-6 above it.  ``c`` solves
+    margins are off by 1e-4 and a primal stuck a relative 1e-6 above it; and for any box loss
+    the margins at W(alpha) converge only like the square root of the dual's error.  ``c`` solves
     ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
-    the rows leave freedom), from the rows themselves, so the cancellation does not return.
+    the rows leave freedom), from the rows themselves, so the cancellation does not return;
+    sparse rows too wide for that: the smallest c through ``Z_F Z_F^T`` (:func:`min_norm_through_gram`).
     Zero where there is no free row, the least squares would cost more than
     POLISH_MAX_FLOPS or POLISH_FLOPS_PER_VALUE times the block's stored values, or does not
     give a finite answer; zero on the columns the free rows do not touch.  Any w is a valid
-    primal point: the server keeps ``w + c`` only where its exact primal is smaller.
+    primal point: the server keeps ``w + s c`` only where its exact primal is smaller.
     """
     beta = blk.y * a
-    free = np.flatnonzero((beta > FREE_SLACK) & (beta < 1.0 - FREE_SLACK))
+    free = free_rows(beta)
     d = blk.n_features
-    flops = free.size * d * min(free.size, d)
-    if free.size == 0 or flops > min(POLISH_MAX_FLOPS, POLISH_FLOPS_PER_VALUE * blk.rows.n_values):
+    if free.size == 0:
         return np.zeros(d)
-    Z = blk.signed_rows(free)
+    budget = min(POLISH_MAX_FLOPS, POLISH_FLOPS_PER_VALUE * blk.rows.n_values)
     target = 1.0 - gamma * beta[free] if loss == "smoothed-hinge" else np.ones(free.size)
     try:
         with np.errstate(all="ignore"):
-            c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+            dense_flops = free.size * d * min(free.size, d)
+            if blk.sparse and blk.mu is None:       # Z_F = diag(y_F) X_F: the signs folded into the vectors
+                X, y = blk.X[free].astype(np.float64, copy=False), blk.y[free]
+                gram_flops = free.size * X.nnz + free.size ** 3
+                if min(gram_flops, dense_flops) > budget:
+                    return np.zeros(d)
+                if gram_flops <= dense_flops:
+                    c = min_norm_through_gram(X, y * target - X @ w)
+                else:
+                    Z = X.toarray() * y[:, None]
+                    c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+                    c[~np.any(Z != 0.0, axis=0)] = 0.0
+            elif dense_flops <= budget:
+                Z = blk.signed_rows(free)
+                c = np.linalg.lstsq(Z, target - Z @ w, rcond=None)[0]
+                c[~np.any(Z != 0.0, axis=0)] = 0.0
+            else:
+                return np.zeros(d)
     except np.linalg.LinAlgError:         # the SVD did not converge: no correction (it is only ever a candidate)
         return np.zeros(d)
     if not np.all(np.isfinite(c)):
         return np.zeros(d)
-    c[~np.any(Z != 0.0, axis=0)] = 0.0
     return c
+
+
+def min_norm_through_gram(X, r):
+    """The smallest ``c`` with ``X c = r`` in the least-squares sense, ``c = X^T G^+ r`` with ``G = X X^T`` (few,
+    wide sparse rows; ``Z_F c = t`` is ``X_F c = y_F t``): ``G``'s eigenvalues below ``|F| eps`` times the
+    largest are dropped, and one refinement from the rows themselves (``r - X c``) takes back most of what
+    forming ``G`` rounded away.  Exactly zero on the columns no row touches."""
+    G = (X @ X.T).toarray()
+    values, vectors = np.linalg.eigh(0.5 * (G + G.T))
+    if values.size == 0 or not values[-1] > 0.0:
+        return np.zeros(X.shape[1])
+    keep = values > values[-1] * G.shape[0] * np.finfo(np.float64).eps
+    V, inverse = vectors[:, keep], 1.0 / values[keep]
+    c = X.T @ (V @ (inverse * (V.T @ r)))
+    return c + X.T @ (V @ (inverse * (V.T @ (r - X @ c))))
+
+
+def polish_scales(loss_at, cb, Q, n, movable):
+    """Per task the scale ``s_i`` in ``(0,) + POLISH_SCALES`` of its correction that makes the primal at
+    ``W + C diag(s)`` smallest: sweeps over the tasks (each task's best scale with the others held; at most
+    POLISH_SWEEPS, fewer when a sweep changes nothing) from every common scale (all tasks 0, all 1/4, ...), the
+    best of them.  The primal less the current one is ``sum_i (loss_at[i, s_i] - loss_at[i, 0]) / n_i + s . cb
+    + s^T Q s / 2`` (``loss_at``: m x (1 + scales) loss sums, ``cb``: every ``c_i . b_i``, ``Q = lam Omega o (C
+    C^T)``); tasks not ``movable`` keep 0.  A task whose correction costs more in the regularizer than it gains
+    in its loss keeps its w; tasks a learned Sigma ties together may only gain together (Omega's negative
+    entries between them), which the common starts find and single-task moves from zero would not."""
+    grid = np.concatenate([[0.0], POLISH_SCALES])
+    scaled = loss_at / np.asarray(n, dtype=np.float64)[:, None]
+    tasks = np.flatnonzero(movable)
+
+    def value(p):
+        s = grid[p]
+        return float(np.sum(scaled[np.arange(len(p)), p]) + s @ cb + 0.5 * (s @ Q @ s))
+
+    best_pick, best = None, None
+    for start in range(grid.size):
+        pick = np.zeros(len(cb), dtype=np.int64)
+        pick[tasks] = start
+        current = value(pick)
+        for _ in range(POLISH_SWEEPS):
+            changed = False
+            for i in tasks:
+                for g in range(grid.size):
+                    if g == pick[i]:
+                        continue
+                    trial = pick.copy()
+                    trial[i] = g
+                    v = value(trial)
+                    if v < current:
+                        current, pick, changed = v, trial, True
+            if not changed:
+                break
+        if best is None or current < best:
+            best_pick, best = pick, current
+    return grid[best_pick]
 
 
 def halving(state, rel_gap):
@@ -2125,7 +2224,8 @@ class Server(StepSolver, ServerBase):
                     primal, dual = self.objective(terms)
                 correction = None
                 if primal - dual > cfg.tol * abs(primal) and self.polish_due(primal, dual):
-                    polished, CT = self.polished_primal(regularizer, local)
+                    loss_sums = terms[:, 0] if local else self.per_task(terms)[:, 0]
+                    polished, CT = self.polished_primal(regularizer, local, loss_sums)
                     if polished < primal:               # any W is a primal point: the smaller P certifies
                         primal, correction = polished, CT
                 row = self.record(primal, dual)
@@ -2137,7 +2237,7 @@ class Server(StepSolver, ServerBase):
                 return row, False
         return row, False
 
-    # -- margin corrections of stalled box-loss W-steps (margin_correction) ----------------------------------
+    # -- margin corrections of box-loss W-steps near their end or stalled (margin_correction) ----------------------
     def polish_possible(self) -> bool:
         """Hinge or smoothed hinge, an aggregation other than the paper's 'safe' rule, every task one block,
         dense task arrays."""
@@ -2145,29 +2245,38 @@ class Server(StepSolver, ServerBase):
                 and not self.space.sparse)
 
     def polish_due(self, primal, dual) -> bool:
-        """The W-step's last round, or its gap (this round's with the recorded ones) has not halved for a
-        multiple of POLISH_STALL recorded rounds; read from the history, so a resumed run decides alike."""
+        """The W-step's last round, its relative gap within POLISH_NEAR times --tol, or its gap (this round's
+        with the recorded ones) has not halved for a multiple of POLISH_STALL recorded rounds; read from the
+        history, so a resumed run decides alike."""
         if not self.polish_possible():
             return False
         if self.t >= self.config.max_rounds:
             return True
-        since = self.since_halved((primal - dual) / max(abs(primal), 1e-300))
+        rel_gap = (primal - dual) / max(abs(primal), 1e-300)
+        if rel_gap <= POLISH_NEAR * self.config.tol:
+            return True
+        since = self.since_halved(rel_gap)
         return since > 0 and since % POLISH_STALL == 0
 
-    def polished_primal(self, regularizer, local):
-        """The exact primal at ``W + C`` (C from POLISH) and ``C^T`` (m x d).
+    def polished_primal(self, regularizer, local, loss_sums):
+        """The exact primal at ``W + C diag(s)`` (C from POLISH, the scales s from :func:`polish_scales`) and
+        ``diag(s) C^T`` (m x d); ``loss_sums``: every task's loss sum at W (this round's).
 
-        ``(lam / 2) tr((W + C) Omega (W + C)^T)`` with ``W Omega = B / lam``: the
-        current ``regularizer / 2`` plus ``sum_i c_i . b_i`` plus ``(lam / 2) tr(C
-        Sigma^-1 C^T)``; ``c_i . b_i`` from the workers in local rounds (B lives there)."""
-        d, lam = self.d, self.config.lam
-        rows = self.per_task(self.command(DMTRLCommand.POLISH, width=d + 2, d=d, local=int(local)))
+        ``(lam / 2) tr((W + C_s) Omega (W + C_s)^T)`` with ``W Omega = B / lam``: the
+        current ``regularizer / 2`` plus ``sum_i s_i c_i . b_i`` plus ``(lam / 2) sum_ij s_i s_j
+        Omega_ij c_i . c_j``; ``c_i . b_i`` from the workers in local rounds (B lives there)."""
+        d, lam, scales = self.d, self.config.lam, len(POLISH_SCALES)
+        rows = self.per_task(self.command(DMTRLCommand.POLISH, width=d + scales + 1, d=d, local=int(local)))
         check_finite_rows(rows, self.round, self.names, "margin correction", self.outer)
         CT = rows[:, :d]
-        cb = float(np.sum(rows[:, d + 1])) if local else self.space.total(CT, self.BT)
-        curvature = self.space.total(CT, np.linalg.solve(self.Sigma, CT))
-        primal, _ = primal_dual_of(rows[:, d], np.zeros(self.m), self.n, regularizer + 2.0 * cb + lam * curvature)
-        return primal, CT
+        cb = rows[:, -1] if local else np.einsum("ij,ij->i", CT, self.space.dense(self.BT))
+        Q = lam * np.linalg.inv(self.Sigma) * (CT @ CT.T)
+        loss_at = np.column_stack([loss_sums, rows[:, d:d + scales]])
+        s = polish_scales(loss_at, cb, Q, self.n, np.any(CT != 0.0, axis=1))
+        chosen = loss_at[np.arange(self.m), np.searchsorted(np.concatenate([[0.0], POLISH_SCALES]), s)]
+        moved = regularizer + 2.0 * float(s @ cb) + float(s @ Q @ s)
+        primal, _ = primal_dual_of(chosen, np.zeros(self.m), self.n, moved)
+        return primal, s[:, None] * CT
 
     def omega(self):
         G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
