@@ -33,7 +33,13 @@ rounds, 8.3 s against safe 875 rounds: 12.3x, 8.5x; mds 212 rounds, 1.9 s agains
 Without the corrections that cost more than a few passes (dmtrl.POLISH_FLOPS_PER_VALUE: on MDS's 10,000 sparse
 features they cost 10 % of the run and helped no W-step), P = 3, medians of 3 (safe: 1 run): mds 212 rounds,
 1.78 s against 2,521 rounds, 12.07 s (11.9x, 6.8x); mnist 71 rounds, 9.60 s against 875 rounds, 84.0 s (12.3x,
-8.7x).
+8.7x).  With the corrections in every round within dmtrl.POLISH_NEAR = 30 times --tol, per-task scales and
+sparse rows through the free rows' Gram matrix, P = 3, medians of 3 (mnist's safe: 1 run), the safe rho
+measured in the same run: mds 139 rounds, 1.61 s against 2,521 rounds, 13.55 s (18.1x, 8.4x; before, that
+day: 212 rounds, 2.37 s against 19.31 s, 8.1x); mnist 33 rounds, 5.23 s against 875 rounds, 65.5 s (26.5x,
+12.5x).  POLISH_NEAR = 100 (a correction in twice as many rounds): mds 138 rounds, 2.01 s against 15.78 s
+(7.8x), mnist 30 rounds, 5.76 s against 75.4 s (13.1x).  P = 1 rounds: syn1 219 -> 185, syn2 287 -> 254;
+small and small-raw unchanged (their exact local solvers leave no lag between the primal and the dual).
 ``school-default`` is the default
 command on raw School at lam 1e-2 (defaults for every stopping rule) against
 the exact MTRL objective with the same defaults.

@@ -90,7 +90,7 @@ def test_stl_rounds_move_five_numbers_a_task_and_are_bitwise_at_every_rank_count
 
 @pytest.mark.mpi
 def test_resume_inside_a_local_w_step_is_bitwise_at_another_rank_count(synth, tmp_path):
-    # two local steps a round: still several a round, and a W-step long enough (29 rounds at tol 1e-9, with the
+    # two local steps a round: still several a round, and a W-step long enough (32 rounds at tol 1e-9, with the
     # margin corrections near its end) to stop inside it
     args = ["train", "stl", "--train", synth, "--loss", "hinge", "--lam", "1e-3", "--tol", "1e-9", "--quiet",
             "--local-steps", "2", "--local-solver", "sdca"]      # local SDCA: the exact box solver needs 2 rounds
