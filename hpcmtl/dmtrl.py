@@ -1112,16 +1112,18 @@ class LocalBlocks(LocalBase):
 
     def polish(self, ctrl, inputs):
         """POLISH: per block ``[c (d), loss sums at w + s c for s in POLISH_SCALES, c . b (local rounds: its own
-        b)]`` (:func:`margin_correction`; the loss sums from the margins at w and at c, two passes; zeros where
-        c is zero; nothing changes here)."""
+        b)]`` (:func:`margin_correction` under the block's ``sigma_ii / lam``; the loss sums from the scores at w,
+        which also choose the free rows, and at c: two passes; zeros where c is zero; nothing changes here)."""
         d, scales = ctrl.d, np.asarray(POLISH_SCALES)
         out = np.zeros((len(self.blocks), d + scales.size + 1))
         for k, blk in enumerate(self.blocks):
             a, w = self.state[k].alpha, self.w[k]
-            c = margin_correction(blk, a, w, self.loss.name, self.config.gamma)
+            z = blk.decision(w)
+            c = margin_correction(blk, a, w, self.loss.name, self.config.gamma, self.sigma_ii[k] / self.config.lam,
+                                  scores=z)
             if not np.any(c):
                 continue
-            z, zc = blk.decision(w), blk.decision(c)
+            zc = blk.decision(c)
             out[k, d:d + scales.size] = [float(np.sum(primal_reference(self.loss.name, z + s * zc, blk.y,
                                                                        self.config.gamma))) for s in scales]
             if ctrl.local:
@@ -1214,9 +1216,9 @@ POLISH_STALL = 5                 # recorded rounds without the W-step's gap halv
 POLISH_NEAR = 30                 # ... and every round whose relative gap is within this factor of --tol: W(alpha)'s
                                  # primal lags the dual (a box loss's P at W(alpha) falls like the dual's error's
                                  # square root), and near the end a correction often certifies what would take many
-                                 # more rounds (bench_convergence, P = 3: MNIST 71 -> 33 rounds, 8.5 -> 5.2 s; MDS
-                                 # 212 -> 139 rounds, 2.4 -> 1.6 s).  100: MNIST 30 rounds, MDS 138 but with twice
-                                 # the corrections (75), 2.0 s
+                                 # more rounds.  With the free rows by coordinate Newton steps (free_rows), P = 3,
+                                 # medians of 3: MDS 113 rounds, 0.86 s; 100: 104 rounds but more corrections that
+                                 # do not certify, 0.92 s; 10: 138 rounds (P = 1)
 POLISH_SCALES = (0.25, 0.5, 0.75, 1.0)   # per task, the server takes w_i + s_i c_i, s_i one of these or 0
 POLISH_SWEEPS = 8                # the server's sweeps over the tasks choosing the s_i (fewer when one changes nothing)
 POLISH_MAX_FLOPS = 2 ** 28       # a block's least squares: |F| d min(|F|, d) at most (about 0.1 s) ...
@@ -1225,29 +1227,44 @@ POLISH_FLOPS_PER_VALUE = 64      # ... and at most this many times its stored va
                                  # nnz(Z_F) + |F|^3 flops, the same caps).  MDS (4 tasks of 2,000 rows, 10,000
                                  # sparse features, about 80 values a row, |F| 35-175): about 1e8 flops a task the
                                  # dense way, 2e6 through the Gram matrix
-FREE_FLOOR = 1e-12               # free rows: y alpha in (FREE_FLOOR, 1 - FREE_FLOOR) ...
-FREE_SLACK = 1e-6                # ... and farther than this from either bound, or than FREE_RELATIVE times the
-FREE_RELATIVE = 1e-3             # median distance of such rows to that bound if that is less.  A row within 1e-6
-                                 # of a bound whose margin is still off is on its way there: pinning its margin
-                                 # costs the regularizer and gains no loss (MDS, 10 W-steps: 164 rounds with the
-                                 # floor alone, 138 with the slack; syn1 176 -> 168, syn2 271 -> 241).  A task of
-                                 # raw features near 1e5 has all its free rows near 1e-12, where the slack alone
-                                 # would drop every one (test_polish's 10-task set at lam 1e-5: 5 of 10 W-steps
-                                 # certified instead of 6)
+FREE_FLOOR = 1e-12               # free rows: y alpha in (FREE_FLOOR, 1 - FREE_FLOOR) and inside after a coordinate
+                                 # Newton step (free_rows)
 
 
-def free_rows(beta):
-    """The rows a margin correction puts on their margins: ``beta`` strictly inside (0, 1) by FREE_FLOOR, and
-    not within ``min(FREE_SLACK, FREE_RELATIVE * median distance)`` of a bound."""
-    inside = (beta > FREE_FLOOR) & (beta < 1.0 - FREE_FLOOR)
-    if not np.any(inside):
-        return np.flatnonzero(inside)
-    low = min(FREE_SLACK, FREE_RELATIVE * float(np.median(beta[inside])))
-    high = min(FREE_SLACK, FREE_RELATIVE * float(np.median(1.0 - beta[inside])))
-    return np.flatnonzero(inside & (beta > low) & (beta < 1.0 - high))
+def free_rows(beta, ahead):
+    """The rows a margin correction puts on their margins: ``beta = y o alpha`` strictly inside (0, 1) by
+    FREE_FLOOR and still strictly inside after its own coordinate Newton step (``ahead``, from
+    :func:`coordinate_newton`).
+
+    A row whose step would take it past a bound is on its way there, and at the optimum sits on
+    its bound off its margin; pinning its margin would pull w away from the optimum.  Such rows
+    are common before the dual has settled, and not only within a hair of a bound: on MDS (a
+    learned Sigma, the first coupled W-step) 6 of a task's 53 rows with ``beta`` inside were at
+    0.003-0.999 and bound at the optimum, and pinning them made the correction 10 times larger
+    than the distance of w to the optimum (a primal further from it than W(alpha)'s); every one
+    of them was a row whose Newton step crosses a bound, and no row free at the optimum was.
+    The test needs no threshold: a row free at the optimum with a tiny ``beta`` (raw features
+    near 1e5: every free row near 1e-12) stays, and one leaving for a bound from 0.3 goes."""
+    inside = (beta > FREE_FLOOR) & (beta < 1.0 - FREE_FLOOR) & (ahead > 0.0) & (ahead < 1.0)
+    return np.flatnonzero(inside)
 
 
-def margin_correction(blk, a, w, loss, gamma=1.0):
+def coordinate_newton(blk, beta, margins, loss, gamma, curvature):
+    """Every row's ``beta`` after its own coordinate Newton step on the W-step's dual, the others held:
+    ``beta + (t_j - z_j . w) / (g + curvature |x_j|^2 / n)`` with ``Z = diag(y) X``, ``margins = Z w``,
+    ``t_j = 1`` and ``g = 0`` for the hinge, ``t_j = 1 - gamma beta_j`` and ``g = gamma`` for the smoothed
+    hinge, ``curvature = sigma_ii / lam`` (the dual's own, without any rho); a row without values gets
+    ``+-inf`` (its margin cannot move)."""
+    smoothed = loss == "smoothed-hinge"
+    residual = (1.0 - gamma * beta if smoothed else 1.0) - margins
+    h = curvature * blk.sq_norms / blk.n_task + (gamma if smoothed else 0.0)
+    positive = h > 0.0
+    with np.errstate(all="ignore"):
+        step = np.where(positive, residual / np.where(positive, h, 1.0), np.copysign(np.inf, residual))
+    return beta + step
+
+
+def margin_correction(blk, a, w, loss, gamma, curvature, scores=None):
     """The least-squares change ``c`` of a box-loss block's ``w`` that puts its free rows on their margins.
 
     At the optimum every row with ``beta_j = y_j alpha_j`` strictly inside (0, 1) sits on
@@ -1256,8 +1273,10 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     cancels where the features are large next to their spread (raw values far from 0 beside
     the intercept feature 1): a dual within 1e-10 of its optimum can then give a w whose
     margins are off by 1e-4 and a primal stuck a relative 1e-6 above it; and for any box loss
-    the margins at W(alpha) converge only like the square root of the dual's error.  ``c`` solves
-    ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
+    the margins at W(alpha) converge only like the square root of the dual's error.  The free rows F
+    are those inside (0, 1) that stay inside after their own coordinate Newton step on the dual
+    (:func:`free_rows`; ``curvature = sigma_ii / lam``, ``scores = X w`` when the caller has them).
+    ``c`` solves ``Z_F c = target_F - Z_F w`` by least squares (``numpy.linalg.lstsq``: the smallest c when
     the rows leave freedom), from the rows themselves, so the cancellation does not return;
     sparse rows too wide for that: the smallest c through ``Z_F Z_F^T`` (:func:`min_norm_through_gram`).
     Zero where there is no free row, the least squares would cost more than
@@ -1266,7 +1285,8 @@ def margin_correction(blk, a, w, loss, gamma=1.0):
     primal point: the server keeps ``w + s c`` only where its exact primal is smaller.
     """
     beta = blk.y * a
-    free = free_rows(beta)
+    scores = blk.decision(w) if scores is None else scores
+    free = free_rows(beta, coordinate_newton(blk, beta, blk.y * scores, loss, gamma, curvature))
     d = blk.n_features
     if free.size == 0:
         return np.zeros(d)
