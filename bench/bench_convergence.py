@@ -40,6 +40,14 @@ day: 212 rounds, 2.37 s against 19.31 s, 8.1x); mnist 33 rounds, 5.23 s against 
 12.5x).  POLISH_NEAR = 100 (a correction in twice as many rounds): mds 138 rounds, 2.01 s against 15.78 s
 (7.8x), mnist 30 rounds, 5.76 s against 75.4 s (13.1x).  P = 1 rounds: syn1 219 -> 185, syn2 287 -> 254;
 small and small-raw unchanged (their exact local solvers leave no lag between the primal and the dual).
+With the corrections pinning only rows whose coordinate Newton step stays inside (0, 1)
+(dmtrl.free_rows), P = 3, medians of 3 (safe: 3 on mds and mnist, 1 elsewhere), the safe rho measured in
+the same run: mds 113 rounds, 0.84 s against 2,521 rounds, 10.03 s (22.3x, 11.9x); mnist 33 rounds, 4.33 s
+against 875 rounds, 58.9 s (26.5x, 13.6x); syn1 177 rounds, 2.91 s against 8,576, 61.6 s (48.5x, 21.2x);
+syn2 246, 3.55 s against 19,885, 137 s (80.8x, 38.6x); small 177, 2.22 s and small-raw 207, 2.29 s against
+> 50,000 rounds, 102 s and 103 s; school-raw-2 68 rounds, 0.99 s (+4.9e-8 from the exact objective),
+school-raw-3 136, 1.92 s, school-std-2 45, 0.68 s, school-std-3 60, 0.84 s (the safe rho: > 45,044, >
+45,392, 3,304 and > 11,417 rounds; 182, 175, 13.6 and 43.8 s); school-default 68 rounds, 1.00 s, +4.9e-8.
 ``school-default`` is the default
 command on raw School at lam 1e-2 (defaults for every stopping rule) against
 the exact MTRL objective with the same defaults.
