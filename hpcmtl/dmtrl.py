@@ -1254,7 +1254,8 @@ def coordinate_newton(blk, beta, margins, loss, gamma, curvature):
     ``beta + (t_j - z_j . w) / (g + curvature |x_j|^2 / n)`` with ``Z = diag(y) X``, ``margins = Z w``,
     ``t_j = 1`` and ``g = 0`` for the hinge, ``t_j = 1 - gamma beta_j`` and ``g = gamma`` for the smoothed
     hinge, ``curvature = sigma_ii / lam`` (the dual's own, without any rho); a row without values gets
-    ``+-inf`` (its margin cannot move)."""
+    ``+-inf`` (its margin cannot move).  Clipped to [0, 1] it is the local SDCA kernel's coordinate maximizer
+    (``_kernels.coordinate_step`` with ``q = curvature |x_j|^2 / n``), here for every row of a block at once."""
     smoothed = loss == "smoothed-hinge"
     residual = (1.0 - gamma * beta if smoothed else 1.0) - margins
     h = curvature * blk.sq_norms / blk.n_task + (gamma if smoothed else 0.0)
@@ -1338,8 +1339,8 @@ def polish_scales(loss_at, cb, Q, n, movable):
     """Per task the scale ``s_i`` in ``(0,) + POLISH_SCALES`` of its correction that makes the primal at
     ``W + C diag(s)`` smallest: sweeps over the tasks (each task to its best scale with the others held; at
     most POLISH_SWEEPS, fewer when a sweep changes nothing) from every common scale (all tasks 0, all 1/4, ...),
-    the best of them (none: every s_i 0).  The primal less the current one is ``sum_i (loss_at[i, s_i] - loss_at[i, 0]) / n_i + s . cb
-    + s^T Q s / 2`` (``loss_at``: m x (1 + scales) loss sums, ``cb``: every ``c_i . b_i``, ``Q = lam Omega o (C
+    the best of them (none: every s_i 0).  The primal less the current one is
+    ``sum_i (loss_at[i, s_i] - loss_at[i, 0]) / n_i + s . cb + s^T Q s / 2`` (``loss_at``: m x (1 + scales) loss sums, ``cb``: every ``c_i . b_i``, ``Q = lam Omega o (C
     C^T)``); tasks not ``movable`` keep 0.  A task whose correction costs more in the regularizer than it gains
     in its loss keeps its w; tasks a learned Sigma ties together may only gain together (Omega's negative
     entries between them), which the common starts find and single-task moves from zero would not."""

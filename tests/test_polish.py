@@ -15,7 +15,7 @@ from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, ass
     learned_hinge_args, run_hpcmtl
 from test_interior import one_large_feature_tasks, raw_tasks
 
-from hpcmtl import dmtrl, store
+from hpcmtl import _kernels, dmtrl, store
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, POLISH_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
 from hpcmtl.estimators import MemoryTasks
@@ -159,7 +159,8 @@ def test_rows_whose_newton_step_crosses_a_bound_keep_their_margins():
 
 def test_the_newton_step_is_the_maximizer_of_the_dual_along_the_row():
     """The coupled dual of two tasks (hinge and smoothed hinge), Sigma learned-like, along one row of task 0:
-    D(beta + t e_j) is largest at t = ahead_j - beta_j, from the dual's own formula (not the step's)."""
+    D(beta + t e_j) is largest at t = ahead_j - beta_j, from the dual's own formula (not the step's), and clipped
+    to [0, 1] the step is the SDCA kernel's."""
     rng = np.random.default_rng(4)
     lam, gamma = 0.1, 0.5
     Sigma = np.array([[0.6, 0.25], [0.25, 0.4]])
@@ -178,7 +179,12 @@ def test_the_newton_step_is_the_maximizer_of_the_dual_along_the_row():
         w0 = (B @ Sigma / lam)[:, 0]
         blk = block(Xs[0], ys[0])
         ahead = dmtrl.coordinate_newton(blk, betas[0], ys[0] * (Xs[0] @ w0), loss, gamma, Sigma[0, 0] / lam)
-        for j in range(7):
+        kernel_id = int(_kernels.LossId.SMOOTHED_HINGE if g else _kernels.LossId.HINGE)
+        q = Sigma[0, 0] / lam * blk.sq_norms / 7
+        for j in range(7):             # clipped to [0, 1]: the local SDCA kernel's coordinate maximizer
+            a = ys[0][j] * betas[0][j]
+            moved = a + _kernels.coordinate_step(kernel_id, ys[0][j], a, Xs[0][j] @ w0, q[j], gamma)
+            assert ys[0][j] * moved == pytest.approx(np.clip(ahead[j], 0.0, 1.0), rel=0, abs=1e-15)
             t = ahead[j] - betas[0][j]
             e = np.eye(7)[j]
             best = dual(betas[0] + t * e)
