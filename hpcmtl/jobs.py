@@ -35,11 +35,13 @@ TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templat
 _PARAM = re.compile(r"^# hpcmtl-param:\s+(\w+)\s+(\S+)\s+(.*)$", re.M)
 _PLACEHOLDER = re.compile(r"\{\{(\w+)(?:\|(\w+))?\}\}")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/@%+=,-]+$")
-_NUMBER = re.compile(r"^(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
-_COUNT = re.compile(r"^\d+$")
+# numbers are ASCII digits: str.isdigit and \d (without re.ASCII) take any Unicode digit ('٣'), which int()
+# accepts but sbatch does not
+_NUMBER = re.compile(r"^(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
+_COUNT = re.compile(r"^[0-9]+$")
 # SLURM --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds (or unlimited)
-_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|unlimited|infinite)$", re.I)
+_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|unlimited|infinite)$", re.I | re.ASCII)
 
 # The kind of every template parameter: what it may hold and how it is checked.
 KINDS = {

@@ -219,3 +219,41 @@ def test_lam_sweep_runs_locally_with_a_fake_sbatch(tmp_path):
     log = (tmp_path / "sbatch.log").read_text().splitlines()
     assert log[0].startswith("0-2|")                                        # the array first ...
     assert [line for line in log if line.startswith("|")][0].startswith("|hpcmtl report")   # ... then collection
+
+
+@pytest.mark.parametrize("key,value", [("ntasks", "\u0663"), ("nodes", "1\u0661"), ("lam", "\u0661e-3"),
+                                       ("time", "\u0661:00"), ("lams", "1e-3 \u0662e-2")])
+def test_numbers_are_ascii_digits(key, value):
+    """int('٣') is 3 and Python's \\d takes any Unicode digit, but sbatch reads ASCII: refused at render."""
+    template = {"lams": "sweep", "nodes": "multinode"}.get(key, "train")
+    values = {"train": "t.h5", "test": "t.h5", "out": "o.h5", "prefix": "p", "lams": "1e-3", key: value}
+    params = jobs.templates()[template][1]
+    with pytest.raises(InputError, match=f"The '{key}' parameter of template '{template}' must be"):
+        jobs.render(template, {k: v for k, v in values.items() if k in params})
+
+
+def test_render_out_is_checked_and_written_atomically(tmp_path, capsys, monkeypatch):
+    sets = ["--set", "train=t.h5", "--set", "out=o.h5", "--set", "test=te.h5"]
+    copies = tmp_path / "templates"               # a copy, so a failing check cannot damage the package's own
+    shutil.copytree(jobs.TEMPLATE_DIR, copies)
+    monkeypatch.setattr(jobs, "TEMPLATE_DIR", str(copies))
+    template_file = jobs.templates()["train"][0]
+    original = open(template_file, "rb").read()
+    link = tmp_path / "t.sbatch"
+    os.symlink(template_file, link)               # a link to the package's own template: an input
+    for force in ([], ["--force"]):
+        assert cli.main(["jobs", "render", "train", "--out", str(link)] + sets + force) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refusing to overwrite an input" in err, err
+    assert open(template_file, "rb").read() == original and os.path.islink(link)
+    out = tmp_path / "job.sbatch"
+    assert cli.main(["jobs", "render", "train", "--out", str(out)] + sets) == 0
+    assert os.stat(out).st_mode & 0o777 == 0o755 and "#SBATCH" in out.read_text()
+    assert cli.main(["jobs", "render", "train", "--out", str(out)] + sets) == 2      # exists: --force needed
+    assert "output file exists" in capsys.readouterr().err
+    assert cli.main(["jobs", "render", "train", "--out", str(out), "--force"] + sets) == 0
+    for bad, message in [(tmp_path / "nodir" / "x.sh", "does not exist"), (copies, "is a directory")]:
+        assert cli.main(["jobs", "render", "train", "--out", str(bad)] + sets) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []

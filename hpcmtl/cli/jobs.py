@@ -15,6 +15,7 @@ def add_parser(sub):
     render.add_argument("template")
     render.add_argument("--set", action="append", metavar="KEY=VALUE", help="a parameter value (repeatable)")
     render.add_argument("--out", metavar="FILE", help="write here instead of standard output")
+    render.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
 def cmd_jobs(args):
@@ -25,11 +26,18 @@ def cmd_jobs(args):
             for key, (default, text) in params.items():
                 print(f"    {key:<15s} {'(required)' if default == '-' else default:<18s} {text}")
         return 0
+    if args.out:
+        # the templates are inputs: an --out naming one of them (or a link to it) would change every later render
+        from .. import store
+        store.check_outputs([("--out", args.out, args.force)],
+                            [("template", path) for path, _ in jobs.templates().values()])
     text = jobs.render(args.template, jobs.parse_sets(args.set))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        os.chmod(args.out, 0o755)
+        from .. import store
+        with store.atomic_output(args.out, what="job script") as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+        os.chmod(args.out, 0o755)             # a script: executable (atomic_output leaves 0666 under the umask)
     else:
         print(text, end="")
     return 0
