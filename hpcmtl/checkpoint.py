@@ -39,9 +39,12 @@ MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_it
               "projection", "eta0",
               "rff_gamma", "eig_floor", "split_tasks", "shrinking",
               "update", "norm", "r", "p", "C", "R", "code", "block_rounds", "fit_intercept", "intercept_scaling",
-              "intercept_eta0", "float32", "local_steps")
+              "intercept_eta0", "float32", "local_steps",
+              # the labels' meaning (which class is +1) changes the data; the aggregation, the local solver and the
+              # exchange change the iterates, so a resumed run would not be the uninterrupted one
+              "positive_label", "aggregation", "local_solver", "exchange")
 # what a checkpoint written before a setting existed ran with (intercepts came later: none; one local step a round)
-OLD_DEFAULTS = {"fit_intercept": False, "float32": False, "local_steps": 1}
+OLD_DEFAULTS = {"fit_intercept": False, "float32": False, "local_steps": 1, "positive_label": None}
 
 
 def data_signature(source) -> str:

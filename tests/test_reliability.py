@@ -110,7 +110,9 @@ def test_resume_with_other_settings_or_data_is_refused(data, tmp_path):
     os.remove(out)
     for change, message in ((["--lam", "0.5"], "'lam' is 0.01 in the checkpoint but 0.5 now"),
                             (["--loss", "logistic"], "'loss' is 'hinge' in the checkpoint but 'logistic' now"),
-                            (["--seed", "4"], "'seed' is 0 in the checkpoint but 4 now")):
+                            (["--seed", "4"], "'seed' is 0 in the checkpoint but 4 now"),
+                            (["--positive-label", "-1"], "'positive_label' is None in the checkpoint but -1"),
+                            (["--aggregation", "safe"], "'aggregation' is 'qp' in the checkpoint but 'safe' now")):
         r = run_hpcmtl(args + change + ["--resume"], n_ranks=2)
         assert r.returncode == 2 and message in r.stderr and r.stderr.count("hpcmtl: error") == 1, r.stderr
     other = tmp_path / "other.h5"
