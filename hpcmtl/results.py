@@ -34,6 +34,25 @@ def load(path) -> dict:
     return store.read_result(path)
 
 
+def history_csv_names(paths) -> list:
+    """The ``--csv`` history file name of each result: ``STEM-history.csv``, unique among ``paths``.
+
+    Runs named alike in different folders (``a/r.h5``, ``b/r.h5``) get the folders that tell them apart as a
+    prefix (``a-r-history.csv``, ``b-r-history.csv``), so one run's CSV never replaces another's; the same
+    file given twice keeps one name.
+    """
+    full = [os.path.abspath(os.fspath(p)) for p in paths]
+    parts = [os.path.splitext(f)[0].split(os.sep)[1:] for f in full]
+    names = []
+    for k, own in enumerate(parts):
+        depth = 1
+        while depth < len(own) and any(other[-depth:] == own[-depth:] and full[j] != full[k]
+                                       for j, other in enumerate(parts)):
+            depth += 1
+        names.append("-".join(own[-depth:]) + "-history.csv")
+    return names
+
+
 def history_csv(path, out=None) -> str:
     """Write the per-round history of a result file as CSV (default: next to it); return the CSV path."""
     res = load(path)

@@ -62,3 +62,26 @@ def test_report_draws_cumulative_online_errors(tmp_path):
     assert "linf.h5 (online, implicit, linf, C 0.05)" in md and f"inf-error {h['inf_error'].mean():.4f}" in md
     rows = list(csv.DictReader(open(out_dir / "linf-history.csv")))
     assert len(rows) == 2000 and int(rows[-1]["n_errors"]) == h["n_errors"][-1]
+
+
+def test_report_csv_keeps_runs_named_alike_in_different_folders_apart(tmp_path):
+    """`report a/r.h5 b/r.h5 --csv` wrote both histories to r-history.csv: the second replaced the first."""
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.02"]).returncode == 0
+    runs = []
+    for folder, lam in (("a", "1e-1"), ("b", "1e-2")):
+        (tmp_path / folder).mkdir()
+        out = tmp_path / folder / "r.h5"
+        r = run_hpcmtl(["train", "stl", "--train", tr, "--out", out, "--lam", lam, "--quiet"])
+        assert r.returncode == 0, r.stderr
+        runs.append(out)
+    out_dir = tmp_path / "report"
+    r = run_hpcmtl(["report", *runs, "--out", out_dir, "--csv"])
+    assert r.returncode == 0, r.stderr
+    for folder, run in zip("ab", runs):
+        rows = list(csv.DictReader(open(out_dir / f"{folder}-r-history.csv")))
+        h = store.read_result(run)["history"]
+        assert len(rows) == len(h["round"]) and float(rows[-1]["primal"]) == h["primal"][-1]
+    assert not (out_dir / "r-history.csv").exists()
+    assert results.history_csv_names(["x/y/r.h5", "z/y/r.h5", "c.h5"]) == [
+        "x-y-r-history.csv", "z-y-r-history.csv", "c-history.csv"]

@@ -17,7 +17,7 @@ def add_parser(sub):
 def check_report_paths(args):
     """``hpcmtl report``: --out is a directory (made if missing) whose files must not be any input."""
     from .. import store
-    from ..results import REPORT_FILES, TEST_CSV
+    from ..results import REPORT_FILES, TEST_CSV, history_csv_names
     inputs = [("input", p) for p in args.results]
     out = args.out
     if os.path.lexists(out) and not os.path.isdir(out):
@@ -25,7 +25,7 @@ def check_report_paths(args):
         raise InputError(f"{out}: report --out must be a directory, this is a file")
     names = list(REPORT_FILES)
     if args.csv:
-        names += [os.path.splitext(os.path.basename(p))[0] + "-history.csv" for p in args.results] + [TEST_CSV]
+        names += list(dict.fromkeys(history_csv_names(args.results))) + [TEST_CSV]
     if os.path.isdir(out):
         store.check_outputs([("report file", os.path.join(out, n), True) for n in names], inputs)
         return
@@ -37,12 +37,11 @@ def check_report_paths(args):
 
 
 def cmd_report(args):
-    from ..results import TEST_CSV, history_csv, report, test_metrics_csv
+    from ..results import TEST_CSV, history_csv, history_csv_names, report, test_metrics_csv
     check_report_paths(args)
     written = report(args.results, args.out)
     if args.csv:
-        for path in args.results:
-            name = os.path.splitext(os.path.basename(path))[0] + "-history.csv"
+        for path, name in zip(args.results, history_csv_names(args.results)):
             written[name] = history_csv(path, os.path.join(args.out, name))
         tests = test_metrics_csv(args.results, os.path.join(args.out, TEST_CSV))
         if tests:
