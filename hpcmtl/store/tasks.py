@@ -172,11 +172,6 @@ class TaskFile(OpenFile):
         self.read_parts: dict = {}
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
 
-    def task_index(self, name) -> int:
-        if name in self.names:
-            return self.names.index(name)
-        raise InputError(f"{self.path}: no task named '{name}'")
-
     def _where(self, i):
         return f"{self.path}: task '{self.names[i]}' (#{i})"
 
