@@ -23,6 +23,11 @@ double), :meth:`TaskBlock.decision`, :meth:`TaskBlock.rmatvec` and
 ever formed).  Centering a dense float32 block computes ``x - mu`` in double
 (``mu`` float64) and rounds the result once to float32; the means stay float64.
 Labels are always float64.
+
+Every task, read from a file or given in memory, passes one check,
+:func:`check_task` (non-empty, shapes that agree, finite values).
+:class:`MemoryTasks` is the task source over in-memory arrays (the estimators'
+input), with the interface of :class:`hpcmtl.store.TaskFile`.
 """
 from __future__ import annotations
 

@@ -128,9 +128,8 @@ class TaskFile(OpenFile):
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        # no chunk cache: reads take row ranges in order (a chunk at the edge of two ranges is read twice);
-        # HDF5's cache and its freed chunk buffers held 3-9 MB beside each block read and about 10 MB of a
-        # worker's heap after its load (issue 14)
+        # no chunk cache: reads take row ranges in order (a chunk at the edge of two ranges is read twice),
+        # and HDF5's cache would hold chunk buffers beside each block read and in the worker's heap after its load
         self._f = open_read(self.path, TASKS_FORMAT, rdcc_nbytes=0)
         f = self._f
         try:
