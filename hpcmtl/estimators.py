@@ -21,39 +21,7 @@ from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
 from .params import validate
-from .taskdata import TaskBlock, dense_or_csr, rows_of, task_means
-
-
-class MemoryTasks:
-    """A task source over in-memory arrays (same interface as ``store.TaskFile``)."""
-
-    def __init__(self, Xs, ys, names=None, path="<memory>"):
-        if len(Xs) != len(ys) or len(Xs) == 0:
-            raise InputError("need one label vector per task and at least one task")
-        self.path = path
-        self.Xs = [dense_or_csr(X) for X in Xs]
-        self.ys = [np.asarray(y, dtype=np.float64).reshape(-1) for y in ys]
-        self.names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
-        self.n_tasks = len(self.Xs)
-        self.n_features = self.Xs[0].shape[1]
-        self.n_samples = np.array([X.shape[0] for X in self.Xs], dtype=np.int64)
-        self.nnz = np.array([X.nnz if sp.issparse(X) else np.count_nonzero(X) for X in self.Xs], dtype=np.int64)
-        from .store import _check_task  # the same checks as files get
-        for i, (X, y) in enumerate(zip(self.Xs, self.ys)):
-            _check_task(path, i, self.names[i], X, y, self.n_features)
-
-    def read_block(self, i, start=0, stop=None, part=0):
-        stop = int(self.n_samples[i]) if stop is None else stop
-        return TaskBlock(i, self.names[i], int(self.n_samples[i]), start,
-                         self.Xs[i][start:stop], self.ys[i][start:stop], part)
-
-    def read_task(self, i):
-        return self.read_block(i)
-
-    def task_means(self, i, feature_map=None, folds=None, n_folds=0):
-        """``(mu, ybar)`` of task ``i`` (the same chunked sums as ``store.TaskFile.task_means``)."""
-        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map,
-                          folds=folds, n_folds=n_folds)
+from .taskdata import MemoryTasks, rows_of      # MemoryTasks: also imported from here (hpcmtl.MemoryTasks, tests)
 
 
 def two_class_labels(ys, owner):

@@ -23,6 +23,11 @@ double), :meth:`TaskBlock.decision`, :meth:`TaskBlock.rmatvec` and
 ever formed).  Centering a dense float32 block computes ``x - mu`` in double
 (``mu`` float64) and rounds the result once to float32; the means stay float64.
 Labels are always float64.
+
+Every task, read from a file or given in memory, passes one check,
+:func:`check_task` (non-empty, shapes that agree, finite values).
+:class:`MemoryTasks` is the task source over in-memory arrays (the estimators'
+input), with the interface of :class:`hpcmtl.store.TaskFile`.
 """
 from __future__ import annotations
 
@@ -387,3 +392,69 @@ def task_means(read_rows, n: int, feature_map=None, chunk: int = MEAN_CHUNK_ROWS
         size = int(sum(counts[k] for k in keep))
         means.append((total_x / size, total_y / size))
     return means
+
+
+FINITE_CHUNK_VALUES = 1 << 16     # values checked at a time by all_finite: small masks, whatever the block
+
+
+def all_finite(values) -> bool:
+    """No NaN or Inf in ``values``, checked ``FINITE_CHUNK_VALUES`` at a time (no mask of the whole block in memory)."""
+    values = np.asarray(values)
+    if values.ndim == 2:            # by rows: also a view of some columns of a larger array, never copied whole
+        step = max(1, FINITE_CHUNK_VALUES // max(1, values.shape[1]))
+        return all(np.isfinite(values[s:s + step]).all() for s in range(0, values.shape[0], step))
+    flat = values.reshape(-1)
+    return all(np.isfinite(flat[s:s + FINITE_CHUNK_VALUES]).all() for s in range(0, flat.size, FINITE_CHUNK_VALUES))
+
+
+def check_task(path, i, name, X, y, n_features):
+    """Refuse task ``i`` (``name``) of ``path`` in one line unless ``X`` (n x d, d = ``n_features`` when given)
+    and ``y`` (n,) are non-empty, match in shape and hold only finite values.
+
+    The one check every task passes: written to or read from a task file (:mod:`hpcmtl.store.tasks`), or
+    given in memory (:class:`MemoryTasks`)."""
+    where = f"{path}: task '{name}' (#{i})"
+    n = X.shape[0]
+    if n == 0:
+        raise InputError(f"{where}: field 'y': empty task (0 samples)")
+    if X.ndim != 2:
+        raise InputError(f"{where}: field 'X': expected a 2-D matrix, got shape {X.shape}")
+    if n_features is not None and X.shape[1] != n_features:
+        raise InputError(f"{where}: field 'X': has {X.shape[1]} features, other tasks have {n_features}")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise InputError(f"{where}: field 'y': has shape {y.shape}, expected ({n},)")
+    if not all_finite(X.data if sp.issparse(X) else X):
+        raise InputError(f"{where}: field 'X': contains NaN or Inf")
+    if not np.all(np.isfinite(y)):
+        raise InputError(f"{where}: field 'y': contains NaN or Inf")
+
+
+class MemoryTasks:
+    """A task source over in-memory arrays (same interface as ``store.TaskFile``)."""
+
+    def __init__(self, Xs, ys, names=None, path="<memory>"):
+        if len(Xs) != len(ys) or len(Xs) == 0:
+            raise InputError("need one label vector per task and at least one task")
+        self.path = path
+        self.Xs = [dense_or_csr(X) for X in Xs]
+        self.ys = [np.asarray(y, dtype=np.float64).reshape(-1) for y in ys]
+        self.names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
+        self.n_tasks = len(self.Xs)
+        self.n_features = self.Xs[0].shape[1]
+        self.n_samples = np.array([X.shape[0] for X in self.Xs], dtype=np.int64)
+        self.nnz = np.array([X.nnz if sp.issparse(X) else np.count_nonzero(X) for X in self.Xs], dtype=np.int64)
+        for i, (X, y) in enumerate(zip(self.Xs, self.ys)):
+            check_task(path, i, self.names[i], X, y, self.n_features)     # the same checks as files get
+
+    def read_block(self, i, start=0, stop=None, part=0):
+        stop = int(self.n_samples[i]) if stop is None else stop
+        return TaskBlock(i, self.names[i], int(self.n_samples[i]), start,
+                         self.Xs[i][start:stop], self.ys[i][start:stop], part)
+
+    def read_task(self, i):
+        return self.read_block(i)
+
+    def task_means(self, i, feature_map=None, folds=None, n_folds=0):
+        """``(mu, ybar)`` of task ``i`` (the same chunked sums as ``store.TaskFile.task_means``)."""
+        return task_means(lambda a, b: (self.Xs[i][a:b], self.ys[i][a:b]), int(self.n_samples[i]), feature_map,
+                          folds=folds, n_folds=n_folds)

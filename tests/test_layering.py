@@ -1,6 +1,6 @@
 """The package's layering, checked mechanically on the source (docs/architecture.md draws the same map).
 
-* mpi4py is imported only in ``cluster.py`` and h5py only in ``store.py``;
+* mpi4py is imported only in ``cluster.py`` and h5py only in the ``store/`` package;
 * every module of ``hpcmtl`` has a layer in :data:`LAYERS`, and imports only
   modules of its own layer or below (a new module must be placed here first);
 * the import graph has no cycle (within a layer too).
@@ -96,7 +96,7 @@ def test_mpi_and_hdf5_each_imported_in_one_module():
         for kind, name, line in imports_of(path):
             if kind == "external" and name in ONLY_IN and ONLY_IN[name] != me:
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name} "
-                             f"(only {ONLY_IN[name]}.py may)")
+                             f"(only {ONLY_IN[name]} may)")
     assert not wrong, "\n".join(wrong)
 
 
@@ -170,3 +170,39 @@ def test_a_training_job_starts_without_importing_scikit_learn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# inside store/: the shared helpers first, then one module a file kind, then __init__ (it only re-exports)
+STORE_LAYERS = [{"hdf5", "atomic", "fingerprints"}, {"tasks", "results", "checkpoints", "streams"}, {"__init__"}]
+
+
+def store_imports(node):
+    """The store module an ``import`` statement names (``"__init__"`` for the package itself), or None."""
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if node.level == 1:                               # from .tasks import x; from . import tasks
+            return module.split(".")[0] if module else node.names[0].name
+        if (node.level, module) in ((2, ""), (0, "hpcmtl")):     # from .. import store; from hpcmtl import store
+            return "__init__" if any(alias.name == "store" for alias in node.names) else None
+        parts = (["hpcmtl"] if node.level == 2 else []) + module.split(".")
+    elif isinstance(node, ast.Import):
+        parts = next((a.name.split(".") for a in node.names if a.name.split(".")[:2] == ["hpcmtl", "store"]), [])
+    else:
+        return None
+    if parts[:2] != ["hpcmtl", "store"]:
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def test_store_modules_import_only_the_store_modules_below_them():
+    """A file kind's module may use the shared helpers but not another file kind, and no module imports
+    the package itself, so ``hpcmtl.store`` has no import cycle inside."""
+    level = {name: k for k, names in enumerate(STORE_LAYERS) for name in names}
+    wrong = []
+    for path in sorted((PACKAGE / "store").glob("*.py")):
+        assert path.stem in level, f"place store/{path.name} in STORE_LAYERS (tests/test_layering.py)"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            target = store_imports(node)
+            if target is not None and level.get(target, len(STORE_LAYERS)) >= level[path.stem]:
+                wrong.append(f"store/{path.name}:{node.lineno} imports store.{target}, not a layer below it")
+    assert not wrong, "\n".join(wrong)

@@ -226,7 +226,7 @@ def test_fingerprint_equals_a_plain_python_reference_at_any_chunk_size(monkeypat
     y = rng.choice([-1.0, 1.0], size=9)
     expected = reference_fingerprint(X, y, 11, 4)
     for chunk in (1 << 20, 5, 1):
-        monkeypatch.setattr(store, "_CHUNK", chunk)
+        monkeypatch.setattr(store.fingerprints, "_CHUNK", chunk)
         assert store.fingerprint_rows(X, y, 11, 4) == expected
 
 
