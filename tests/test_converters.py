@@ -824,3 +824,54 @@ def test_reuters_stream_takes_label_mapping_and_shuffle(tmp_path, capsys):
     assert names == namesf and attrs["order"] == "shuffled"
     assert_array_equal(Yf, -Y[order])
     assert_array_equal(Xf, X[order])
+
+
+def test_a_new_format_is_one_registration(tmp_path, capsys, monkeypatch):
+    """The command line names no format: a registered FormatSpec is a --format choice, its options' defaults and
+    help come from the spec, its reader and stream reader run, and --stream of it is written like any other."""
+    def rows(inputs, options):
+        n = options["rows"]
+        return [np.arange(2.0 * n).reshape(n, 2)], [np.where(np.arange(n) % 2, 1.0, -1.0)], ["only"]
+
+    def read(inputs, options, labels, report, test=False):
+        return rows(inputs, options), None
+
+    spec = formats.FormatSpec(
+        name="toy", read=read, options=(formats.Option("rows", 3, "rows read", flag="--n-features"),),
+        stream=formats.streams.one_stream(lambda inputs, options, labels, report:
+                                          formats.streams.tasks_as_stream(*rows(inputs, options))))
+    monkeypatch.setitem(formats._REGISTRY, "toy", spec)
+    (tmp_path / "in.toy").write_text("")
+    assert "toy: rows read (3)" in formats.option_help("--n-features")
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "a.h5")
+    assert code == 0, err
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "b.h5", "--n-features", "5")
+    assert code == 0, err
+    with store.TaskFile(str(tmp_path / "a.h5")) as a, store.TaskFile(str(tmp_path / "b.h5")) as b:
+        assert (a.read_task(0).n_rows, b.read_task(0).n_rows) == (3, 5) and a.names == ["only"]
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "s.h5", "--stream")
+    assert code == 0, err
+    X, Y, names, attrs = read_stream(tmp_path / "s.h5")
+    assert names == ["only"] and attrs["source_format"] == "toy" and attrs["order"] == "file"
+    assert_array_equal(Y[:, 0], [-1, 1, -1])
+    code, _, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "c.h5", "--test-out",
+                           tmp_path / "ct.h5")
+    assert code == 2 and "--test-out is only for mnist (a directory) and reuters; split toy data" in err
+
+
+def test_every_format_is_registered_once_with_its_defaults():
+    """The formats --format offers, in order, and each default written in one place (the spec) and used by the
+    reader's own keyword default too."""
+    import inspect as pyinspect
+    assert formats.format_names() == ("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters", "tasks")
+    assert formats.get_format("mds").defaults() == {"n_features": 10000}
+    assert formats.get_format("reuters").defaults()["min_docs"] == 100
+    for fn, option in ((formats.from_mds, ("mds", "n_features")), (formats.from_reuters, ("reuters", "min_docs")),
+                       (formats.reuters_online, ("reuters", "min_docs")),
+                       (formats.from_reuters, ("reuters", "max_features")),
+                       (formats.reuters_online, ("reuters", "online_features")),
+                       (formats.from_mnist, ("mnist", "seed"))):
+        name = "n_features" if option[1] == "online_features" else option[1]
+        assert pyinspect.signature(fn).parameters[name].default == formats.get_format(option[0]).defaults()[option[1]]
+    with pytest.raises(ValueError, match="registered twice"):
+        formats.register_format(formats.get_format("csv"))

@@ -16,6 +16,7 @@ from ..errors import InputError
 
 
 def require_path(path):
+    """``path`` exists (a file or a directory)."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or directory")
 
@@ -27,9 +28,6 @@ def require_file(path):
         raise InputError(f"{path}: is a directory, expected a file")
 
 
-# ---------------------------------------------------------------------------
-# Checks in the input's terms: the problem named by file and cell, row or line
-# ---------------------------------------------------------------------------
 def numeric_array(a, at):
     """``a`` as float64 (CSR if sparse), or an InputError naming ``at`` when it is not numbers."""
     kind = a.dtype.kind if sp.issparse(a) else np.asarray(a).dtype.kind

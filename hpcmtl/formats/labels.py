@@ -7,9 +7,6 @@ from ..errors import InputError
 from .checks import numeric_array
 
 
-# ---------------------------------------------------------------------------
-# Labels mapped at conversion time (--positive-label, --labels)
-# ---------------------------------------------------------------------------
 def label_key(value):
     """A label as a comparable key: ``('n', number)`` (the text '1.0' equals 1) or ``('s', text)``."""
     if isinstance(value, (bytes, np.bytes_)):
