@@ -94,9 +94,6 @@ class FormatSpec:
     stream_test_out: bool = False
     help: str = ""
 
-    def option(self, name):
-        return next(o for o in self.options if o.name == name)
-
     def defaults(self):
         """``{option name: default}``."""
         return {o.name: o.default for o in self.options}

@@ -147,25 +147,21 @@ def _streams(inputs, options, label_map, report, test=False):
     directory = inputs[0]
     labels = label_rule(*label_map)
 
-    def stream(X, Y, topics, split, **attrs):
-        Y = map_stream_labels(Y, topics, f"{directory} ({split})", labels)
-        return Stream(X, Y, topics, attrs=attrs)
+    def stream(X, Y, topics, source, **fields):
+        return Stream(X, map_stream_labels(Y, topics, f"{directory} ({source})", labels), topics, **fields)
 
     if options["online"]:
         X, Y, topics = reuters_online(directory, options["online_features"], options["min_docs"],
                                       options["single_label"])
-        out = stream(X, Y, topics, "stream", order="NEWID")
-        out.note = f"{X.shape[0]} rounds, {len(topics)} labels"
-        yield out
+        yield stream(X, Y, topics, "stream", attrs={"order": "NEWID"},
+                     note=f"{X.shape[0]} rounds, {len(topics)} labels")
         return
     train, test_docs = read_reuters(directory)
     topics = reuters_topics(train, options["min_docs"])
     Xtr, Xte = reuters_features(train, test_docs, options["max_features"])
     yield stream(Xtr, reuters_labels(train, topics), topics, "ModApte TRAIN")
     if test:
-        out = stream(Xte, reuters_labels(test_docs, topics), topics, "ModApte TEST")
-        out.split = "test"
-        yield out
+        yield stream(Xte, reuters_labels(test_docs, topics), topics, "ModApte TEST", split="test")
 
 
 register_format(FormatSpec(
