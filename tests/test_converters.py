@@ -9,7 +9,7 @@ import scipy.io
 import scipy.sparse as sp
 from numpy.testing import assert_allclose, assert_array_equal
 
-from hpcmtl import converters, store
+from hpcmtl import formats, store
 from hpcmtl.errors import InputError
 
 from conftest import run_hpcmtl
@@ -40,18 +40,18 @@ def test_malsar_mat_file(tmp_path):
         assert_allclose(tf.read_task(2).y, Y[0, 2].ravel())
     scipy.io.savemat(tmp_path / "bad.mat", {"X": X})
     with pytest.raises(InputError, match=r"bad\.mat: field 'Y' is missing"):
-        converters.from_malsar(str(tmp_path / "bad.mat"))
+        formats.from_malsar(str(tmp_path / "bad.mat"))
 
 
 @pytest.mark.slow
 def test_svmlight_one_file_per_task_and_qid(tmp_path):
     (tmp_path / "a.svm").write_text("1 1:0.5 3:2\n-1 2:1\n")
     (tmp_path / "b.svm").write_text("-1 4:1.5\n1 1:1 4:-1\n1 2:3\n")
-    Xs, ys, names = converters.from_svmlight([str(tmp_path / "a.svm"), str(tmp_path / "b.svm")])
+    Xs, ys, names = formats.from_svmlight([str(tmp_path / "a.svm"), str(tmp_path / "b.svm")])
     assert names == ["a", "b"] and [X.shape for X in Xs] == [(2, 4), (3, 4)]
     assert_array_equal(Xs[0].toarray(), [[0.5, 0, 2, 0], [0, 1, 0, 0]])
     (tmp_path / "q.svm").write_text("1 qid:1 1:1\n-1 qid:1 2:1\n1 qid:2 3:1\n-1 qid:7 1:2\n")
-    Xs, ys, names = converters.from_svmlight([str(tmp_path / "q.svm")])
+    Xs, ys, names = formats.from_svmlight([str(tmp_path / "q.svm")])
     assert names == ["qid1", "qid2", "qid7"] and [len(y) for y in ys] == [2, 1, 1]
     out = tmp_path / "q.h5"
     assert run_hpcmtl(["data", "convert", "--format", "svmlight", tmp_path / "q.svm", out]).returncode == 0
@@ -60,20 +60,20 @@ def test_svmlight_one_file_per_task_and_qid(tmp_path):
 
 def test_csv_with_task_column(tmp_path):
     (tmp_path / "d.csv").write_text("task,f1,y,f2\nx,1,1,2\ny,3,-1,4\nx,5,-1,6\n")
-    Xs, ys, names = converters.from_csv(str(tmp_path / "d.csv"))
+    Xs, ys, names = formats.from_csv(str(tmp_path / "d.csv"))
     assert names == ["x", "y"]
     assert_array_equal(Xs[0], [[1, 2], [5, 6]])
     assert_array_equal(ys[0], [1, -1])
     with pytest.raises(InputError, match=r"d\.csv: line 1: column 'label' is missing"):
-        converters.from_csv(str(tmp_path / "d.csv"), label_column="label")
+        formats.from_csv(str(tmp_path / "d.csv"), label_column="label")
 
 
 def test_npz_both_layouts(tmp_path):
     np.savez(tmp_path / "a.npz", X_0=np.ones((2, 3)), y_0=np.ones(2), X_1=np.zeros((1, 3)), y_1=-np.ones(1))
-    Xs, ys, names = converters.from_npz(str(tmp_path / "a.npz"))
+    Xs, ys, names = formats.from_npz(str(tmp_path / "a.npz"))
     assert names == ["task0", "task1"] and Xs[1].shape == (1, 3)
     np.savez(tmp_path / "b.npz", X=np.arange(12.0).reshape(4, 3), y=np.ones(4), tasks=np.array([3, 1, 3, 1]))
-    Xs, ys, names = converters.from_npz(str(tmp_path / "b.npz"))
+    Xs, ys, names = formats.from_npz(str(tmp_path / "b.npz"))
     assert names == ["3", "1"]
     assert_array_equal(Xs[0], [[0, 1, 2], [6, 7, 8]])
 
@@ -91,17 +91,17 @@ def test_mnist_idx_protocol(tmp_path):
     images = rng.integers(0, 256, size=(60, 28, 28))
     write_idx(tmp_path / "img.gz", images)
     write_idx(tmp_path / "lab.gz", labels)
-    Xs, ys, names = converters.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")], seed=1)
+    Xs, ys, names = formats.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")], seed=1)
     assert names[3] == "digit3" and len(Xs) == 10
     for digit in range(10):
         assert Xs[digit].shape == (12, 784) and ys[digit].sum() == 0           # 6 positives + 6 negatives
         assert sp.isspmatrix_csr(Xs[digit]) and Xs[digit].nnz == np.count_nonzero(Xs[digit].toarray())
         assert_allclose(Xs[digit][:6].toarray(), images[labels == digit].reshape(6, -1) / 255.0, rtol=0, atol=0)
     write_idx(tmp_path / "raw", labels, gz=False)
-    assert_array_equal(converters.read_idx(str(tmp_path / "raw")), labels)
+    assert_array_equal(formats.read_idx(str(tmp_path / "raw")), labels)
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04\x00\x00\x00\x01")
     with pytest.raises(InputError, match="not an unsigned-byte IDX file"):
-        converters.read_idx(str(tmp_path / "bad"))
+        formats.read_idx(str(tmp_path / "bad"))
 
 
 REVIEW = """<review>
@@ -133,7 +133,7 @@ def test_mds_sorted_data_and_processed_acl(tmp_path):
     dvd.mkdir()
     (dvd / "positive.review").write_text("great:2 fun_movie:1 #label#:positive\n")
     (dvd / "negative.review").write_text("awful:3 #label#:negative\nbad:1 #label#:negative\n")
-    Xs, ys, names = converters.from_mds([str(tmp_path)], n_features=64)
+    Xs, ys, names = formats.from_mds([str(tmp_path)], n_features=64)
     assert names == ["books", "dvd"]
     assert Xs[0].shape == (4, 64) and Xs[1].shape == (3, 64)
     assert_array_equal(ys[0], [1, 1, 1, -1])
@@ -142,7 +142,7 @@ def test_mds_sorted_data_and_processed_acl(tmp_path):
     # a rating that contradicts the file's label is an input error
     (books / "negative.review").write_text(REVIEW.format(k=9, rating="5.0", title="x", text="y"))
     with pytest.raises(InputError, match=r"negative\.review: field 'rating': 1 ratings disagree"):
-        converters.from_mds([str(books)])
+        formats.from_mds([str(books)])
 
 
 SGML = """<!DOCTYPE lewis SYSTEM "lewis.dtd">
@@ -162,10 +162,10 @@ SGML = """<!DOCTYPE lewis SYSTEM "lewis.dtd">
 @pytest.mark.slow
 def test_reuters_modapte_sgml(tmp_path):
     (tmp_path / "reut2-000.sgm").write_text(SGML, encoding="latin-1")
-    train, test = converters.read_reuters(str(tmp_path))
+    train, test = formats.read_reuters(str(tmp_path))
     assert [d["newid"] for d in train] == [1, 2] and [d["newid"] for d in test] == [4]
     assert train[1]["topics"] == ["acq", "earn"] and "<corp>" in train[0]["text"]
-    assert converters.reuters_topics(train, 1) == ["earn", "acq"]
+    assert formats.reuters_topics(train, 1) == ["earn", "acq"]
     out, out_test = tmp_path / "r.h5", tmp_path / "rt.h5"
     r = run_hpcmtl(["data", "convert", "--format", "reuters", tmp_path, out, "--test-out", out_test, "--min-docs", "1"])
     assert r.returncode == 0, r.stderr
@@ -194,8 +194,8 @@ def test_school_from_shared(shared_data, tmp_path):
 @pytest.mark.slow
 def test_mnist_from_shared(shared_data):
     d = os.path.join(shared_data, "mnist")
-    labels = converters.read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))
-    Xs, ys, names = converters.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
+    labels = formats.read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))
+    Xs, ys, names = formats.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
                                                 os.path.join(d, "train-labels-idx1-ubyte.gz"))
     assert len(Xs) == 10
     for digit in range(10):
@@ -204,14 +204,14 @@ def test_mnist_from_shared(shared_data):
 
 
 def test_reuters_from_shared(shared_data):
-    train, test = converters.read_reuters(os.path.join(shared_data, "reuters21578"))
+    train, test = formats.read_reuters(os.path.join(shared_data, "reuters21578"))
     assert (len(train), len(test)) == (9603, 3299)
-    assert converters.reuters_topics(train, 100)[:2] == ["earn", "acq"]
+    assert formats.reuters_topics(train, 100)[:2] == ["earn", "acq"]
 
 
 @pytest.mark.slow
 def test_mds_from_shared(shared_data):
-    Xs, ys, names = converters.from_mds([os.path.join(shared_data, "mds")])
+    Xs, ys, names = formats.from_mds([os.path.join(shared_data, "mds")])
     assert names == ["books", "dvd", "electronics", "kitchen"]
     assert all(X.shape == (2000, 10000) for X in Xs) and all(y.sum() == 0 for y in ys)
 
@@ -489,7 +489,7 @@ def test_reported_converter_cases_end_with_one_line_and_exit_2(tmp_path, fmt, fn
 
 def test_csv_byte_order_mark_and_crlf_are_read(tmp_path):
     (tmp_path / "d.csv").write_bytes("task,f1,y\r\nx,1,1\r\nx,2,-1\r\n".encode("utf-8-sig"))
-    Xs, ys, names = converters.from_csv(str(tmp_path / "d.csv"))
+    Xs, ys, names = formats.from_csv(str(tmp_path / "d.csv"))
     assert names == ["x"]
     assert_array_equal(Xs[0], [[1], [2]])
 
@@ -499,24 +499,24 @@ def test_svmlight_finds_the_line_of_a_bad_value_in_a_large_file(tmp_path):
     lines[15321] = "1 qid:1 2:0.5 4:nan"
     (tmp_path / "big.svm").write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError, match=r"big\.svm: line 15322: feature 4: 'nan' is not a finite number"):
-        converters.from_svmlight([str(tmp_path / "big.svm")])
+        formats.from_svmlight([str(tmp_path / "big.svm")])
 
 
 def test_generated_tasks_name_their_source(tmp_path):
     (tmp_path / "p.review").write_text("good:1 #label#:positive\nnice:x #label#:positive\n")
     with pytest.raises(InputError, match=r"p\.review: line 2: 'nice:x' is not WORD:COUNT"):
-        converters.read_processed(str(tmp_path / "p.review"))
+        formats.read_processed(str(tmp_path / "p.review"))
     (tmp_path / "p.review").write_text("good:1 #label#:neutral\n")
     with pytest.raises(InputError, match=r"p\.review: line 1: '#label#:neutral', expected positive or negative"):
-        converters.read_processed(str(tmp_path / "p.review"))
+        formats.read_processed(str(tmp_path / "p.review"))
     labels = np.repeat(np.arange(9), 2)                      # no image of digit 9
     write_idx(tmp_path / "img.gz", np.zeros((18, 28, 28)))
     write_idx(tmp_path / "lab.gz", labels)
     with pytest.raises(InputError, match=r"lab\.gz: 0 images of digit 9 and 18 of other digits"):
-        converters.mnist_one_vs_all(str(tmp_path / "img.gz"), str(tmp_path / "lab.gz"))
+        formats.mnist_one_vs_all(str(tmp_path / "img.gz"), str(tmp_path / "lab.gz"))
     (tmp_path / "reut2-000.sgm").write_text(SGML.replace('NEWID="2"', 'NEWID="two"'), encoding="latin-1")
     with pytest.raises(InputError, match=r"reut2-000\.sgm: document NEWID='two': not an integer"):
-        converters.read_reuters(str(tmp_path))
+        formats.read_reuters(str(tmp_path))
 
 
 # -- issue 16: columns, label mapping, MALSAR fea/gnd, sparse npz, streams -----------------------------
@@ -571,9 +571,9 @@ def test_csv_features_and_drop(tmp_path, capsys, option, cols, expected):
 
 def test_csv_column_named_like_a_range_and_without_selection(tmp_path, capsys):
     (tmp_path / "d.csv").write_text("task,a-b,c,y\nt,1,2,1\nt,3,4,-1\n")
-    Xs, _, _ = converters.from_csv(str(tmp_path / "d.csv"), features="a-b")
+    Xs, _, _ = formats.from_csv(str(tmp_path / "d.csv"), features="a-b")
     assert_array_equal(Xs[0], [[1], [3]])
-    Xs, _, _ = converters.from_csv(str(tmp_path / "d.csv"), features="a-b:c")
+    Xs, _, _ = formats.from_csv(str(tmp_path / "d.csv"), features="a-b:c")
     assert_array_equal(Xs[0], [[1, 2], [3, 4]])
     code, out, err = convert(capsys, "--format", "csv", tmp_path / "d.csv", tmp_path / "d.h5")
     assert code == 0 and out.splitlines()[0].endswith("2 feature columns of 4: a-b, c; task column 'task', "
@@ -595,49 +595,49 @@ def test_csv_feature_line_is_one_short_line_for_wide_files(tmp_path, capsys):
 
 
 def test_label_mapping_for_every_format(tmp_path, capsys):
-    rule = lambda **kw: converters.LabelRule(**kw)            # noqa: E731
+    rule = lambda **kw: formats.LabelRule(**kw)            # noqa: E731
     # csv: text labels
     (tmp_path / "d.csv").write_text("task,f,y\nt,1,spam\nt,2,ham\nu,3,ham\nu,4,spam\n")
-    _, ys, _ = converters.from_csv(str(tmp_path / "d.csv"), labels=rule(positive="spam"))
+    _, ys, _ = formats.from_csv(str(tmp_path / "d.csv"), labels=rule(positive="spam"))
     assert_array_equal(np.concatenate(ys), [1, -1, -1, 1])
-    _, ys, _ = converters.from_csv(str(tmp_path / "d.csv"), labels=rule(mapping="spam:1, ham:-1"))
+    _, ys, _ = formats.from_csv(str(tmp_path / "d.csv"), labels=rule(mapping="spam:1, ham:-1"))
     assert_array_equal(np.concatenate(ys), [1, -1, -1, 1])
     # malsar cells and fea/gnd files
     scipy.io.savemat(tmp_path / "c.mat", {"X": cells(R, R), "Y": cells(np.array([[0], [1], [1]]), np.zeros((3, 1)))})
-    _, ys, _ = converters.from_malsar(str(tmp_path / "c.mat"), rule(mapping="0:-1,1:1"))
+    _, ys, _ = formats.from_malsar(str(tmp_path / "c.mat"), rule(mapping="0:-1,1:1"))
     assert_array_equal(np.concatenate(ys), [-1, 1, 1, -1, -1, -1])
     scipy.io.savemat(tmp_path / "g.mat", {"fea": R, "gnd": np.array([[1], [2], [3]])})
-    _, ys, _ = converters.from_malsar([str(tmp_path / "g.mat")], rule(positive="3"))
+    _, ys, _ = formats.from_malsar([str(tmp_path / "g.mat")], rule(positive="3"))
     assert_array_equal(ys[0], [-1, -1, 1])
     # svmlight (numbers: 1.0 matches the key 1)
     (tmp_path / "q.svm").write_text("1 qid:1 1:1\n0 qid:1 2:1\n1 qid:2 1:1\n0 qid:2 1:2\n")
-    _, ys, _ = converters.from_svmlight([str(tmp_path / "q.svm")], labels=rule(mapping="0:-1,1.0:1"))
+    _, ys, _ = formats.from_svmlight([str(tmp_path / "q.svm")], labels=rule(mapping="0:-1,1.0:1"))
     assert_array_equal(np.concatenate(ys), [1, -1, 1, -1])
     # npz: numbers and text labels
     np.savez(tmp_path / "a.npz", X_0=np.ones((2, 2)), y_0=np.array(["pos", "neg"]))
-    _, ys, _ = converters.from_npz(str(tmp_path / "a.npz"), rule(positive="pos"))
+    _, ys, _ = formats.from_npz(str(tmp_path / "a.npz"), rule(positive="pos"))
     assert_array_equal(ys[0], [1, -1])
     # an hpcmtl task dataset
     store.write_tasks(tmp_path / "t.h5", [np.eye(3)], [np.array([2.0, 7, 2])], names=["only"])
-    _, ys, _ = converters.from_task_file(str(tmp_path / "t.h5"), rule(mapping="2:-1,7:1"))
+    _, ys, _ = formats.from_task_file(str(tmp_path / "t.h5"), rule(mapping="2:-1,7:1"))
     assert_array_equal(ys[0], [-1, 1, -1])
     # mnist, mds, reuters: generated +-1 labels, flipped by --positive-label -1
     labels = np.repeat(np.arange(10), 2)
     write_idx(tmp_path / "img.gz", np.zeros((20, 28, 28)))
     write_idx(tmp_path / "lab.gz", labels)
-    plain = converters.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")])[1]
-    flipped = converters.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")], labels=rule(positive="-1"))[1]
+    plain = formats.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")])[1]
+    flipped = formats.from_mnist([str(tmp_path / "img.gz"), str(tmp_path / "lab.gz")], labels=rule(positive="-1"))[1]
     assert all(np.array_equal(a, -b) for a, b in zip(plain, flipped))
     books = tmp_path / "mds" / "books"
     books.mkdir(parents=True)
     (books / "positive.review").write_text("good:2 #label#:positive\n")
     (books / "negative.review").write_text("bad:1 #label#:negative\n")
-    _, ys, _ = converters.from_mds([str(books)], 64, labels=rule(mapping="1:-1,-1:1"))
+    _, ys, _ = formats.from_mds([str(books)], 64, labels=rule(mapping="1:-1,-1:1"))
     assert_array_equal(ys[0], [-1, 1])
     (tmp_path / "reuters").mkdir()
     (tmp_path / "reuters" / "reut2-000.sgm").write_text(SGML, encoding="latin-1")
-    train, test = converters.from_reuters(str(tmp_path / "reuters"), min_docs=1, labels=rule(positive="-1"))
-    plain_train, plain_test = converters.from_reuters(str(tmp_path / "reuters"), min_docs=1)
+    train, test = formats.from_reuters(str(tmp_path / "reuters"), min_docs=1, labels=rule(positive="-1"))
+    plain_train, plain_test = formats.from_reuters(str(tmp_path / "reuters"), min_docs=1)
     assert all(np.array_equal(a, -b) for a, b in zip(train[1], plain_train[1]))
     assert all(np.array_equal(a, -b) for a, b in zip(test[1], plain_test[1]))
 
@@ -666,12 +666,12 @@ def test_malsar_fea_gnd_files_and_sparse_cells(tmp_path, capsys):
     assert names == ["books", "dvd"] and d == 6 and info_json(tmp_path / "bd.h5")["storage"] == "csr"
     assert_array_equal(blocks[1].X.toarray(), dense["dvd"])
     assert set(np.concatenate([b.y for b in blocks])) <= {-1.0, 1.0}
-    Xs, ys, names = converters.from_malsar(str(tmp_path / "books.mat"))          # one file: one task
+    Xs, ys, names = formats.from_malsar(str(tmp_path / "books.mat"))          # one file: one task
     assert names == ["books"] and Xs[0].shape == (5, 6) and set(ys[0]) <= {1.0, 2.0}
     # the X/Y cell layout with sparse cells (documented in docs/formats.md)
     scipy.io.savemat(tmp_path / "cells.mat", {"X": cells(sp.csc_matrix(dense["books"]), sp.csc_matrix(dense["dvd"])),
                                               "Y": cells(np.ones((5, 1)), -np.ones((4, 1)))})
-    Xs, ys, names = converters.from_malsar(str(tmp_path / "cells.mat"))
+    Xs, ys, names = formats.from_malsar(str(tmp_path / "cells.mat"))
     assert names == ["task001", "task002"] and all(sp.issparse(X) for X in Xs)
     assert_array_equal(Xs[0].toarray(), dense["books"])
 
@@ -691,16 +691,16 @@ def test_npz_sparse_matrices_and_a_labels_file(tmp_path, capsys):
     assert_array_equal(blocks[1].y, [1, 1, -1, -1])
     # one matrix, stacked labels and task ids
     np.savez(tmp_path / "stacked.npz", y=[1, -1, 1, -1, 1], tasks=["p", "q", "p", "q", "q"])
-    Xs, ys, names = converters.from_npz([str(tmp_path / "books.npz"), str(tmp_path / "stacked.npz")])
+    Xs, ys, names = formats.from_npz([str(tmp_path / "books.npz"), str(tmp_path / "stacked.npz")])
     assert names == ["p", "q"] and [X.shape[0] for X in Xs] == [2, 3]
     assert_array_equal(Xs[0].toarray(), mats["books"].toarray()[[0, 2]])
     # one matrix and y: one task
     np.savez(tmp_path / "y.npz", y=[1, -1, 1, -1, 1])
-    Xs, ys, names = converters.from_npz([str(tmp_path / "books.npz"), str(tmp_path / "y.npz")])
+    Xs, ys, names = formats.from_npz([str(tmp_path / "books.npz"), str(tmp_path / "y.npz")])
     assert names == ["books"] and same(ys[0], [1, -1, 1, -1, 1])
     # a dense X, y file: one task named after the file
     np.savez(tmp_path / "plain.npz", X=np.eye(3), y=[1, -1, 1])
-    assert converters.from_npz(str(tmp_path / "plain.npz"))[2] == ["plain"]
+    assert formats.from_npz(str(tmp_path / "plain.npz"))[2] == ["plain"]
 
 
 def same(a, b):
@@ -824,3 +824,54 @@ def test_reuters_stream_takes_label_mapping_and_shuffle(tmp_path, capsys):
     assert names == namesf and attrs["order"] == "shuffled"
     assert_array_equal(Yf, -Y[order])
     assert_array_equal(Xf, X[order])
+
+
+def test_a_new_format_is_one_registration(tmp_path, capsys, monkeypatch):
+    """The command line names no format: a registered FormatSpec is a --format choice, its options' defaults and
+    help come from the spec, its reader and stream reader run, and --stream of it is written like any other."""
+    def rows(inputs, options):
+        n = options["rows"]
+        return [np.arange(2.0 * n).reshape(n, 2)], [np.where(np.arange(n) % 2, 1.0, -1.0)], ["only"]
+
+    def read(inputs, options, labels, report, test=False):
+        return rows(inputs, options), None
+
+    spec = formats.FormatSpec(
+        name="toy", read=read, options=(formats.Option("rows", 3, "rows read", flag="--n-features"),),
+        stream=formats.streams.one_stream(lambda inputs, options, labels, report:
+                                          formats.streams.tasks_as_stream(*rows(inputs, options))))
+    monkeypatch.setitem(formats._REGISTRY, "toy", spec)
+    (tmp_path / "in.toy").write_text("")
+    assert "toy: rows read (3)" in formats.option_help("--n-features")
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "a.h5")
+    assert code == 0, err
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "b.h5", "--n-features", "5")
+    assert code == 0, err
+    with store.TaskFile(str(tmp_path / "a.h5")) as a, store.TaskFile(str(tmp_path / "b.h5")) as b:
+        assert (a.read_task(0).n_rows, b.read_task(0).n_rows) == (3, 5) and a.names == ["only"]
+    code, out, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "s.h5", "--stream")
+    assert code == 0, err
+    X, Y, names, attrs = read_stream(tmp_path / "s.h5")
+    assert names == ["only"] and attrs["source_format"] == "toy" and attrs["order"] == "file"
+    assert_array_equal(Y[:, 0], [-1, 1, -1])
+    code, _, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "c.h5", "--test-out",
+                           tmp_path / "ct.h5")
+    assert code == 2 and "--test-out is only for mnist (a directory) and reuters; split toy data" in err
+
+
+def test_every_format_is_registered_once_with_its_defaults():
+    """The formats --format offers, in order, and each default written in one place (the spec) and used by the
+    reader's own keyword default too."""
+    import inspect as pyinspect
+    assert formats.format_names() == ("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters", "tasks")
+    assert formats.get_format("mds").defaults() == {"n_features": 10000}
+    assert formats.get_format("reuters").defaults()["min_docs"] == 100
+    for fn, option in ((formats.from_mds, ("mds", "n_features")), (formats.from_reuters, ("reuters", "min_docs")),
+                       (formats.reuters_online, ("reuters", "min_docs")),
+                       (formats.from_reuters, ("reuters", "max_features")),
+                       (formats.reuters_online, ("reuters", "online_features")),
+                       (formats.from_mnist, ("mnist", "seed"))):
+        name = "n_features" if option[1] == "online_features" else option[1]
+        assert pyinspect.signature(fn).parameters[name].default == formats.get_format(option[0]).defaults()[option[1]]
+    with pytest.raises(ValueError, match="registered twice"):
+        formats.register_format(formats.get_format("csv"))

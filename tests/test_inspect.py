@@ -8,7 +8,7 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-from hpcmtl import converters, store
+from hpcmtl import formats, store
 from hpcmtl.cli import main
 
 
@@ -20,7 +20,7 @@ def inspect(capsys, path, *extra):
 
 def suggested(capsys, path):
     """inspect_file's answer, each suggested convert command run (it must read the file)."""
-    info = converters.inspect_file(str(path))
+    info = formats.inspect_file(str(path))
     for k, command in enumerate(info["commands"]):
         if not command.startswith("hpcmtl data convert") or "LABELS.npz" in command:
             continue
@@ -125,15 +125,15 @@ def test_npz_layouts_from_headers_only(tmp_path, capsys):
     np.savez(tmp_path / "xy.npz", X=np.eye(4), y=[1, 2, 3, 1])
     assert suggested(capsys, tmp_path / "xy.npz")["layout"].startswith("one matrix X and its labels y")
     sp.save_npz(tmp_path / "books.npz", sp.random(5, 7, density=0.4, random_state=0, format="csr"))
-    info = converters.inspect_file(str(tmp_path / "books.npz"))
+    info = formats.inspect_file(str(tmp_path / "books.npz"))
     assert info["layout"].startswith("a sparse csr 5 x 7 matrix from scipy.sparse.save_npz (14 stored values)")
     np.savez(tmp_path / "labels.npz", books=[1, -1, 1, -1, 1])
-    info = converters.inspect_file(str(tmp_path / "labels.npz"))
+    info = formats.inspect_file(str(tmp_path / "labels.npz"))
     assert info["layout"] == ("label arrays books: the labels file of matrices written by scipy.sparse.save_npz as "
                               "books.npz")
     assert info["commands"] == [f"hpcmtl data convert --format npz books.npz {tmp_path / 'labels.npz'} OUT.h5"]
     np.savez(tmp_path / "other.npz", A=np.ones((2, 2, 2)))
-    assert converters.inspect_file(str(tmp_path / "other.npz"))["layout"].startswith("no layout hpcmtl reads")
+    assert formats.inspect_file(str(tmp_path / "other.npz"))["layout"].startswith("no layout hpcmtl reads")
 
 
 def test_svmlight_layouts_from_the_first_lines(tmp_path, capsys):

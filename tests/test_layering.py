@@ -25,7 +25,7 @@ LAYERS = [
               "online_rules", "output_codes", "interior"}),
     # the only modules that talk to MPI and to HDF5
     ("io", {"cluster", "store"}),
-    ("files", {"checkpoint", "converters", "results"}),
+    ("files", {"checkpoint", "formats", "results"}),
     ("engine", {"engine"}),
     ("methods", {"dmtrl", "joint_sparse", "online", "baselines", "model_selection"}),
     ("front ends", {"estimators", "jobs", "demo"}),
@@ -160,7 +160,7 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
 def test_a_training_job_starts_without_importing_scikit_learn():
     """scikit-learn takes seconds to import, and every rank of every job would pay it at start-up (2.4 s -> 1.0 s
     for a small `train stl`): the modules a job runs import it only inside the functions that need it
-    (random features, graph kernels, converters, metrics); the estimators are loaded on demand."""
+    (random features, graph kernels, formats, metrics); the estimators are loaded on demand."""
     import subprocess
     import sys
     code = ("import sys\n"

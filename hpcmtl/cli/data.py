@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import formats
 from ..errors import InputError
 from . import Parser, _count, _positive_float
 
@@ -16,12 +17,13 @@ def add_parser(sub):
     data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     conv = dsub.add_parser("convert", help="convert a public format into a task dataset or a stream")
-    conv.add_argument("--format", required=True,
-                      choices=("malsar", "svmlight", "csv", "npz", "mnist", "mds", "reuters", "tasks"),
-                      help="tasks: an hpcmtl task dataset (to relabel it, or with --stream)")
+    conv.add_argument("--format", required=True, choices=formats.format_names(),
+                      help="; ".join(f"{s.name}: {s.help}" for s in formats.all_formats() if s.help))
     conv.add_argument("inputs", nargs="+", metavar="IN")
     conv.add_argument("output", metavar="OUT.h5")
-    conv.add_argument("--test-out", metavar="TEST.h5", help="mnist/reuters: also write the test split")
+    conv.add_argument("--test-out", metavar="TEST.h5", help="/".join(s.name for s in formats.all_formats()
+                                                                    if s.test_out is not None)
+                      + ": also write the test split")
     conv.add_argument("--stream", action="store_true",
                       help="write an online stream (train online --stream): a task dataset gives one label column "
                            "a task; a file without task ids gives one column a class or a label")
@@ -31,22 +33,19 @@ def add_parser(sub):
     conv.add_argument("--labels", metavar="MAP", default=None,
                       help="a full label mapping LABEL:VALUE,... such as 0:-1,1:1 or spam:1,ham:-1 (write "
                            "--labels=-1:1,... when it starts with a minus); an unmapped label is an error")
-    conv.add_argument("--features", metavar="COLS", default=None,
-                      help="csv: the feature columns: names or 0-based indices, ranges 3-7 or x1:x9, comma-separated")
-    conv.add_argument("--drop", metavar="COLS", default=None,
-                      help="csv: columns that are not features (as --features)")
-    conv.add_argument("--online", action="store_true", help="reuters --stream: one stream of every ModApte document "
-                      "in original order, hashed log-count features (paper 004)")
+    # the formats' options: what they mean and their defaults come from the format specs (None: not given)
+    option_help = formats.option_help
+    conv.add_argument("--features", metavar="COLS", default=None, help=option_help("--features"))
+    conv.add_argument("--drop", metavar="COLS", default=None, help=option_help("--drop"))
+    conv.add_argument("--online", action="store_true", help=option_help("--online"))
     conv.add_argument("--single-label", type=_count("--single-label"), default=None, metavar="N",
-                      help="reuters --online: only documents whose one topic is among the N most frequent")
-    conv.add_argument("--min-docs", type=_count("--min-docs"), default=100, help="reuters: minimum training documents of a topic")
-    conv.add_argument("--n-features", type=_count("--n-features"), default=None,
-                      help="svmlight: number of features; mds: hashing dimension (10000); reuters: vocabulary size (20000)")
-    conv.add_argument("--task-column", default=None,
-                      help="csv: the task column (default 'task'; with --stream a file without it is single-label)")
-    conv.add_argument("--label-column", default="y", help="csv: the label column")
+                      help=option_help("--single-label"))
+    conv.add_argument("--min-docs", type=_count("--min-docs"), default=None, help=option_help("--min-docs"))
+    conv.add_argument("--n-features", type=_count("--n-features"), default=None, help=option_help("--n-features"))
+    conv.add_argument("--task-column", default=None, help=option_help("--task-column"))
+    conv.add_argument("--label-column", default=None, help=option_help("--label-column"))
     conv.add_argument("--seed", type=_count("--seed", 0), default=0,
-                      help="mnist: the negatives drawn; --shuffle: the order of the rounds")
+                      help=option_help("--seed") + "; --shuffle: the order of the rounds")
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
     conv.add_argument("--float32", action="store_true", help="task datasets: store the features as float32 "
                       "(half the size; labels stay float64)")
@@ -176,20 +175,20 @@ def data_split(args):
 
 
 def data_standardize(args):
-    from .. import converters, store
+    from .. import store
     pairs = [(args.train, args.output)] + ([tuple(args.test)] if args.test else [])
     for _, out in pairs:
         store.check_writable(out, args.force)
     with store.TaskFile(args.train) as tf:
         blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
-    mean, scale = converters.standardization(blocks)
+    mean, scale = formats.standardization(blocks)
     for src, out in pairs:
         with store.TaskFile(src) as tf:
             if tf.n_features != mean.size:
                 raise InputError(f"{src}: has {tf.n_features} features, {args.train} has {mean.size}")
             blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
             names, truth = tf.names, tf.read_truth()
-        Xs = [converters.apply_standardization(b.X, mean, scale) for b in blocks]
+        Xs = [formats.apply_standardization(b.X, mean, scale) for b in blocks]
         store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth,
                           preprocessing={"mean": mean, "scale": scale}, force=args.force, float32=args.float32)
     print("wrote " + " and ".join(out for _, out in pairs))
@@ -234,8 +233,7 @@ def data_synth(args):
 
 def _convert_rule(args, binary=False):
     """The --positive-label / --labels rule of ``data convert`` (None when labels stay as read)."""
-    from .. import converters
-    return converters.label_rule(args.positive_label, args.labels, binary)
+    return formats.label_rule(args.positive_label, args.labels, binary)
 
 
 def _convert_attrs(args, **extra):
@@ -248,66 +246,42 @@ def _convert_attrs(args, **extra):
     return attrs
 
 
-def check_convert_options(args):
+def check_convert_options(args, spec):
     """Options of ``data convert`` that do not fit the format (one line, before reading anything)."""
     fmt, inputs = args.format, args.inputs
-    if fmt in ("csv", "reuters", "tasks") and len(inputs) != 1:
+    if spec.one_input and len(inputs) != 1:
         raise InputError(f"{fmt} takes one input, got {len(inputs)}: {', '.join(inputs)}")
-    if args.test_out and fmt not in ("mnist", "reuters"):
-        raise InputError(f"--test-out is only for mnist (a directory) and reuters; split {fmt} data with 'hpcmtl data split'")
-    if args.test_out and args.stream and fmt != "reuters":
-        raise InputError("--test-out with --stream is only for reuters; split a stream's source first")
+    if args.test_out and spec.test_out is None:
+        splits = " and ".join(s.name + (f" ({s.test_out})" if s.test_out else "") for s in formats.all_formats()
+                              if s.test_out is not None)
+        raise InputError(f"--test-out is only for {splits}; split {fmt} data with 'hpcmtl data split'")
+    if args.test_out and args.stream and not spec.stream_test_out:
+        streams = " and ".join(s.name for s in formats.all_formats() if s.stream_test_out)
+        raise InputError(f"--test-out with --stream is only for {streams}; split a stream's source first")
     if args.float32 and args.stream:
         raise InputError("--float32 is for task datasets; a stream stores float64 (the online kernels read float64)")
     if args.shuffle and not args.stream:
         raise InputError("--shuffle orders the rounds of a stream: add --stream (task datasets keep the file's order)")
     for option, value in (("--features", args.features), ("--drop", args.drop)):
-        if value is not None and fmt != "csv":
+        if value is not None and not spec.takes(option):
             raise InputError(f"{option} selects CSV columns; --format {fmt} has none")
 
 
 def data_convert(args):
-    from .. import converters, store
+    from .. import store
     outputs = [args.output] + ([args.test_out] if args.test_out else [])
     for path in outputs:
         store.check_writable(path, args.force)
-    check_convert_options(args)
-    fmt, inputs = args.format, args.inputs
+    spec = formats.get_format(args.format)
+    check_convert_options(args, spec)
+    options = spec.resolve(vars(args))
     if args.stream:
-        return reuters_stream(args) if fmt == "reuters" else data_stream(args)
+        return data_stream(args, spec, options)
     labels = _convert_rule(args)
-    test = None
     attrs = _convert_attrs(args)
-    if fmt == "malsar":
-        train = converters.from_malsar(inputs, labels)
-    elif fmt == "svmlight":
-        train = converters.from_svmlight(inputs, args.n_features, labels)
-    elif fmt == "csv":
-        train = converters.from_csv(inputs[0], args.task_column or "task", args.label_column, args.features,
-                                    args.drop, labels, report=print)
-    elif fmt == "npz":
-        train = converters.from_npz(inputs, labels)
-    elif fmt == "tasks":
-        train = converters.from_task_file(inputs[0], labels)
-    elif fmt == "mnist":
-        if len(inputs) == 1 and os.path.isdir(inputs[0]):
-            d = inputs[0]
-            train = converters.mnist_one_vs_all(os.path.join(d, "train-images-idx3-ubyte.gz"),
-                                                os.path.join(d, "train-labels-idx1-ubyte.gz"), args.seed, labels)
-            if args.test_out:
-                test = converters.mnist_one_vs_all(os.path.join(d, "t10k-images-idx3-ubyte.gz"),
-                                                   os.path.join(d, "t10k-labels-idx1-ubyte.gz"), args.seed, labels)
-        else:
-            train = converters.from_mnist(inputs, args.seed, labels)
-    elif fmt == "mds":
-        train = converters.from_mds(inputs, args.n_features or 10000, labels)
-    else:  # reuters
-        train, test = converters.from_reuters(inputs[0], args.min_docs, args.n_features or 20000, labels)
-    if args.test_out and test is None:
-        raise InputError(f"{inputs[0]}: no ModApte TEST documents for --test-out" if fmt == "reuters"
-                         else "mnist --test-out needs the MNIST directory (the t10k files are read from it)")
+    train, test = spec.read(args.inputs, options, labels, print, test=bool(args.test_out))
     if labels is not None:
-        labels.check_used(", ".join(inputs))
+        labels.check_used(", ".join(args.inputs))
     store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force, float32=args.float32)
     written = [args.output]
     if args.test_out:
@@ -318,59 +292,36 @@ def data_convert(args):
     return 0
 
 
-def data_stream(args):
-    """``data convert --stream`` of every format but reuters: any task dataset or labeled file -> a stream."""
-    from .. import converters, store
-    labels = converters.LabelRule(args.positive_label, args.labels, binary=True)
-    X, Y, names, what = converters.stream_from(
-        args.format, args.inputs, labels, n_features=args.n_features, task_column=args.task_column,
-        label_column=args.label_column, features=args.features, drop=args.drop, seed=args.seed, report=print)
-    extra = {"order": "file"}
-    if args.shuffle:
-        X, Y = converters.shuffle_rows(X, Y, args.seed)
-        extra = {"order": "shuffled", "shuffle_seed": args.seed}
-    store.write_stream(args.output, X, Y, label_names=names, force=args.force, attrs=_convert_attrs(args, **extra))
-    print(f"wrote {args.output}: {X.shape[0]} rounds, {X.shape[1]} features, {len(names)} label column"
-          f"{'s' if len(names) > 1 else ''} ({what}{'; shuffled' if args.shuffle else ''}): "
-          f"{converters.short_list(names)}")
-    return 0
-
-
-def reuters_stream(args):
-    from .. import converters, store
-    labels = _convert_rule(args)
-    extra = {"order": "shuffled", "shuffle_seed": args.seed} if args.shuffle else {}
-
-    def write(path, X, Y, topics, split, **attrs):
-        Y = converters.map_stream_labels(Y, topics, f"{args.inputs[0]} ({split})", labels)
+def data_stream(args, spec, options):
+    """``data convert --stream``: the format's streams, shuffled with --shuffle, written with the convert attrs."""
+    from .. import store
+    if spec.stream is None:
+        raise InputError(f"--stream does not read format '{args.format}'")
+    written = []
+    for s in spec.stream(args.inputs, options, (args.positive_label, args.labels), print, test=bool(args.test_out)):
+        X, Y, attrs = s.X, s.Y, s.attrs
         if args.shuffle:
-            X, Y = converters.shuffle_rows(X, Y, args.seed)
-        store.write_stream(path, X, Y, label_names=topics, force=args.force,
-                           attrs=_convert_attrs(args, **{**attrs, **extra}))
-
-    if args.online:
-        X, Y, topics = converters.reuters_online(args.inputs[0], args.n_features or 2 ** 16,
-                                                 args.min_docs, args.single_label)
-        write(args.output, X, Y, topics, "stream", order="NEWID")
-        print(f"wrote {args.output}: {X.shape[0]} rounds, {len(topics)} labels")
-        return 0
-    train, test = converters.read_reuters(args.inputs[0])
-    topics = converters.reuters_topics(train, args.min_docs)
-    Xtr, Xte = converters.reuters_features(train, test, args.n_features or 20000)
-    write(args.output, Xtr, converters.reuters_labels(train, topics), topics, "ModApte TRAIN")
-    written = [args.output]
-    if args.test_out:
-        write(args.test_out, Xte, converters.reuters_labels(test, topics), topics, "ModApte TEST")
-        written.append(args.test_out)
-    print("wrote " + " and ".join(written))
+            X, Y = formats.shuffle_rows(X, Y, args.seed)
+            attrs = {**attrs, "order": "shuffled", "shuffle_seed": args.seed}
+        path = args.test_out if s.split == "test" else args.output
+        store.write_stream(path, X, Y, label_names=s.names, force=args.force, attrs=_convert_attrs(args, **attrs))
+        written.append((path, X, s))
+    if len(written) == 1 and written[0][2].what is not None:
+        path, X, s = written[0]
+        print(f"wrote {path}: {X.shape[0]} rounds, {X.shape[1]} features, {len(s.names)} label column"
+              f"{'s' if len(s.names) > 1 else ''} ({s.what}{'; shuffled' if args.shuffle else ''}): "
+              f"{formats.short_list(s.names)}")
+    elif len(written) == 1 and written[0][2].note:
+        print(f"wrote {written[0][0]}: {written[0][2].note}")
+    else:
+        print("wrote " + " and ".join(path for path, _, _ in written))
     return 0
 
 
 def data_inspect(args):
-    from .. import converters
-    info = converters.inspect_file(args.input)
+    info = formats.inspect_file(args.input)
     if args.json:
         print(json.dumps(info))
     else:
-        print("\n".join(converters.inspection_lines(info)))
+        print("\n".join(formats.inspection_lines(info)))
     return 0

@@ -1,0 +1,169 @@
+"""Checks shared by every format: paths, numbers, task shapes and names, each problem named in the input's terms.
+
+A reader returns a *source*: ``('tasks', Xs, ys, names, locate)`` or
+``('labeled', Labeled)`` (one matrix and its labels, the input of a stream).
+``locate(i, field, row=None, column=None)`` names task ``i``'s ``field``
+('X' or 'y') in the input file, down to the row and column when given.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import InputError
+
+
+def require_path(path):
+    """``path`` exists (a file or a directory)."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or directory")
+
+
+def require_file(path):
+    """``path`` is an existing regular file (not a directory)."""
+    require_path(path)
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a file")
+
+
+def numeric_array(a, at):
+    """``a`` as float64 (CSR if sparse), or an InputError naming ``at`` when it is not numbers."""
+    kind = a.dtype.kind if sp.issparse(a) else np.asarray(a).dtype.kind
+    if kind in "US":
+        sample = np.asarray(a).ravel()[:1]
+        shown = f" ({str(sample[0])!r})" if sample.size else ""
+        raise InputError(f"{at}: holds text{shown}, not numbers")
+    if kind == "O":
+        raise InputError(f"{at}: holds a cell array or objects, not a numeric matrix")
+    if kind == "V":
+        raise InputError(f"{at}: holds a struct or record, not a numeric matrix")
+    if kind == "c":
+        raise InputError(f"{at}: holds complex numbers")
+    if kind not in "biuf":
+        raise InputError(f"{at}: holds {a.dtype} values, not numbers")
+    if sp.issparse(a):
+        return sp.csr_matrix(a, dtype=np.float64)
+    return np.asarray(a, dtype=np.float64)
+
+
+def first_nonfinite(X):
+    """``(row, column, value)`` of the first NaN or Inf of ``X`` (dense or CSR), or None."""
+    if sp.issparse(X):
+        bad = np.flatnonzero(~np.isfinite(X.data))
+        if not bad.size:
+            return None
+        k = int(bad[0])
+        return int(np.searchsorted(X.indptr, k, side="right")) - 1, int(X.indices[k]), X.data[k]
+    bad = np.argwhere(~np.isfinite(X))
+    if not bad.size:
+        return None
+    return tuple(int(v) for v in bad[0]) + (X[tuple(bad[0])],)
+
+
+def tasks_of(source, labels):
+    """``(Xs, ys, names)`` of a MATLAB or npz source: one labeled table split by task, or one matrix a task."""
+    if source[0] == "labeled":
+        return source[1].as_task(labels)
+    _, Xs, ys, names, locate = source
+    return Xs, check_tasks(Xs, ys, locate, labels), names
+
+
+def check_tasks(Xs, ys, locate, labels=None):
+    """The checks ``store.write_tasks`` makes, reported where the problem is in the input.
+
+    ``locate(i, field, row=None, column=None)`` names task ``i``'s ``field``
+    ('X' or 'y') in the input file, down to the row (0-based) and column when
+    given: a cell of a .mat file, an array of a .npz file, a line of a text
+    file.  ``labels`` (a :class:`LabelRule`) maps the labels first (they may
+    then be text).  Returns ``ys`` as 1-D float arrays.
+    """
+    d = None
+    out = []
+    for i, (X, y) in enumerate(zip(Xs, ys)):
+        if X.ndim != 2:
+            raise InputError(f"{locate(i, 'X')}: expected a 2-D matrix (rows x features), got shape {X.shape}")
+        n = X.shape[0]
+        if n == 0:
+            raise InputError(f"{locate(i, 'X')}: no rows (every task needs at least one sample)")
+        if d is None:
+            d = X.shape[1]
+            if d == 0:
+                raise InputError(f"{locate(i, 'X')}: no feature columns")
+        elif X.shape[1] != d:
+            raise InputError(f"{locate(i, 'X')}: has {X.shape[1]} features, the first task has {d}")
+        y = y.toarray() if sp.issparse(y) else np.asarray(y)
+        if y.ndim > 2 or y.size != n or (y.ndim == 2 and 1 not in y.shape):
+            raise InputError(f"{locate(i, 'y')}: has shape {y.shape}, expected {n} labels (one per row of X)")
+        y = y.reshape(-1)
+        bad = first_nonfinite(X)
+        if bad is not None:
+            raise InputError(f"{locate(i, 'X', bad[0], bad[1])}: {bad[2]} is not a finite number")
+        if labels is not None and labels.maps:
+            y = labels.apply(y, lambda r, i=i: locate(i, "y", r))
+        elif y.dtype.kind not in "biuf":
+            y = numeric_array(y, locate(i, "y"))
+        y = np.asarray(y, dtype=np.float64)
+        bad = first_nonfinite(y.reshape(-1, 1))
+        if bad is not None:
+            raise InputError(f"{locate(i, 'y', bad[0])}: {bad[2]} is not a finite number")
+        if labels is not None:
+            labels.check_binary(y, lambda r, i=i: locate(i, "y", r))
+        out.append(y)
+    return out
+
+
+def check_name(name, where):
+    """A task name is one printable line (it appears in messages, tables and file listings)."""
+    name = str(name)
+    if not name:
+        raise InputError(f"{where}: empty task name")
+    if not name.isprintable():
+        raise InputError(f"{where}: task name {name!r} holds a line break or control character")
+    return name
+
+
+def locate_in(source, names):
+    """``locate`` for generated tasks: the source and the task name."""
+    def locate(i, field, row=None, column=None):
+        where = f"{source}: task '{names[i]}'"
+        if row is not None:
+            where += f", row {row + 1}"
+        return where + (f", feature {column + 1}" if column is not None else "")
+    return locate
+
+
+class Labeled:
+    """One matrix and its labels (a single-label or multi-label file): the input of a stream.
+
+    ``y`` is a 1-D array (numbers, or text from a CSV file), a 2-D n x k label
+    matrix (multi-label), or a list of label tuples (svmlight multi-label);
+    ``locate(i, field, row=None, column=None)`` (``i`` ignored) names a place
+    in the input as :func:`check_tasks` does; ``name`` names the one label
+    column of a +-1 file; ``source`` is the input path (of the labels), and
+    ``task_name`` the name of the file as one task (default: after ``source``).
+    """
+
+    def __init__(self, X, y, locate, name, source, task_name=None):
+        self.X, self.y, self.locate, self.name, self.source = X, y, locate, name, source
+        self.task_name = task_name or stem(source)
+
+    def as_task(self, labels=None):
+        """The file as one task named after it: ``(Xs, ys, names)``."""
+        X = self.X
+        if X.ndim != 2:
+            raise InputError(f"{self.locate(0, 'X')}: expected a 2-D matrix (rows x features), got shape {X.shape}")
+        ys = check_tasks([X], [self.y], self.locate, labels)
+        return [X], ys, [self.task_name]
+
+
+def stem(path):
+    return os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+
+
+def file_names(paths):
+    """Task names from file names (``task0``, ``task1``, ... when two files share a name)."""
+    names = [stem(p) for p in paths]
+    return names if len(set(names)) == len(names) else [f"task{i}" for i in range(len(paths))]
+
