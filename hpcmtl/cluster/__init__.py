@@ -42,7 +42,7 @@ from ..errors import InputError, Preempted
 from .base import CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, Cluster, displacements
 from .failure import (TERMINATION_SIGNALS, AgreedError, SignalFlag, StopRequested, fault_point, launched_by_mpi,
                       launcher_rank)
-from .mpi import SLEEP_SECONDS, SPIN_SECONDS, WAIT_VARIABLE, MPICluster, waits_by_sleeping
+from .mpi import SLEEP_SECONDS, SPIN_SECONDS, WAIT_VARIABLE, MPICluster, waits_by_sleeping, world
 from .partition import Block, plan_blocks
 from .serial import SerialCluster
 
@@ -64,12 +64,11 @@ def connect(comm=None) -> Cluster:
     that no MPI launcher started runs serial; one that a launcher started fails as before (ImportError)."""
     if comm is None:
         try:
-            from mpi4py import MPI
+            comm = world()
         except ImportError:
             if launched_by_mpi():
                 raise
             return SerialCluster()
-        comm = MPI.COMM_WORLD
     return MPICluster(comm) if comm.Get_size() > 1 else SerialCluster()
 
 

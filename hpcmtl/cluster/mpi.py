@@ -22,6 +22,12 @@ SPIN_SECONDS = 5e-5                  # sleeping waits: spin this long first (a r
 SLEEP_SECONDS = 1e-4                 # then test every 0.1 ms
 
 
+def world():
+    """``MPI.COMM_WORLD`` (ImportError without mpi4py)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
 def waits_by_sleeping(comm, MPI) -> bool:
     """Whether this run's ranks should sleep while they wait (``HPCMTL_MPI_WAIT``: ``spin``, ``sleep``, or
     ``auto``: when some node runs more ranks than the CPUs its ranks may use together, e.g. ``mpiexec -n 5``
