@@ -396,7 +396,8 @@ class LocalBase:
     COMMANDS = (EngineCommand,)
 
     def __init__(self, cluster, blocks, config, test_blocks=None):
-        self.cluster = cluster          # for the rank (fault hooks, worker index); computations never call it
+        self.cluster = cluster          # planned: the rank (fault hooks) and the plan the run follows (run());
+                                        # computations never call it
         self.blocks = blocks
         self.test_blocks = test_blocks or {}
         self.config = config
@@ -540,10 +541,11 @@ def run(local, make_server, rss_before_data, resume=None):
 
     The run's plan is the one ``local`` was made under (``local.cluster``, a
     planned cluster): this rank's :class:`Endpoint` and the server
-    (``make_server(cluster)``) use that cluster.  Returns ``(server, outcome, rank_stats)`` on the server, where rank_stats is a
-    ``(P x 3)`` array of (RSS before data, partition MB, peak RSS MB) per rank,
-    and None on workers.  However the server ends (done, preempted, failed), it
-    tells the workers, so no rank is left waiting in a collective.
+    (``make_server(cluster)``) use that cluster.  Returns ``(server, outcome,
+    rank_stats)`` on the server, where rank_stats is a ``(P x 3)`` array of
+    (RSS before data, partition MB, peak RSS MB) per rank, and None on
+    workers.  However the server ends (done, preempted, failed), it tells the
+    workers, so no rank is left waiting in a collective.
     """
     cluster = local.cluster
     endpoint = Endpoint(cluster, local)

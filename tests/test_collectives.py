@@ -193,6 +193,26 @@ def test_without_mpi4py_a_process_no_launcher_started_runs_serial(launched, expe
     assert r.stdout.strip() == expected
 
 
+def test_a_training_job_without_mpi4py_runs_serial_to_the_same_model(tmp_path):
+    """``hpcmtl train`` without mpiexec and without mpi4py: the serial backend, the same bits as with mpi4py."""
+    from hpcmtl import store
+    from conftest import run_hpcmtl
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.02", "--seed", "5"]).returncode == 0
+    args = ["train", "dmtrl", "--train", str(tr), "--loss", "hinge", "--lam", "1e-2", "--tol", "1e-4", "--outer", "2",
+            "--quiet", "--force", "--out"]
+    r = run_hpcmtl(args + [tmp_path / "with.h5"])
+    assert r.returncode == 0, r.stderr
+    code = "import sys; sys.modules['mpi4py'] = None; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, *args, str(tmp_path / "without.h5")], capture_output=True,
+                       text=True, timeout=180, cwd=ROOT, env=launcher_free_env())
+    assert r.returncode == 0, r.stderr
+    a, b = store.read_result(tmp_path / "with.h5"), store.read_result(tmp_path / "without.h5")
+    assert b["n_ranks"] == 1
+    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+    assert a["history"]["primal"].tobytes() == b["history"]["primal"].tobytes()
+
+
 def test_the_serial_backend_never_imports_mpi4py():
     code = ("import sys\n"
             "from hpcmtl.cluster import Cluster\n"
