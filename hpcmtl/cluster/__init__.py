@@ -53,8 +53,7 @@ __all__ = ["Block", "plan_blocks", "Cluster", "SerialCluster", "MPICluster", "co
 
 ABORT_GRACE_SECONDS = 0.5            # a failing rank's line, written and flushed, before MPI_Abort: the launcher
                                      # forwards ranks' stderr through its own event loop, and an abort it handles
-                                     # first ends the job with the line unread (seen once in 4 CI runs of
-                                     # test_reliability's fault test: the job ended, its one line missing)
+                                     # first would end the job with the line unread
 
 
 def connect(comm=None) -> Cluster:
