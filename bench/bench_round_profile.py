@@ -37,7 +37,7 @@ def category(filename, function):
     base = os.path.basename(filename)
     if "mpi4py" in filename or "mpi4py" in function or "time.sleep" in function:     # sleep: Cluster.complete
         return "collectives"
-    if base == "cluster.py":
+    if base == "cluster.py" or os.path.basename(os.path.dirname(filename)) == "cluster":     # hpcmtl/cluster/
         return "collectives"
     if base == "dmtrl.py":
         worker = ("LocalBlocks", "trial", "sdca", "local", "apply", "from_", "dense_rows", "support_values",

@@ -30,13 +30,12 @@ GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def fit(method, path, lam):
-    from mpi4py import MPI
     with store.TaskFile(path) as src:
         if method == "mtrl":
             return mtrl_central(src, DMTRLConfig(loss="squared", lam=lam, outer=10, outer_tol=1e-6, fit_intercept=False))
         cfg = DMTRLConfig(loss="squared", lam=lam, tol=1e-8, max_rounds=20000, relationship="identity",
                           fit_intercept=False)
-        return train(Cluster(MPI.COMM_SELF), src, cfg)
+        return train(Cluster.serial(), src, cfg)
 
 
 def rmse(W, path):

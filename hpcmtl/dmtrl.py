@@ -2446,7 +2446,7 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
     make_local = make_local or engine.local_reader(functools.partial(LocalBlocks, consume=True), cluster, source,
                                                    config, test_source)
 
-    def make_server():
+    def make_server(cluster):          # the planned cluster the local state was read under
         return (server_class or Server)(cluster, source, config, sigma_fixed, progress, checkpointer, test=test_source is not None,
                       warn=warn)
 

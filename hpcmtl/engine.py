@@ -10,7 +10,7 @@ cluster) and a server side (a :class:`ServerBase` driving rounds).
 The protocol: the server calls ``ServerBase.command(cmd, payload, **fields)``,
 which broadcasts the control (``[id, field 1, field 2, field 3]``, 4 int64)
 and then runs :meth:`Endpoint.execute`, exactly what every worker runs when it
-receives that control in :func:`serve`: the command's down collective
+receives that control in :meth:`Endpoint.serve`: the command's down collective
 (``cmd.down``: Scatterv of per-block rows, Scatterv of per-rank vectors, Bcast
 of a shared vector, or nothing), the computation on the rank's own blocks
 (the server's are nonempty only when P = 1), and the command's up collective
@@ -178,9 +178,17 @@ class Endpoint:
 # ---------------------------------------------------------------------------
 # Loading: every rank reads only its own blocks, and all ranks fail together
 # ---------------------------------------------------------------------------
-def load_blocks(cluster, source, config, test_source=None, prepare=True):
-    """Plan the blocks, read this rank's rows (and test rows) and validate them.
+def planned_for(cluster, source, config):
+    """``cluster`` under the plan of ``source``'s blocks: balanced by non-zeros over its workers, tasks cut
+    under ``config.split_tasks`` (:func:`hpcmtl.cluster.plan_blocks`)."""
+    return cluster.planned(plan_blocks(source.n_samples, source.nnz, cluster.n_workers, config.split_tasks))
 
+
+def load_blocks(cluster, source, config, test_source=None, prepare=True):
+    """Read this rank's rows (and test rows) of ``cluster``'s plan and validate them.
+
+    ``cluster``: planned (:func:`planned_for`); an unplanned one is planned
+    here the same way, for callers that want only this rank's blocks.
     ``config`` needs ``loss``, ``positive_label``, ``split_tasks``, ``rff_dim``,
     ``rff_gamma`` and ``seed``; with a ``positive_label`` the labels of two classes
     become -1/+1 as they are read (``losses.signed_labels``), test labels too; with
@@ -191,8 +199,8 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
     data collective starts.
     """
     loss = get_loss(config.loss)
-    blocks = plan_blocks(source.n_samples, source.nnz, cluster.n_workers, config.split_tasks)
-    cluster.set_plan(blocks)
+    if not cluster.is_planned:
+        cluster = planned_for(cluster, source, config)
     error = None
     mine, tests = [], {}
     phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
@@ -388,7 +396,8 @@ class LocalBase:
     COMMANDS = (EngineCommand,)
 
     def __init__(self, cluster, blocks, config, test_blocks=None):
-        self.cluster = cluster          # for the rank (fault hooks, worker index); computations never call it
+        self.cluster = cluster          # planned: the rank (fault hooks) and the plan the run follows (run());
+                                        # computations never call it
         self.blocks = blocks
         self.test_blocks = test_blocks or {}
         self.config = config
@@ -439,11 +448,6 @@ class LocalBase:
         return total / 2 ** 20
 
 
-def serve(cluster, local):
-    """Worker loop: obey the server's commands until STOP; return (reason, exit code)."""
-    return Endpoint(cluster, local).serve()
-
-
 # ---------------------------------------------------------------------------
 # Server side
 # ---------------------------------------------------------------------------
@@ -456,6 +460,8 @@ class ServerBase:
         self.m = source.n_tasks
         self.n = np.asarray(source.n_samples, dtype=np.float64)
         self.names = list(source.names)
+        if not cluster.is_planned:
+            raise ValueError("a server runs under a plan: pass a planned cluster (Cluster.planned)")
         self.blocks = cluster.blocks
         self.block_task = np.array([b.task for b in self.blocks], dtype=np.int64)
         self.progress = progress
@@ -530,14 +536,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run(cluster, local, make_server, rss_before_data, resume=None):
+def run(local, make_server, rss_before_data, resume=None):
     """Workers serve, the server runs; every rank ends with the server's outcome.
 
-    Returns ``(server, outcome, rank_stats)`` on the server, where rank_stats is a
-    ``(P x 3)`` array of (RSS before data, partition MB, peak RSS MB) per rank,
-    and None on workers.  However the server ends (done, preempted, failed), it
-    tells the workers, so no rank is left waiting in a collective.
+    The run's plan is the one ``local`` was made under (``local.cluster``, a
+    planned cluster): this rank's :class:`Endpoint` and the server
+    (``make_server(cluster)``) use that cluster.  Returns ``(server, outcome,
+    rank_stats)`` on the server, where rank_stats is a ``(P x 3)`` array of
+    (RSS before data, partition MB, peak RSS MB) per rank, and None on
+    workers.  However the server ends (done, preempted, failed), it tells the
+    workers, so no rank is left waiting in a collective.
     """
+    cluster = local.cluster
     endpoint = Endpoint(cluster, local)
     stats = lambda: (rss_before_data, local.partition_mb(), peak_rss_mb())  # noqa: E731
     if not cluster.is_server:
@@ -548,7 +558,7 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
             raise StopRequested(code)
         cluster.gather_objects(stats())
         return None
-    server = make_server()
+    server = make_server(cluster)
     server.endpoint = endpoint
     try:
         outcome = server.run(resume)
@@ -568,8 +578,9 @@ def run(cluster, local, make_server, rss_before_data, resume=None):
 def local_reader(local_class, cluster, source, config, test_source=None):
     """``make_local`` for :func:`train` when the local state is ``local_class(cluster, blocks, config, tests)``."""
     def make_local():
-        blocks, tests = load_blocks(cluster, source, config, test_source)
-        return local_class(cluster, blocks, config, tests)
+        planned = planned_for(cluster, source, config)
+        blocks, tests = load_blocks(planned, source, config, test_source)
+        return local_class(planned, blocks, config, tests)
     return make_local
 
 
@@ -598,8 +609,9 @@ def train(cluster, make_local, make_server, build_result, resume=None):
     """What every method's ``train`` does around its own classes, on every rank.
 
     ``make_local()`` reads this rank's data and returns its :class:`LocalBase`
-    (the RSS before it is the "before data" figure); ``make_server()`` builds
-    the server (rank 0 only); ``resume`` is a zero-argument checkpoint reader
+    over a planned cluster (the RSS before it is the "before data" figure);
+    ``make_server(cluster)`` builds the server on that planned cluster (rank 0
+    only); ``resume`` is a zero-argument checkpoint reader
     (called on the server, inside the run) or None; ``build_result(server,
     outcome, extra)`` makes the server's result, ``extra`` holding the
     per-rank memory figures.  Returns that result on the server, None on workers.
@@ -608,7 +620,7 @@ def train(cluster, make_local, make_server, build_result, resume=None):
     with one_blas_thread():
         local = make_local()
         state = resume if resume is not None and cluster.is_server else None
-        outcome = run(cluster, local, make_server, rss_before_data, state)
+        outcome = run(local, make_server, rss_before_data, state)
     if outcome is None:
         return None
     server, value, ranks = outcome

@@ -258,7 +258,7 @@ def train(cluster, source, config: JointSparseConfig, test_source=None, W0=None,
 
     make_local = make_local or engine.local_reader(LocalGradients, cluster, source, config, test_source)
 
-    def make_server():
+    def make_server(cluster):          # the planned cluster the local state was read under
         return (server_class or Server)(cluster, source, config, W0, progress, checkpointer,
                                         test=test_source is not None, radii=radii, b0=b0)
 

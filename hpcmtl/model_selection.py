@@ -383,8 +383,9 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
         return (dataclasses.replace(config, lam=value) if selection.name == "lam" else config), sigmas[g]
     warn = warn or (lambda text: None)
     center = engine.intercept_mode(config) == "center"
-    blocks, tests = engine.load_blocks(cluster, source, config, test_source, prepare=not center)
-    plan = list(cluster.blocks)
+    whole = engine.planned_for(cluster, source, config)          # every training row: the refit's plan
+    blocks, tests = engine.load_blocks(whole, source, config, test_source, prepare=not center)
+    plan = list(whole.blocks)
     stratify = get_loss(config.loss).binary_labels
     folds, task_ids = local_folds(source, blocks, selection, config.seed, stratify)
     shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
@@ -402,17 +403,17 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     converged, fold_scores = np.ones(G, dtype=np.int64), np.zeros((G, n_folds))
     snapshots = [None] * G
     for f in range(n_folds):
-        cluster.set_plan(shared["plans"][f])
+        fold = cluster.planned(shared["plans"][f])
         rows = TrainingRows(source, shared["counts"][f],
                             {t: m[f] for t, m in all_means.items()} if all_means is not None else None)
-        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks, means)
+        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], fold.my_blocks, means)
         local = None
         for g, value in enumerate(grid):
             cfg, sigma = point(g)
             if local is None or not warm:
-                local = PathBlocks(cluster, train_blocks, cfg, held_out=held)
+                local = PathBlocks(fold, train_blocks, cfg, held_out=held)
             local.config = cfg
-            result, server = fit(cluster, rows, cfg, local, sigma, warn, warm=warm and g > 0, validate=True)
+            result, server = fit(fold, rows, cfg, local, sigma, warn, warm=warm and g > 0, validate=True)
             if f == n_folds - 1 and warm:
                 snapshots[g] = [st.alpha.copy() for st in local.state]
             if result is None:
@@ -428,7 +429,6 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     scores = fold_scores.mean(axis=1)
     chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
     # the refit on every training row, from the chosen point's alpha (zero on its validation rows)
-    cluster.set_plan(plan)
     cfg, sigma = point(chosen)
     alpha = None
     if warm:
@@ -439,8 +439,8 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
             alpha.append(full)
     if center:                                  # the refit: centered on the whole task's means, as a single run
         blocks = [engine.with_intercept(b, config, source, phi) for b in blocks]
-    local = PathBlocks(cluster, blocks, cfg, tests, alpha=alpha)
-    result, _ = fit(cluster, source, cfg, local, sigma, warn, warm=warm, progress=progress,
+    local = PathBlocks(whole, blocks, cfg, tests, alpha=alpha)
+    result, _ = fit(whole, source, cfg, local, sigma, warn, warm=warm, progress=progress,
                     test_source=test_source)
     if result is None:
         return None
@@ -467,17 +467,25 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     return out
 
 
+class ServerMaker:
+    """A method's ``server_class`` that keeps the server it made: a fold's validation scores are the server's
+    (``server`` stays None on workers, which make none)."""
+
+    def __init__(self, server_class, **options):
+        self.server_class, self.options, self.server = server_class, options, None
+
+    def __call__(self, *args, **kwargs):
+        self.server = self.server_class(*args, **self.options, **kwargs)
+        return self.server
+
+
 def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None):
-    """One grid point (or the refit): a DMTRL fit over ``local``'s blocks; (result, server) on the server."""
-    made = []
-
-    def server_class(*args, **kwargs):
-        made.append(PathServer(*args, warm=warm, validate=validate, **kwargs))
-        return made[-1]
-
+    """One grid point (or the refit): a DMTRL fit over ``local``'s blocks (its cluster's plan); (result, server)
+    on the server, (None, None) on workers."""
+    maker = ServerMaker(PathServer, warm=warm, validate=validate)
     result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
-                         make_local=lambda: local, server_class=server_class)
-    return result, (made[0] if made else None)
+                         make_local=lambda: local, server_class=maker)
+    return result, maker.server
 
 
 def score_of(server, info, f, metric, scores=None):
@@ -559,8 +567,9 @@ def train_radius_path(cluster, source, config, selection: Selection, test_source
     config.validate()
     selection.validate(config.loss)
     selection.check_sizes(source)
-    blocks, tests = engine.load_blocks(cluster, source, config, test_source)
-    plan = list(cluster.blocks)
+    whole = engine.planned_for(cluster, source, config)          # every training row: the refit's plan
+    blocks, tests = engine.load_blocks(whole, source, config, test_source)
+    plan = list(whole.blocks)
     folds, _ = local_folds(source, blocks, selection, config.seed, get_loss(config.loss).binary_labels)
     shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
     grid, n_folds = selection.grid, selection.n_folds
@@ -569,19 +578,15 @@ def train_radius_path(cluster, source, config, selection: Selection, test_source
     fold_scores, selected = np.zeros((G, n_folds)), np.zeros((G, n_folds), dtype=np.int64)
     last = None
     for f in range(n_folds):
-        cluster.set_plan(shared["plans"][f])
-        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], cluster.my_blocks)
-        made = []
-
-        def server_class(*args, **kwargs):
-            made.append(RadiusServer(*args, **kwargs))
-            return made[-1]
-        result = joint_sparse.train(cluster, TrainingRows(source, shared["counts"][f]), config, radii=grid,
-                                    make_local=lambda: RadiusBlocks(cluster, train_blocks, config, held),
-                                    server_class=server_class)
+        fold = cluster.planned(shared["plans"][f])
+        train_blocks, held = cut(blocks, folds, f, shared["counts"][f], fold.my_blocks)
+        maker = ServerMaker(RadiusServer)
+        result = joint_sparse.train(fold, TrainingRows(source, shared["counts"][f]), config, radii=grid,
+                                    make_local=lambda: RadiusBlocks(fold, train_blocks, config, held),
+                                    server_class=maker)
         if result is None:
             continue
-        server, last = made[0], result
+        server, last = maker.server, result
         marks = np.asarray(server.marks)
         rounds += np.diff(marks[:, 0]).astype(np.int64)
         seconds += np.diff(marks[:, 1])
@@ -593,13 +598,12 @@ def train_radius_path(cluster, source, config, selection: Selection, test_source
                      f"validation {selection.metric} {fold_scores[g, f]:.6g}")
     scores = fold_scores.mean(axis=1)
     chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
-    cluster.set_plan(plan)
     W0 = b0 = None
     if last is not None and selection.warm_start:
         W0, b0 = last.path["W"][chosen], last.path["intercept"][chosen]
-    result = joint_sparse.train(cluster, source, config, test_source, W0=W0, b0=b0, progress=progress,
+    result = joint_sparse.train(whole, source, config, test_source, W0=W0, b0=b0, progress=progress,
                                 radii=[grid[chosen]],
-                                make_local=lambda: joint_sparse.LocalGradients(cluster, blocks, config, tests))
+                                make_local=lambda: joint_sparse.LocalGradients(whole, blocks, config, tests))
     if result is None:
         return None
     warnings = []

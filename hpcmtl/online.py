@@ -326,12 +326,12 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
     from .cluster import plan_blocks
     rule = config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)
 
-    def make_local():
-        cluster.set_plan(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
-                                     cluster.n_workers))
-        return LocalColumns(cluster, source, config)
+    def make_local():           # whole tasks over the stream, one unit each
+        planned = cluster.planned(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
+                                              cluster.n_workers))
+        return LocalColumns(planned, source, config)
 
-    def make_server():
+    def make_server(cluster):          # the planned cluster the local state was read under
         return OnlineServer(cluster, source, config, rule, progress, checkpointer)
 
     def result(server, _, extra):

@@ -1,6 +1,7 @@
 """The package's layering, checked mechanically on the source (docs/architecture.md draws the same map).
 
-* mpi4py is imported only in ``cluster.py`` and h5py only in the ``store/`` package;
+* mpi4py is imported only in ``cluster`` (its MPI backend, ``cluster/mpi.py``) and h5py only in the
+  ``store/`` package;
 * every module of ``hpcmtl`` has a layer in :data:`LAYERS`, and imports only
   modules of its own layer or below (a new module must be placed here first);
 * the import graph has no cycle (within a layer too).
@@ -98,6 +99,16 @@ def test_mpi_and_hdf5_each_imported_in_one_module():
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name} "
                              f"(only {ONLY_IN[name]} may)")
     assert not wrong, "\n".join(wrong)
+
+
+def test_within_cluster_only_the_mpi_backend_imports_mpi4py():
+    """The serial backend (what the estimators and every in-process run use) must run without mpi4py: inside
+    cluster/, only mpi.py imports it."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sources()
+             if module_name(path) == "cluster" and path.name != "mpi.py"
+             for kind, name, line in imports_of(path) if kind == "external" and name == "mpi4py"]
+    assert (PACKAGE / "cluster" / "mpi.py").exists()
+    assert not wrong, f"only hpcmtl/cluster/mpi.py may import mpi4py: {wrong}"
 
 
 def test_every_module_has_a_layer():

@@ -92,6 +92,9 @@ def test_command_line_defaults_types_and_choices_come_from_the_table():
 
 
 def test_estimators_run_on_cluster_serial_without_importing_mpi4py():
+    """An estimator's fit runs on the serial backend: in a fresh interpreter, mpi4py is not imported after it."""
+    import subprocess
+    import sys
     from hpcmtl.cluster import Cluster
     cluster = Cluster.serial()
     assert (cluster.size, cluster.rank, cluster.is_server, cluster.my_worker) == (1, 0, True, 0)
@@ -99,6 +102,12 @@ def test_estimators_run_on_cluster_serial_without_importing_mpi4py():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "mpi4py" not in imported
+    code = ("from hpcmtl import DMTRL; import numpy as np; rng = np.random.default_rng(0)\n"
+            "Xs = [rng.normal(size=(30, 5)) for _ in range(3)]; ys = [np.sign(rng.normal(size=30)) for _ in range(3)]\n"
+            "DMTRL(loss='hinge', lam=1e-2).fit(Xs, ys); import sys; print('mpi4py' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
 
 
 def test_no_module_imports_the_command_line():
