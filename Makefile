@@ -16,7 +16,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) $(SOURCES)
-	$(PY) -m pip install --quiet "Cython>=3.0" "numpy>=1.23" "scipy>=1.9"
+	$(PY) -m pip install --quiet "Cython>=3.0.4" "numpy>=1.24" "scipy>=1.9"
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[mpi,test,plot]"
 	touch $(STAMP)
 

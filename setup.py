@@ -36,7 +36,7 @@ directives = {
     "cdivision": True,
     "initializedcheck": DEBUG,
     "nonecheck": False,
-    "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint
+    "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint (Cython 3.0.4+)
 }
 
 
@@ -72,11 +72,11 @@ setup(
     ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),
     python_requires=">=3.9",
     install_requires=[
-        "numpy>=1.23",
+        "numpy>=1.24",                       # 1.23: support-algebra rows not bitwise the dense ones (test_supports)
         "scipy>=1.9",
         "h5py>=3.7",
         "mpi4py>=3.1",
-        "scikit-learn>=1.2",
+        "scikit-learn>=1.6",                 # sklearn.utils.validation.validate_data, sklearn.utils.ClassifierTags
         "threadpoolctl>=3.1",
     ],
     extras_require={
