@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
-SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_kernels.pyx hpcmtl/_online.pyx
+KERNELS := hpcmtl/_sdca.pyx hpcmtl/_blockops.pyx hpcmtl/_projections.pyx hpcmtl/_box_qp.pyx hpcmtl/_online.pyx
+SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_random.pxd $(KERNELS)
 
 .PHONY: demo test test-fast test-kernels install clean
 
@@ -15,7 +16,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) $(SOURCES)
-	$(PY) -m pip install --quiet "Cython>=3.0" "numpy>=1.23" "scipy>=1.9"
+	$(PY) -m pip install --quiet "Cython>=3.0.4" "numpy>=1.24" "scipy>=1.9"
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[mpi,test,plot]"
 	touch $(STAMP)
 
@@ -24,9 +25,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m hpcmtl demo --out demo-output
 
-# tests/ includes the kernel tests twice: on the optimized hpcmtl._kernels and
-# hpcmtl._online and on hpcmtl._kernels_debug and hpcmtl._online_debug, the same
-# sources with bounds checks on, which the tests compile into
+# tests/ includes the kernel tests twice: on the optimized kernel modules
+# (hpcmtl._sdca, ._blockops, ._projections, ._box_qp, ._online) and on their
+# hpcmtl.<name>_debug twins, the same sources with bounds checks on, which the tests compile into
 # build/kernels-debug/<source hash>/ the first time (HPCMTL_DEBUG_KERNELS=1, see
 # setup.py); the in-place modules are never touched.
 test: $(STAMP)
@@ -42,4 +43,4 @@ test-kernels: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests/test_kernels.py tests/test_kernel_properties.py
 
 clean:
-	rm -rf build *.egg-info hpcmtl/*.so hpcmtl/_rows.c hpcmtl/_kernels.c hpcmtl/_online.c hpcmtl/*.html demo-output
+	rm -rf build *.egg-info hpcmtl/*.so hpcmtl/_rows.c $(KERNELS:.pyx=.c) hpcmtl/_kernels.c hpcmtl/*.html demo-output

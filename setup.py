@@ -1,12 +1,15 @@
-"""Build script for hpcmtl: the Cython kernels are compiled against NumPy (and SciPy's LAPACK: ``_kernels.box_qp``).
+"""Build script for hpcmtl: the Cython kernels are compiled against NumPy (and SciPy's LAPACK: ``_box_qp``).
 
-Three extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``),
-``hpcmtl._kernels`` (SDCA and the projections) and ``hpcmtl._online`` (the
-online tau solvers); both kernel modules cimport ``_rows.pxd``.  The Cython
-directives are set here, once: bounds checking off.
+Six extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``) and
+the kernels, one module a concern (``KERNELS``): ``hpcmtl._sdca`` (the workers'
+SDCA steps and objective sums), ``hpcmtl._blockops`` (fixed-order row sums),
+``hpcmtl._projections`` (l1,inf and l1 projections), ``hpcmtl._box_qp`` (the
+server's box QP) and ``hpcmtl._online`` (the online tau solvers); the kernel
+modules cimport ``_rows.pxd`` (and ``_random.pxd``).  The Cython directives are
+set here, once: bounds checking off.
 
-``HPCMTL_DEBUG_KERNELS=1`` compiles the two kernel sources as separate modules,
-``hpcmtl._kernels_debug`` and ``hpcmtl._online_debug``, with bounds checking and
+``HPCMTL_DEBUG_KERNELS=1`` compiles every kernel source as a separate module,
+``hpcmtl.<name>_debug`` (``hpcmtl._sdca_debug``, ...), with bounds checking and
 initialized-view checks on, so they never replace the optimized modules (they
 use the installed ``hpcmtl._rows``; every check and row access of ``_rows.pxd``
 is inline, so it is compiled into them with their directives).  Wraparound stays
@@ -33,7 +36,7 @@ directives = {
     "cdivision": True,
     "initializedcheck": DEBUG,
     "nonecheck": False,
-    "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint
+    "show_performance_hints": not DEBUG,       # the debug build's checks are the point, not a hint (Cython 3.0.4+)
 }
 
 
@@ -47,7 +50,9 @@ def extension(name, source):
     )
 
 
-KERNELS = [("hpcmtl._kernels", "hpcmtl/_kernels.pyx"), ("hpcmtl._online", "hpcmtl/_online.pyx")]
+KERNELS = [("hpcmtl._sdca", "hpcmtl/_sdca.pyx"), ("hpcmtl._blockops", "hpcmtl/_blockops.pyx"),
+           ("hpcmtl._projections", "hpcmtl/_projections.pyx"), ("hpcmtl._box_qp", "hpcmtl/_box_qp.pyx"),
+           ("hpcmtl._online", "hpcmtl/_online.pyx")]
 if DEBUG:
     extensions = [extension(name + "_debug", source) for name, source in KERNELS]
 else:
@@ -62,15 +67,16 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     packages=find_packages(include=["hpcmtl", "hpcmtl.*"]),
-    package_data={"hpcmtl": ["_kernels.pyx", "_online.pyx", "_rows.pyx", "_rows.pxd", "templates/*"]},
+    package_data={"hpcmtl": ["_sdca.pyx", "_blockops.pyx", "_projections.pyx", "_box_qp.pyx", "_online.pyx",
+                             "_rows.pyx", "_rows.pxd", "_random.pxd", "templates/*"]},
     ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),
     python_requires=">=3.9",
     install_requires=[
-        "numpy>=1.23",
+        "numpy>=1.24",                       # 1.23: support-algebra rows not bitwise the dense ones (test_supports)
         "scipy>=1.9",
         "h5py>=3.7",
         "mpi4py>=3.1",
-        "scikit-learn>=1.2",
+        "scikit-learn>=1.6",                 # sklearn.utils.validation.validate_data, sklearn.utils.ClassifierTags
         "threadpoolctl>=3.1",
     ],
     extras_require={

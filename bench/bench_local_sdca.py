@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from liblinear.liblinearutil import parameter, problem, train
 
-from hpcmtl import _kernels
+from hpcmtl import _sdca
 from hpcmtl.taskdata import TaskBlock
 
 
@@ -56,13 +56,13 @@ def run_hpcmtl(X, y, lam, target, seed, shrinking=True, max_epochs=2000):
     n, d = X.shape
     alpha, b, delta_b = np.zeros(n), np.zeros(d), np.empty(d)
     order = np.arange(n, dtype=np.int32)
-    shrink = _kernels.new_shrink_state(n, shrinking)
+    shrink = _sdca.new_shrink_state(n, shrinking)
     _ = blk.sq_norms
     seconds = 0.0
     for epoch in range(1, max_epochs + 1):
         w = b / lam
         t = time.perf_counter()
-        _kernels.sdca_local(blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, order, shrink, 0, 1.0,
+        _sdca.sdca_local(blk.rows, blk.y, alpha, w, delta_b, blk.sq_norms, order, shrink, 0, 1.0,
                             1.0 / lam, float(n), 1.0, seed * 100003 + epoch)
         b += delta_b
         seconds += time.perf_counter() - t

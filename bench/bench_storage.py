@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 import scipy.sparse as sp
 
-from hpcmtl import _kernels
+from hpcmtl import _sdca
 from hpcmtl.losses import get_loss
 from hpcmtl.taskdata import TaskBlock
 from timing import median_time
@@ -38,14 +38,14 @@ def timings(X, y, repeats, lam=1e-3):
     def sdca():
         alpha, w, db = np.zeros(n), np.zeros(d), np.empty(d)
         order = np.arange(n, dtype=np.int32)
-        _kernels.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, _kernels.new_shrink_state(n, False),
+        _sdca.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, order, _sdca.new_shrink_state(n, False),
                             HINGE, 0.0, 1.0 / lam, float(n), 3.0, 1)
 
     w = np.random.default_rng(1).normal(size=d) * 1e-2
     alpha = np.full(n, 0.5) * y
 
     def objective():
-        _kernels.objective_terms(blk.rows, blk.y, alpha, w, HINGE, 0.0)
+        _sdca.objective_terms(blk.rows, blk.y, alpha, w, HINGE, 0.0)
 
     return median_time(sdca, repeats)[0], median_time(objective, repeats)[0]
 

@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The row interface of the compiled kernels (``_kernels`` and ``_online``) and their shared checks.
+"""The row interface of the compiled kernels (``_sdca``, ``_blockops``, ``_online``) and their shared
+checks (also ``_box_qp``'s).
 
 A block's rows come through one struct, ``RowView``, whether the block is dense
 or CSR: a dense row is ``(shared 0..d-1 indices, X[i], d)``, a CSR row is

@@ -12,8 +12,8 @@ cdef class Rows:
     Dense: ``data`` is the row-major ``n x d`` values, ``indices`` the shared
     ``0..d-1``, ``indptr`` unused.  CSR: ``data``, ``indices``, ``indptr`` of the
     matrix.  ``data`` is float64 or float32 (``single``); the kernels of
-    ``_kernels`` read both (in double arithmetic), those of ``_online`` only
-    float64.  Every argument is keyword-only; the arrays are held (not copied)
+    ``_sdca`` and ``_blockops`` read both (in double arithmetic), those of
+    ``_online`` only float64.  Every argument is keyword-only; the arrays are held (not copied)
     and each kernel checks the rows it reads, so a malformed block is a
     ValueError at the call, never a bad read.
     """

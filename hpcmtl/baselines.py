@@ -22,7 +22,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from . import _kernels
+from . import _sdca
 from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, alternate, block_seed, check_sigma,
                     omega_step, primal_dual)
 from .engine import check_finite_rows, check_scale, intercept_mode, split_intercept, with_intercept
@@ -69,7 +69,7 @@ class _Centralized:
 
     def record(self, outer):
         cfg = self.config
-        terms = np.array([_kernels.objective_terms(b.rows, b.y, self.alpha_of(i), self.WT[i],
+        terms = np.array([_sdca.objective_terms(b.rows, b.y, self.alpha_of(i), self.WT[i],
                                                    self.loss.kernel_id, cfg.gamma)
                           for i, b in enumerate(self.blocks)])
         check_finite_rows(terms, self.round, self.names, "loss or conjugate sum", outer)
@@ -105,7 +105,7 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=Non
         row = None
         for t in range(config.max_rounds):
             state.round += 1
-            _kernels.ssdca_epoch(stacked.rows, stacked.y, state.alpha, task_of_row, state.n,
+            _sdca.ssdca_epoch(stacked.rows, stacked.y, state.alpha, task_of_row, state.n,
                                  state.WT, state.BT, state.Sigma, stacked.sq_norms, perm,
                                  state.loss.kernel_id, config.gamma, config.lam,
                                  max(1, int(round(config.local_iters * X.shape[0]))),

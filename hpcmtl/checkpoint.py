@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _kernels, store
+from . import _sdca, store
 from .errors import InputError
 
 MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
@@ -175,7 +175,7 @@ def block_payloads(ck, blocks, cluster):
         else:   # the task was cut differently: rebuild this block's rows, restart its shrinking
             parts = sorted(by_task[b.task], key=lambda x: x["start"])
             state = BlockState(np.concatenate([x["alpha"] for x in parts])[b.start:b.stop], np.arange(b.n_rows),
-                               _kernels.new_shrink_state(b.n_rows, enabled))
+                               _sdca.new_shrink_state(b.n_rows, enabled))
         pieces[cluster.worker_rank(b.worker)].append(state)
     return [BlockState.pack_all(p) for p in pieces]
 
@@ -183,7 +183,7 @@ def block_payloads(ck, blocks, cluster):
 # ---------------------------------------------------------------------------
 # A block's dual state, as checkpoints hold it
 # ---------------------------------------------------------------------------
-SHRINK_SIZE = 5       # the shrinking state of a block (_kernels.new_shrink_state)
+SHRINK_SIZE = 5       # the shrinking state of a block (_sdca.new_shrink_state)
 
 
 @dataclass

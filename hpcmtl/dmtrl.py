@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _kernels
+from . import _blockops, _box_qp, _sdca
 from . import engine
 from . import interior
 from .checkpoint import BlockState, block_payloads, read_compatible
@@ -457,7 +457,7 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.ascontiguousarray(upper, dtype=np.float64)
     use_start = start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all())
     start = np.ascontiguousarray(start, dtype=np.float64) if use_start else upper
-    _kernels.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
+    _box_qp.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
     return x
 
 
@@ -661,7 +661,7 @@ class LocalBlocks(LocalBase):
     def unshrink(self, k):
         """Block k's coordinates all active again, its shrinking thresholds forgotten."""
         enabled = self.config.shrinking and self.loss.name in ("hinge", "smoothed-hinge")
-        self.state[k].shrink = _kernels.new_shrink_state(self.blocks[k].n_rows, enabled)
+        self.state[k].shrink = _sdca.new_shrink_state(self.blocks[k].n_rows, enabled)
 
     # -- a block's vectors: on its own columns inside; dense rows or support values on the wire --------------
     def dense_rows(self, parts, vectors, width):
@@ -740,7 +740,7 @@ class LocalBlocks(LocalBase):
             out = np.zeros(blk.n_features)
             with self.working_on(blk, round_):
                 old = st.alpha.copy() if cfg.eta != 1.0 else None
-                _kernels.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out, blk.sq_norms,
+                _sdca.sdca_local(blk.rows, blk.y, st.alpha, self.w[k], out, blk.sq_norms,
                                     st.order, st.shrink, self.loss.kernel_id, cfg.gamma,
                                     self.rho * self.sigma_ii[k] / cfg.lam, float(blk.n_task), cfg.local_iters,
                                     block_seed(cfg.seed, blk.task, blk.part, round_), blk.mu, blk.x_mu)
@@ -784,7 +784,7 @@ class LocalBlocks(LocalBase):
                     db = blk.rmatvec(delta) / blk.n_task
                 else:
                     trial, db = a.copy(), np.zeros(blk.n_features)
-                    _kernels.sdca_local(blk.rows, blk.y, trial, self.w[k], db, blk.sq_norms,
+                    _sdca.sdca_local(blk.rows, blk.y, trial, self.w[k], db, blk.sq_norms,
                                         st.order, st.shrink, self.loss.kernel_id, cfg.gamma, c,
                                         float(blk.n_task), passes,
                                         block_seed(cfg.seed, blk.task, blk.part, round_, inner), blk.mu, blk.x_mu)
@@ -936,7 +936,7 @@ class LocalBlocks(LocalBase):
             if not safe:
                 t.adapt_rho(np.clip(eta, 0.0, cfg.eta))
                 self.apply_step(k, float(eta[0]), float(beta[0]), float(t.rho_task[0]))
-            out[k, 2:] = (_kernels.ordered_dot(t.BT[0], t.WT[0]), float(eta[0]), float(beta[0]))
+            out[k, 2:] = (_blockops.ordered_dot(t.BT[0], t.WT[0]), float(eta[0]), float(beta[0]))
 
     def apply_step(self, k, eta, beta, rho):
         """Block k: ``alpha += eta delta + beta p`` (the pending step and the momentum direction), next rho."""
@@ -1042,7 +1042,7 @@ class LocalBlocks(LocalBase):
         terms = np.zeros((len(chosen), 2))
         for i, k in enumerate(chosen):
             blk = self.blocks[k]
-            terms[i] = _kernels.objective_terms(blk.rows, blk.y, self.state[k].alpha, self.w[k],
+            terms[i] = _sdca.objective_terms(blk.rows, blk.y, self.state[k].alpha, self.w[k],
                                                 self.loss.kernel_id, self.config.gamma, blk.z_shift(self.w[k]))
         return terms
 
@@ -1079,7 +1079,7 @@ class LocalBlocks(LocalBase):
             blk, it, w = self.blocks[k], self.iterates[k], vecs[0]
             with self.working_on(blk, ctrl.round):
                 it.move(float(sc[0]), float(sc[1]))
-                terms = _kernels.objective_terms(blk.rows, blk.y, blk.y * it.x, w, self.loss.kernel_id,
+                terms = _sdca.objective_terms(blk.rows, blk.y, blk.y * it.x, w, self.loss.kernel_id,
                                                  self.config.gamma, blk.z_shift(w))
                 G, v = it.system(w, float(sc[2]), float(sc[3]))
                 if nan_fault(ctrl.round, blk.task) and v.size:
@@ -1686,13 +1686,13 @@ class OrderedDenseSpace(DenseSpace):
     the support (all d columns, the dense exchange), at every rank count."""
 
     def dots(self, X, Y):
-        return np.array([_kernels.ordered_dot(x, y) for x, y in zip(X, Y)])
+        return np.array([_blockops.ordered_dot(x, y) for x, y in zip(X, Y)])
 
     def total(self, X, Y):
         return float(np.sum(self.dots(X, Y)))
 
     def gram(self, X):
-        return np.array([[_kernels.ordered_dot(a, b) for b in X] for a in X]).reshape(len(X), len(X))
+        return np.array([[_blockops.ordered_dot(a, b) for b in X] for a in X]).reshape(len(X), len(X))
 
     def gram_dots2(self, W, X, Y):
         D2 = np.vstack([X, Y])

@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import LinAlgError, cho_factor, cho_solve, eigh
 
-from ._kernels import ordered_dot as dot      # BLAS's ddot sums in an order that depends on alignment
+from . import _blockops
 
 START_FEATURES = 64     # d: a W-step under a coupled Sigma starts with these rounds (each task's d x d G_i travels
                         # every round: d (d + 1) / 2 numbers, at most 33 d here)
@@ -71,6 +71,12 @@ REGULARIZATION = 1e-12  # the solves use max(h, REGULARIZATION ||K|| max_j ||z_j
 STALL_ROUNDS = 12       # ... or when the iterate's duality gap has not halved in this many rounds
 DIVERGED = 100.0        # ... or at once when it is this many times its smallest (the Newton steps' rounding
                         # grows like 1/mu: at lam 1e-6 on raw features the gap stops near 1e-5 and then grows)
+
+
+def dot(a, b):
+    """``a . b`` added in index order (``_blockops.ordered_dot``): BLAS's ddot sums in an order that depends
+    on alignment.  Looked up at each call, so the kernel tests can swap in the bounds-checked build."""
+    return _blockops.ordered_dot(a, b)
 
 
 class BlockIterate:

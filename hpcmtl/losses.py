@@ -1,4 +1,4 @@
-"""Loss registry: the one place a loss name becomes a kernel id (``_kernels.LossId``).
+"""Loss registry: the one place a loss name becomes a kernel id (``_sdca.LossId``).
 
 Each loss knows its kernel id, whether labels must be exactly -1/+1, and which
 metrics make sense for it.  Primal values and conjugates are computed by the
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._kernels import LossId
+from ._sdca import LossId
 from .errors import InputError
 
 

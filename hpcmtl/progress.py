@@ -16,7 +16,6 @@ import re
 import sys
 import time
 
-LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_SECONDS = 10.0          # a log line at most this often (not on a terminal)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels
+from . import _projections
 from .errors import InputError
 
 
@@ -73,7 +73,7 @@ def project_l1inf(W, C, out=None, return_info=False):
     if np.count_nonzero(rowmax) < 0.9 * d:           # many zero rows: work on the others only
         nz = np.flatnonzero(rowmax)
         S = S[nz]
-    theta, mu, steps = _kernels.l1inf_caps(S, norm - C)
+    theta, mu, steps = _projections.l1inf_caps(S, norm - C)
     if nz is not None:
         full = np.zeros(d)
         full[nz] = mu
@@ -93,7 +93,7 @@ def project_l1(v, C, seed=0):
     if C == 0.0:
         return np.zeros_like(v)
     a = np.abs(v)
-    _kernels.project_l1_inplace(a, C, seed)
+    _projections.project_l1_inplace(a, C, seed)
     return np.copysign(a, v)
 
 

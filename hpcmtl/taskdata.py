@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from . import _kernels
+from . import _blockops
 from ._rows import Rows
 from .errors import InputError
 
@@ -85,14 +85,14 @@ class TaskBlock:
     def sq_norms(self) -> np.ndarray:
         """``||x_j||^2`` per row (of ``x_j - mu`` for implicitly centered rows)."""
         if self._sq_norms is None:
-            self._sq_norms = _kernels.row_sq_norms(self.rows, self.n_rows)
+            self._sq_norms = _blockops.row_sq_norms(self.rows, self.n_rows)
             if self.mu is not None:
                 # ||x - mu||^2 = ||mu||^2 + sum over the row's non-zeros of x_k (x_k - 2 mu_k)
                 X = self.X
                 rows = np.repeat(np.arange(self.n_rows), np.diff(X.indptr))
                 data = X.data.astype(np.float64)
                 inner = np.bincount(rows, weights=data * (data - 2.0 * self.mu[X.indices]), minlength=self.n_rows)
-                self._sq_norms = np.maximum(_kernels.ordered_dot(self.mu, self.mu) + inner, 0.0)
+                self._sq_norms = np.maximum(_blockops.ordered_dot(self.mu, self.mu) + inner, 0.0)
         return self._sq_norms
 
     @property
@@ -120,7 +120,7 @@ class TaskBlock:
 
     def z_shift(self, w: np.ndarray) -> float:
         """``mu . w``: what implicit centering subtracts from every score (0 without it)."""
-        return _kernels.ordered_dot(self.mu, np.ascontiguousarray(w, dtype=np.float64)) if self.mu is not None else 0.0
+        return _blockops.ordered_dot(self.mu, np.ascontiguousarray(w, dtype=np.float64)) if self.mu is not None else 0.0
 
     def decision(self, w: np.ndarray) -> np.ndarray:
         """Scores ``X w`` of the block's rows (``(X - 1 mu^T) w`` when implicitly centered)."""
@@ -133,10 +133,10 @@ class TaskBlock:
         return out - self.mu * float(np.sum(v)) if self.mu is not None else out
 
     def rmatvec_sparse(self, v: np.ndarray) -> np.ndarray:
-        """:meth:`rmatvec` for a ``v`` with few non-zeros: only their rows are read (``_kernels.rmatvec_nonzero``;
+        """:meth:`rmatvec` for a ``v`` with few non-zeros: only their rows are read (``_blockops.rmatvec_nonzero``;
         on float64 CSR rows bitwise :meth:`rmatvec`; dense and float32 rows to rounding)."""
         out = np.empty(self.n_features)
-        _kernels.rmatvec_nonzero(self.rows, np.ascontiguousarray(v, dtype=np.float64), out)
+        _blockops.rmatvec_nonzero(self.rows, np.ascontiguousarray(v, dtype=np.float64), out)
         return out - self.mu * float(np.sum(v)) if self.mu is not None else out
 
     def gram(self) -> np.ndarray:
@@ -166,7 +166,7 @@ class TaskBlock:
         if self.center is None:
             return 0.0
         mu, ybar = self.center
-        return float(ybar - _kernels.ordered_dot(np.ascontiguousarray(mu, dtype=np.float64),
+        return float(ybar - _blockops.ordered_dot(np.ascontiguousarray(mu, dtype=np.float64),
                                                  np.ascontiguousarray(w, dtype=np.float64)))
 
     def transformed(self, feature_map) -> "TaskBlock":

@@ -205,16 +205,19 @@ def fake_slurm(directory):
 # ---------------------------------------------------------------------------
 # The compiled kernels twice: optimized, and the same sources bounds-checked
 # ---------------------------------------------------------------------------
-# setup.py compiles hpcmtl/_kernels.pyx and hpcmtl/_online.pyx as hpcmtl._kernels_debug and
-# hpcmtl._online_debug when HPCMTL_DEBUG_KERNELS=1 (boundscheck and initializedcheck on,
-# wraparound off, -O0; the inline row interface and checks of _rows.pxd compiled into them).
+# setup.py compiles every kernel source hpcmtl/<name>.pyx (KERNEL_USERS' keys) as hpcmtl.<name>_debug
+# when HPCMTL_DEBUG_KERNELS=1 (boundscheck and initializedcheck on, wraparound off, -O0; the inline
+# row interface and checks of _rows.pxd and the random numbers of _random.pxd compiled into them).
 # They go to build/kernels-debug/<hash of the sources>/ (gitignored), built once per source
 # hash under a lock, so the in-place optimized modules are never touched.
-KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_kernels.pyx", "hpcmtl/_online.pyx", "setup.py")
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
-KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.dmtrl", "hpcmtl.baselines",
-                             "hpcmtl.checkpoint"),
+KERNEL_USERS = {"_sdca": ("hpcmtl.dmtrl", "hpcmtl.baselines", "hpcmtl.checkpoint"),
+                "_blockops": ("hpcmtl.taskdata", "hpcmtl.dmtrl", "hpcmtl.interior"),
+                "_projections": ("hpcmtl.projection",),
+                "_box_qp": ("hpcmtl.dmtrl",),
                 "_online": ("hpcmtl.online_rules", "hpcmtl.estimators", "hpcmtl.online")}
+KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_random.pxd", "setup.py",
+                  *(f"hpcmtl/{name}.pyx" for name in KERNEL_USERS))
 
 
 def debug_kernels_dir():
@@ -262,7 +265,7 @@ def build_debug_kernels(timeout=900):
 
 @pytest.fixture(scope="session")
 def debug_kernels():
-    """``{"_kernels": hpcmtl._kernels_debug, "_online": hpcmtl._online_debug}``: the kernels' sources compiled
+    """``{"_sdca": hpcmtl._sdca_debug, ..., "_online": hpcmtl._online_debug}``: the kernels' sources compiled
     with bounds checks (an IndexError, not a silent overwrite, on any out-of-range view index)."""
     import importlib.util
     modules = {}
@@ -294,8 +297,16 @@ def kernel_build(request, monkeypatch):
 
 @pytest.fixture
 def kernels(kernel_build):
-    """``hpcmtl._kernels`` (SDCA, projections) of the build under test."""
-    return kernel_build["_kernels"]
+    """The SDCA, row-sum, projection and box-QP kernels (``hpcmtl._sdca``, ``._blockops``, ``._projections``,
+    ``._box_qp``) of the build under test, as one namespace: a test names a kernel, not its module."""
+    import types
+    names = {}
+    for name in ("_sdca", "_blockops", "_projections", "_box_qp"):
+        for attr, value in vars(kernel_build[name]).items():
+            if not attr.startswith("_") and attr != "np":
+                assert attr not in names, f"{attr} is in two kernel modules"
+                names[attr] = value
+    return types.SimpleNamespace(**names)
 
 
 @pytest.fixture

@@ -479,7 +479,7 @@ def implicit_rmax_kkt_violation(tau, loss, sq, C, r):
 
 
 def box_qp_reference(A, g, upper, start=None, max_iter=60, rtol=1e-12):
-    """``hpcmtl.dmtrl.box_qp`` in NumPy (the active-set Newton method before it moved to ``_kernels.box_qp``)."""
+    """``hpcmtl.dmtrl.box_qp`` in NumPy (the active-set Newton method before it moved to ``_box_qp.box_qp``)."""
     from scipy.linalg import LinAlgError, cho_factor, cho_solve
     m = g.size
     if m == 0:

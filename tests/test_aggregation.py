@@ -169,13 +169,13 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     rho = coupled_rho(Sigma)
     assert np.all((rho > 0.875) & (rho < 1)) and coupled_passes(float(rho[0])) == dmtrl.COUPLED_PASSES_MAX == 2
     passes = []
-    kernel = dmtrl._kernels.sdca_local
+    kernel = dmtrl._sdca.sdca_local
 
     def recording(*args):
         passes.append(args[12])
         return kernel(*args)
 
-    monkeypatch.setattr(dmtrl._kernels, "sdca_local", recording)
+    monkeypatch.setattr(dmtrl._sdca, "sdca_local", recording)
     cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed", local_solver="sdca")
     monkeypatch.setattr(dmtrl, "POLISH_NEAR", 0.0)
     monkeypatch.setattr(dmtrl, "POLISH_STALL", 10 ** 9)

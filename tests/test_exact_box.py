@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hpcmtl import _kernels, dmtrl
+from hpcmtl import _sdca, dmtrl
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, box_local_step, train, uses_exact_box_solver
 from hpcmtl.estimators import MemoryTasks
@@ -50,8 +50,8 @@ def test_box_local_step_is_the_kkt_point_of_the_local_subproblem(loss, sparse, n
     value = local_dual_objective(loss, X, y, a, a + delta, w, c, n, gamma)
     start = local_dual_objective(loss, X, y, a, a, w, c, n, gamma)
     alpha, db = a.copy(), np.zeros(d)
-    _kernels.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, np.arange(n, dtype=np.int32),
-                        _kernels.new_shrink_state(n, False), LOSSES[loss].kernel_id, gamma, c, float(n), 200.0, 7)
+    _sdca.sdca_local(blk.rows, blk.y, alpha, w, db, blk.sq_norms, np.arange(n, dtype=np.int32),
+                     _sdca.new_shrink_state(n, False), LOSSES[loss].kernel_id, gamma, c, float(n), 200.0, 7)
     sdca = local_dual_objective(loss, X, y, a, alpha, w, c, n, gamma)
     assert value >= start and value >= sdca - 1e-9 * (1.0 + abs(sdca))
 

@@ -347,11 +347,11 @@ def test_row_kernels_check_the_row_structure(kernels, online_kernels):
 
 def test_ids_are_the_kernels_enums():
     """Loss, update and norm ids are defined once, in the compiled modules; Python uses those."""
-    from hpcmtl import _kernels, _online, online_rules
+    from hpcmtl import _online, _sdca, online_rules
     from hpcmtl.losses import LOSSES
     assert {n: l.kernel_id for n, l in LOSSES.items()} == {
-        "hinge": _kernels.LossId.HINGE, "smoothed-hinge": _kernels.LossId.SMOOTHED_HINGE,
-        "squared": _kernels.LossId.SQUARED, "logistic": _kernels.LossId.LOGISTIC}
+        "hinge": _sdca.LossId.HINGE, "smoothed-hinge": _sdca.LossId.SMOOTHED_HINGE,
+        "squared": _sdca.LossId.SQUARED, "logistic": _sdca.LossId.LOGISTIC}
     assert set(online_rules.UPDATES.values()) == set(_online.UpdateId)
     assert {online_rules.resolve_norm(n, 3.0, 1, 4)[0] for n in online_rules.NORMS} == set(_online.NormId)
 
@@ -427,6 +427,33 @@ def test_tiny_csr_tasks_with_centered_intercepts_through_several_omega_steps(ker
     assert result.converged and len(result.wsteps["converged"]) == 4
     assert np.all(result.wsteps["rel_gap"] <= 1e-8) and np.all(np.isfinite(result.W))
     assert np.all(np.isfinite(result.intercept))
+
+
+def test_interior_point_rounds_on_the_build_under_test(kernel_build, monkeypatch):
+    """hpcmtl.interior's kernel calls (its dot products, the blocks' objective sums) on the build under test: a
+    coupled hinge W-step of 5 small raw tasks (one of a single row, an all-zero row in the others) under a fixed
+    Sigma of rank 2, which the interior-point rounds certify."""
+    from hpcmtl import interior
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import DMTRLConfig, train
+    from hpcmtl.estimators import MemoryTasks
+    rng = np.random.default_rng(3)
+    d, Xs, ys = 4, [], []
+    for t in range(5):
+        n = 1 if t == 0 else 12 + 3 * t
+        X = rng.gamma(2.0, 1.0, size=(n, d)) * rng.uniform(0.1, 10, d)
+        if n > 1:
+            X[n // 2] = 0.0
+        Xs.append(X)
+        ys.append(np.where(rng.random(n) < 0.3, 1.0, -1.0) if n > 1 else np.ones(1))
+    U = rng.normal(size=(5, 2))
+    Sigma = U @ U.T + 1e-8 * np.eye(5)
+    assert interior._blockops is kernel_build["_blockops"]
+    calls, original = [], interior.dot
+    monkeypatch.setattr(interior, "dot", lambda a, b: calls.append(1) or original(a, b))
+    config = DMTRLConfig(relationship="fixed", loss="hinge", lam=1e-3, tol=1e-8, fit_intercept=False, max_rounds=400)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config, sigma_fixed=Sigma / np.trace(Sigma))
+    assert result.converged and np.all(np.isfinite(result.W)) and calls     # interior-point rounds were taken
 
 
 @pytest.mark.parametrize("loss", ["hinge", "squared"])
@@ -618,7 +645,7 @@ def test_tiny_float32_tasks_with_shrinking_through_several_omega_steps(kernel_bu
     assert np.all(np.isfinite(r.W)) and np.array_equal(r.W, runs[False].W)
 
 
-# --- the aggregation steps' box QP (hpcmtl.dmtrl.box_qp over _kernels.box_qp) ----------------------------
+# --- the aggregation steps' box QP (hpcmtl.dmtrl.box_qp over _box_qp.box_qp) -----------------------------
 def _qp_value(A, g, x):
     return float(g @ x - 0.5 * x @ (A @ x))
 

@@ -21,7 +21,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
-    ("foundations", {"errors", "_rows", "_kernels", "_online", "features", "progress"}),
+    ("foundations", {"errors", "_rows", "_sdca", "_blockops", "_projections", "_box_qp", "_online", "features",
+                     "progress"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
               "online_rules", "output_codes", "interior"}),
     # the only modules that talk to MPI and to HDF5
@@ -150,6 +151,32 @@ def test_import_graph_has_no_cycle():
     for node in sorted(edges):
         if node not in state:
             visit(node)
+
+
+# the compiled kernels (hpcmtl/*.pyx, *.pxd) are leaves, one concern a module: each may use these and nothing else
+KERNEL_IMPORTS = {"cython", "libc.math", "libc.stdint", "libc.stdlib", "libc.string", "numpy", "hpcmtl._rows",
+                  "hpcmtl._random"}
+KERNEL_ONLY_IN = {"scipy.linalg.cython_lapack": "_box_qp"}      # LAPACK: the server's box QP only
+
+
+def test_each_compiled_kernel_imports_only_the_row_interface_the_random_numbers_and_c():
+    """No kernel module imports another (they share only the inline ``_rows.pxd`` and ``_random.pxd``), and
+    SciPy's LAPACK stays in ``_box_qp``, so SDCA, the projections and the box QP build and change apart."""
+    import re
+    wrong, seen = [], set()
+    for path in sorted(PACKAGE.glob("*.pyx")) + sorted(PACKAGE.glob("*.pxd")):
+        me = path.name.split(".")[0]
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            m = re.match(r"(?:from\s+(\S+)\s+c?import\b|c?import\s+([\w.]+))", line)
+            if not m:
+                continue
+            name = m.group(1) or m.group(2)
+            seen.add(name)
+            if name in KERNEL_ONLY_IN and KERNEL_ONLY_IN[name] == me or name in KERNEL_IMPORTS:
+                continue
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}:{n} imports {name}")
+    assert not wrong, "\n".join(wrong)
+    assert {"hpcmtl._rows", "hpcmtl._random", "scipy.linalg.cython_lapack"} <= seen       # the reader reads them
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

@@ -15,7 +15,7 @@ from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, ass
     learned_hinge_args, run_hpcmtl
 from test_interior import one_large_feature_tasks, raw_tasks
 
-from hpcmtl import _kernels, dmtrl, store
+from hpcmtl import _sdca, dmtrl, store
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, POLISH_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
 from hpcmtl.estimators import MemoryTasks
@@ -179,11 +179,11 @@ def test_the_newton_step_is_the_maximizer_of_the_dual_along_the_row():
         w0 = (B @ Sigma / lam)[:, 0]
         blk = block(Xs[0], ys[0])
         ahead = dmtrl.coordinate_newton(blk, betas[0], ys[0] * (Xs[0] @ w0), loss, gamma, Sigma[0, 0] / lam)
-        kernel_id = int(_kernels.LossId.SMOOTHED_HINGE if g else _kernels.LossId.HINGE)
+        kernel_id = int(_sdca.LossId.SMOOTHED_HINGE if g else _sdca.LossId.HINGE)
         q = Sigma[0, 0] / lam * blk.sq_norms / 7
         for j in range(7):             # clipped to [0, 1]: the local SDCA kernel's coordinate maximizer
             a = ys[0][j] * betas[0][j]
-            moved = a + _kernels.coordinate_step(kernel_id, ys[0][j], a, Xs[0][j] @ w0, q[j], gamma)
+            moved = a + _sdca.coordinate_step(kernel_id, ys[0][j], a, Xs[0][j] @ w0, q[j], gamma)
             assert ys[0][j] * moved == pytest.approx(np.clip(ahead[j], 0.0, 1.0), rel=0, abs=1e-15)
             t = ahead[j] - betas[0][j]
             e = np.eye(7)[j]

@@ -4,7 +4,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.optimize import minimize
 
-from hpcmtl import _kernels
+from hpcmtl import _projections
 from hpcmtl.errors import InputError
 from hpcmtl.projection import (l1inf_norm, project_l1, project_l1_columns, project_l1inf, project_l2,
                                project_l2_columns)
@@ -95,8 +95,8 @@ def test_merge_walk_fallback_gives_the_same_theta():
         W = np.abs(rng.standard_cauchy(size=(rng.integers(1, 30), rng.integers(1, 9))))
         S = np.sort(W, axis=1)
         delta = 0.6 * W.max(axis=1).sum()
-        theta, mu, steps = _kernels.l1inf_caps(S, delta)
-        theta_merge, mu_merge, _ = _kernels.l1inf_caps(S, delta, max_newton=0)
+        theta, mu, steps = _projections.l1inf_caps(S, delta)
+        theta_merge, mu_merge, _ = _projections.l1inf_caps(S, delta, max_newton=0)
         assert theta == pytest.approx(theta_merge, rel=1e-10, abs=1e-12)
         assert_allclose(mu, mu_merge, rtol=1e-10, atol=1e-12)
         assert steps < 50
