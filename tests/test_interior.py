@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hpcmtl import dmtrl, interior, store
+from hpcmtl.dmtrl import interior_rounds as dmtrl_interior_rounds
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, train, uses_interior_point
 from hpcmtl.estimators import MemoryTasks
@@ -362,8 +363,8 @@ def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(
         assert np.all(h["rel_gap"][:dmtrl.IPM_AFTER_LOCAL_STALL] > 0.5)    # the local rounds' stall
         assert_certified_ascent(h)
         assert exact_primal(Xs, ys, r.W, r.intercept, r.Sigma, 1e-2) == pytest.approx(h["primal"][-1], rel=1e-10)
-        monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)
-        monkeypatch.setattr(dmtrl, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
+        monkeypatch.setattr(dmtrl_interior_rounds, "IPM_AFTER_STALL", 10 ** 9)
+        monkeypatch.setattr(dmtrl_interior_rounds, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
         stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
     assert not stuck.converged and stuck.history["rel_gap"][-1] > 0.1
     assert_certified_ascent(stuck.history)

@@ -16,6 +16,7 @@ from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, ass
 from test_interior import one_large_feature_tasks, raw_tasks
 
 from hpcmtl import _kernels, dmtrl, store
+from hpcmtl.dmtrl import interior_rounds as dmtrl_interior_rounds, margin as dmtrl_margin
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, POLISH_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
 from hpcmtl.estimators import MemoryTasks
@@ -309,8 +310,8 @@ def test_learned_sigma_with_a_badly_scaled_task_certifies_every_w_step():
 def test_without_the_correction_the_same_w_step_stalls(monkeypatch):
     from hpcmtl import dmtrl
     monkeypatch.setattr(dmtrl.Server, "polish_possible", lambda self: False)
-    monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
-    monkeypatch.setattr(dmtrl, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl_interior_rounds, "IPM_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
+    monkeypatch.setattr(dmtrl_interior_rounds, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
     Xs, ys = scaled_tasks()
     r = fit([Xs[3]], [ys[3]], loss="hinge", lam=1e-2, relationship="identity", max_rounds=60)
     assert not r.converged and r.history["rel_gap"][-1] > 1e-6
@@ -326,11 +327,11 @@ def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
     (Xs, ys, _), _, _ = synthetic.dmtrl(2, 0, 0.1)
     kw = dict(loss="hinge", lam=1e-3, outer=3, outer_tol=0)
     with_near = fit(Xs, ys, **kw)
-    monkeypatch.setattr(dmtrl, "free_rows", lambda beta, ahead: np.flatnonzero((beta > 1e-12) & (beta < 1 - 1e-12)))
+    monkeypatch.setattr(dmtrl_margin, "free_rows", lambda beta, ahead: np.flatnonzero((beta > 1e-12) & (beta < 1 - 1e-12)))
     every_inside = fit(Xs, ys, **kw)
     monkeypatch.undo()
-    monkeypatch.setattr(dmtrl, "POLISH_NEAR", 0.0)
-    monkeypatch.setattr(dmtrl, "POLISH_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl_margin, "POLISH_NEAR", 0.0)
+    monkeypatch.setattr(dmtrl_margin, "POLISH_STALL", 10 ** 9)
     without = fit(Xs, ys, **kw)
     for r in (with_near, every_inside, without):
         assert r.converged and r.wsteps["converged"].all() and np.all(r.wsteps["rel_gap"] <= 1e-6)

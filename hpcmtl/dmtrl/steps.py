@@ -1,0 +1,318 @@
+"""Aggregation: the per-task step problems the server (over m tasks) and a worker in local rounds (over one)
+solve, and the box QP they use.
+
+:func:`box_qp` (the one call of ``_kernels.box_qp``), :func:`conjugate_along` / :func:`conjugate_two` (the
+conjugate along the steps), :func:`coupled_passes` (local passes under 'qp'), :class:`StepSolver` and its
+one-task :class:`TaskSteps`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _kernels
+from ..losses import conjugate_reference
+from ..taskspace import DENSE, DenseSpace
+from .config import uses_momentum
+from .momentum import BETA_CAP
+from .sigma import task_rho_bounds
+
+
+COUPLED_PASSES_MAX = 2     # 'qp': at most this many local passes a round for a task the others hardly explain
+UNCOUPLED_PASSES = 2       # 'qp': local passes a step for a task nothing couples (a diagonal Sigma: rho = 1)
+
+
+def coupled_passes(rho: float) -> int:
+    """Local SDCA passes a round for a task with the 'qp' rho ``max(1/2, s_i)`` (:func:`coupled_rho`):
+    ``floor(1 / (2 (1 - s_i)))`` in ``[1, COUPLED_PASSES_MAX]`` while s_i < 1.  A task nothing couples
+    (rho = 1, a diagonal Sigma) takes ``UNCOUPLED_PASSES`` a local step, in a local round's steps and in the
+    exchanged rounds that remain (``--exchange dense``, the squared loss's SDCA), so one local step a round
+    (``--local-steps 1``) is still an exchanged round.  Its local problem is then the whole problem, so every
+    pass is dual ascent; a step of two passes lets liblinear's shrinking work on its own second pass, and
+    the gap (a pass over the rows for the losses) and the step's exact sizes come in fewer steps.
+    Measured on the first W-step of MNIST (10 tasks, P = 1): one pass 52 steps a task, 5.1e6 coordinate
+    steps, 16.4 s; two passes 12.5 steps, 2.0e6, 5.2 s; four 6.9 steps, 2.1e6, 4.9 s.  Whole runs (10
+    W-steps, tol 1e-6, P = 1, rounds / s, one pass -> two -> four): MNIST 72 / 60.8 -> 70 / 45.2 -> 67 /
+    43.2, syn1 529 / 11.0 -> 523 / 9.3 -> 526 / 8.6, syn2 781 / 14.5 -> 778 / 13.4 -> 788 / 12.9, small
+    1,426 / 16.2 -> 1,446 / 14.7 -> 1,468 / 14.9, mds 200 / 1.35 -> 210 / 1.31 -> 203 / 1.38.
+
+    ``1 - s_i`` is how much of task i's variance under Sigma the other tasks explain.  Where that is small the
+    local subproblem (the other tasks' b fixed) is nearly the coupled dual's own block, so solving it further
+    before an exchange is work the next rounds would otherwise repeat; the server's steps (eta <= 1) cut back
+    what the coupling makes too long, so the certificate and dual ascent are unchanged.  Strongly related
+    tasks (s_i <= 3/4) keep one pass.  Measured (bench_convergence, P = 3, 10 W-steps, tol 1e-6) on MNIST
+    (s_i 0.89-0.96, dense rows then): one pass 226 rounds / 61 s, 4 passes 66 / 29 s, 5-8 passes (a cap of
+    8) 55 / 51 s.  With the later local solver (CSR rows, UNCOUPLED_PASSES), seeds 0, 1, 2, P = 3, rounds /
+    s: a cap of 4 70 / 10.4, 73 / 10.2, 66 / 9.6; a cap of 2 71 / 8.8, 71 / 8.4, 77 / 8.8 (median -13 %
+    seconds, about the same rounds; a cap of 3 was worse than both, 87 rounds, dense rows at P = 1).  The
+    late W-steps take 3 rounds each whatever the cap, so passes beyond 2 are work the certificate does not
+    need there.  Synthetic 1 and 2, the small tasks and School (every s_i < 5/6, or the exact
+    solver) are bitwise unchanged by the cap; MDS 210 -> 212 rounds, the same seconds.
+    """
+    if rho >= 1.0:
+        return UNCOUPLED_PASSES
+    return int(min(COUPLED_PASSES_MAX, max(1.0, np.floor(0.5 / (1.0 - rho)))))
+
+
+QP_ITERATIONS = 60
+
+
+def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_ITERATIONS,
+           rtol: float = 1e-12) -> np.ndarray:
+    """``argmax_x g.x - x.A.x / 2`` over ``0 <= x <= upper`` (A symmetric positive semidefinite; upper >= 0,
+    a number or one per coordinate).
+
+    An active-set Newton method: coordinates at a bound whose gradient points
+    out of the box are held; the Newton step on the others (Cholesky; a
+    pseudo-inverse, or the ray along which the objective is linear, when the
+    free block is singular: its eigendecomposition by cyclic Jacobi rotations) is
+    tried projected onto the box, which may change many bounds at once, and when
+    that does not gain, taken up to the first bound it meets, which always gains.
+    Starts from the best of 0, every coordinate alone (scaled back as a whole) and
+    ``start`` (the previous round's answer: few iterations when the active set
+    barely moves).  Deterministic (fixed operations in a fixed order); never worse
+    than 0.  The iterations run in ``_kernels.box_qp`` (a NumPy reference of the
+    same method is ``tests/reference.py::box_qp_reference``): on small tasks the
+    server's QP over m or 2m steps is most of a round, and NumPy's per-call cost
+    made it 6x the whole safe round.
+    """
+    g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
+    m = g.size
+    x = np.zeros(m)
+    if m == 0:
+        return x
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.ascontiguousarray(upper, dtype=np.float64)
+    use_start = start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all())
+    start = np.ascontiguousarray(start, dtype=np.float64) if use_start else upper
+    _kernels.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
+    return x
+
+
+# box momentum: box QPs inside each task's triangle after the two boxes (StepSolver.within_triangle).  Measured at
+# P = 1 (rounds, 10 W-steps, tol 1e-6): mds 228 -> 217, syn1 548 -> 520, syn2 847 -> 782, small 1,925 -> 1,380
+TRIANGLE_PASSES = 3
+
+
+def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
+    """``(c1p, c2p, cross)`` of the conjugate along ``eta delta + beta q`` beyond :func:`conjugate_along`.
+
+    Quadratic conjugates: ``sum l*(-(a + eta delta + beta q)) - l*(-a) = eta c1 +
+    beta c1p + (eta^2 c2 + 2 eta beta cross + beta^2 c2p) / 2``.  Logistic: the
+    plane through the values at 0, delta and ``beta_max q`` bounds the convex
+    conjugate from above on that triangle (``c2p = cross = 0``).
+    """
+    if loss == "hinge":
+        return float(-(y @ q)), 0.0, 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ q), float(gamma * (q @ q)), float(gamma * (delta @ q))
+    if beta_max <= 0:
+        return 0.0, 0.0, 0.0
+    far = np.sum(conjugate_reference(loss, a + beta_max * q, y) - conjugate_reference(loss, a, y))
+    return float(far / beta_max), 0.0, 0.0
+
+
+def conjugate_along(loss, a, delta, y, gamma):
+    """``(c1, c2)`` with ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` for e in [0, 1].
+
+    Exact for the quadratic conjugates (hinge on its box, smoothed hinge,
+    squared); for the logistic loss the chord ``e (sum l*(-(a + delta)) - l*(-a))``,
+    which bounds the convex conjugate from above on [0, 1].
+    """
+    if loss == "hinge":
+        return float(-(y @ delta)), 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ delta), float(gamma * (delta @ delta))
+    if loss == "squared":
+        return float((a - y) @ delta), float(delta @ delta)
+    return float(np.sum(conjugate_reference(loss, a + delta, y) - conjugate_reference(loss, a, y))), 0.0
+
+
+class StepSolver:
+    """The per-task steps of the aggregations other than 'safe': the exact dual-maximizing ``eta``
+    (and momentum ``beta``) along the pending local steps, and B updated with them.
+
+    Used by the server over all m tasks, and by a worker over one task (:class:`TaskSteps`)
+    when Sigma is diagonal and nothing couples the tasks (the quadratic is then a sum of
+    per-task terms: the same arithmetic with m = 1).  Needs ``config``, ``m``, ``d``, ``n``,
+    ``Sigma``, ``BT``, ``WT``, ``dPT``, ``step``, ``beta``, ``rho_task``,
+    ``blocks_per_task`` and ``momentum``.  ``BT``, ``WT``, ``dPT`` and the d-vectors passed in
+    are task arrays of ``space`` (:mod:`hpcmtl.taskspace`): dense ``m x d`` rows unless the
+    server keeps them on the task supports.
+    """
+
+    space = DENSE
+
+    def steps(self, dBT, c1, c2):
+        """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
+
+        ``D(eta) - D = g . eta - eta^T A eta / 2`` exactly (a lower bound for the
+        logistic loss), with ``g_i = -w_i . db_i - c1_i / n_i`` and
+        ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
+        """
+        cfg = self.config
+        g = -self.space.dots(self.WT, dBT) - c1 / self.n
+        A = self.Sigma * self.space.gram(dBT) / cfg.lam + np.diag(c2 / self.n)
+        A = 0.5 * (A + A.T)
+        if cfg.aggregation == "line":
+            slope, curv = float(np.sum(g)), float(np.sum(A))
+            if slope <= 0:
+                return np.zeros(self.m)
+            e = cfg.eta if curv <= slope / cfg.eta else slope / curv
+            return np.full(self.m, e)
+        return box_qp(A, g, cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+
+    def two_direction_quadratic(self, dBT, dQT, c1, c2, c1q, c2q, cross):
+        """``(A, g)`` of the dual change along ``eta_i delta_i + beta_i q_i`` (2m directions, ``D2 = [dB; dQ]``):
+        ``A = (Sigma2 o D2 D2^T) / lam`` plus each task's 2 x 2 conjugate block ``[[c2, cross], [cross, c2q]] / n``,
+        ``g = -w . D2 - [c1, c1q] / n``."""
+        m, lam = self.m, self.config.lam
+        G2, wd2 = self.space.gram_dots2(self.WT, dBT, dQT)
+        A = np.tile(self.Sigma, (2, 2)) * G2 / lam       # Sigma2 = Sigma[np.ix_(idx, idx)], idx = [0..m, 0..m]
+        if np.any(c2) or np.any(c2q) or np.any(cross):            # (hinge: all zero, nothing to add)
+            A2 = A.reshape(2, m, 2, m)                             # A2[s, i, t, j] = A[s m + i, t m + j]
+            tasks = np.arange(m)
+            A2[0, tasks, 0, tasks] += c2 / self.n
+            A2[1, tasks, 1, tasks] += c2q / self.n
+            A2[0, tasks, 1, tasks] += cross / self.n
+            A2[1, tasks, 0, tasks] += cross / self.n
+        A = 0.5 * (A + A.T)
+        g = -wd2 - np.concatenate([c1 / self.n, c1q / self.n])
+        return A, g
+
+    def steps_momentum(self, dBT, scalars):
+        """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
+
+        The same exact quadratic as :meth:`steps` over 2m directions (each
+        task's new local step and its previous step): ``D2 = [dB; dP]``,
+        ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
+        solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
+        dropped): the gain ``g^T A^+ g / 2`` is never negative.
+        """
+        m = self.m
+        A, g = self.two_direction_quadratic(dBT, self.dPT, *scalars.T)
+        w, V = np.linalg.eigh(A)
+        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
+        v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
+        if not float(g @ v) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def steps_box_momentum(self, dBT, dQT, scalars):
+        """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
+        (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP, then
+        improved inside each task's whole triangle of feasible steps (:meth:`within_triangle`)."""
+        m, cfg = self.m, self.config
+        beta_max = scalars[:, 5]
+        A, g = self.two_direction_quadratic(dBT, dQT, *scalars[:, :5].T)
+        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+        gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
+        if not np.any(beta_max > 0):
+            return alone, np.zeros(m)
+        upper = np.concatenate([np.full(m, 0.5 * cfg.eta), 0.5 * np.minimum(beta_max, BETA_CAP)])
+        both = box_qp(A, g, upper, start=np.concatenate([self.step, self.beta]), max_iter=QP_ITERATIONS)
+        gain_both = float(g @ both - 0.5 * both @ (A @ both))
+        x = both if gain_both > gain_alone else np.concatenate([alone, np.zeros(m)])
+        x = self.within_triangle(A, g, x, np.minimum(beta_max, BETA_CAP))
+        return x[:m], x[m:]
+
+    def within_triangle(self, A, g, x, beta_max):
+        """Better steps ``(eta, beta)`` than ``x`` inside each task's triangle ``eta / eta_max + beta / beta_max
+        <= 1`` (alpha + eta delta + beta q is then a convex combination of alpha, alpha + eta_max delta and
+        alpha + beta_max q: feasible, and for the logistic loss the plane of :func:`conjugate_two` still bounds
+        the conjugate from above).  Each pass solves the box QP over a box inside the triangle through
+        ``x``'s corner on the side its gradient points to (eta up to ``eta_max (1 - beta / beta_max)`` with beta
+        at most its value, or the other way round), started from ``x``: never worse than ``x``."""
+        m, top = self.m, self.config.eta
+        has = beta_max > 0
+        share = np.where(has, 1.0 / np.where(has, beta_max, 1.0), 0.0)
+        for _ in range(TRIANGLE_PASSES):
+            eta, beta = x[:m], x[m:]
+            r = g - A @ x
+            up_eta = np.where(has, top * np.maximum(0.0, 1.0 - beta * share), top)
+            up_beta = np.where(has, beta_max * np.maximum(0.0, 1.0 - eta / top), 0.0)
+            towards_eta = r[:m] * top >= r[m:] * beta_max
+            upper = np.concatenate([np.where(towards_eta, up_eta, eta), np.where(towards_eta, beta, up_beta)])
+            upper = np.maximum(upper, x)
+            y = box_qp(A, g, upper, start=x, max_iter=QP_ITERATIONS)
+            if not float(g @ y - 0.5 * y @ (A @ y)) > float(g @ x - 0.5 * x @ (A @ x)):
+                break
+            x = y
+        return x
+
+    def adapt_rho(self, eta):
+        """adaptive: rho_i up (towards the task's Lemma 6.7 bound) when its step was cut, down when taken whole."""
+        if self.config.aggregation != "adaptive":
+            return
+        bound = np.maximum(task_rho_bounds(self.Sigma, self.blocks_per_task), 1.0)
+        full = eta >= 0.999 * self.config.eta
+        grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
+        rho = np.where(full, 0.5 * self.rho_task, self.rho_task * np.sqrt(grow))
+        self.rho_task = np.clip(rho, 1.0, bound)
+
+    def solve_steps(self, dBT, rows):
+        """This round's (eta, beta) per task, B updated with them; ``rows``: the per-task rows of TRIAL
+        (``[dB, (dQ: box momentum), scalars]``, dense)."""
+        d = self.d
+        if self.momentum == "box":
+            return self.take_steps(dBT, rows[:, d:2 * d], rows[:, 2 * d:])
+        return self.take_steps(dBT, None, rows[:, d:])
+
+    def take_steps(self, dBT, dQT, scalars):
+        """:meth:`solve_steps` on task arrays ``dBT`` (and ``dQT``, box momentum) and per-task ``scalars``."""
+        space = self.space
+        if self.momentum == "free":
+            eta, beta = self.steps_momentum(dBT, scalars)
+            self.dPT = space.combine(eta, dBT, beta, self.dPT)
+            space.add(self.BT, self.dPT)
+        elif self.momentum == "box":
+            eta, beta = self.steps_box_momentum(dBT, dQT, scalars)
+            space.add_two(self.BT, eta, dBT, beta, dQT)
+        else:
+            eta, beta = self.steps(dBT, scalars[:, 0], scalars[:, 1]), np.zeros(self.m)
+            space.add_scaled(self.BT, eta, dBT)
+        return eta, beta
+
+
+class OrderedDenseSpace(DenseSpace):
+    """The dense space with its dot products added in index order (``_kernels.ordered_dot``): a one-task
+    :class:`TaskSteps` on a block's support columns then gets the bits of the same vectors with the zeros off
+    the support (all d columns, the dense exchange), at every rank count."""
+
+    def dots(self, X, Y):
+        return np.array([_kernels.ordered_dot(x, y) for x, y in zip(X, Y)])
+
+    def total(self, X, Y):
+        return float(np.sum(self.dots(X, Y)))
+
+    def gram(self, X):
+        return np.array([[_kernels.ordered_dot(a, b) for b in X] for a in X]).reshape(len(X), len(X))
+
+    def gram_dots2(self, W, X, Y):
+        D2 = np.vstack([X, Y])
+        return self.gram(D2), self.dots(np.vstack([W, W]), D2)
+
+
+ORDERED = OrderedDenseSpace()
+
+
+class TaskSteps(StepSolver):
+    """One task's :class:`StepSolver` state on its worker during local rounds (Sigma diagonal: the
+    task's quadratic is its own): ``b`` and ``dP`` as 1 x d rows, ``w = sigma_ii b / lam``."""
+
+    def __init__(self, config, sigma_ii, n, b, dp, step, beta, rho):
+        self.config = config
+        self.m = 1
+        self.n = np.array([float(n)])
+        self.Sigma = np.array([[float(sigma_ii)]])
+        self.BT = np.array(b, dtype=np.float64).reshape(1, -1)
+        self.d = self.BT.shape[1]
+        self.dPT = np.array(dp, dtype=np.float64).reshape(1, -1)
+        self.WT = (self.Sigma @ self.BT) / config.lam
+        self.step = np.array([float(step)])
+        self.beta = np.array([float(beta)])
+        self.rho_task = np.array([float(rho)])
+        self.blocks_per_task = np.ones(1)
+        self.momentum = uses_momentum(config)
+
+    # a worker's block computes on its support's columns (LocalBlocks.columns)
+    space = ORDERED
