@@ -162,7 +162,7 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     coupled_passes(rho) local passes (COUPLED_PASSES_MAX, 2), the certificate and dual ascent hold, the optimum
     is the one-pass run's within both certificates, and the primal at W(alpha) certifies in fewer rounds.
 
-    That last comparison is without the hinge's margin corrections (POLISH_NEAR 0, no stall corrections): with
+    That last comparison is without the hinge's margin corrections (MARGIN_NEAR 0, no stall corrections): with
     them the certificate follows the dual, which on these 5 small tasks reaches 1e-9 of its optimum in 97 rounds
     with two passes and 92 with one (certified in 99 and 95); the cap of 2 was chosen on MNIST and MDS, where the
     second pass pays (coupled_passes)."""
@@ -179,8 +179,8 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
 
     monkeypatch.setattr(_kernels, "sdca_local", recording)
     cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed", local_solver="sdca")
-    monkeypatch.setattr(dmtrl_margin, "POLISH_NEAR", 0.0)
-    monkeypatch.setattr(dmtrl_margin, "POLISH_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_NEAR", 0.0)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_STALL", 10 ** 9)
     several = run(Xs, ys, sigma=Sigma, **cfg)
     # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, UNCOUPLED_PASSES
     assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {2.0} and len(passes) > 5

@@ -70,19 +70,21 @@ from ..params import AGGREGATIONS, LOCAL_SOLVERS, RELATIONSHIPS  # noqa: F401 - 
 from .commands import ON_SUPPORT, DMTRLCommand  # noqa: F401
 from .config import (EXACT_BOX_ROWS, EXACT_MAX_FEATURES, DMTRLConfig, DMTRLConvergenceWarning,  # noqa: F401
                      TrainResult, uses_exact_box_solver, uses_exact_solver, uses_interior_point, uses_momentum)
-from .interior_rounds import IPM_AFTER_LOCAL_STALL, IPM_AFTER_STALL  # noqa: F401
-from .margin import (POLISH_FLOPS_PER_VALUE, POLISH_MAX_FLOPS, POLISH_NEAR, POLISH_SCALES,  # noqa: F401
-                     POLISH_STALL, coordinate_newton, free_rows, margin_correction, min_norm_through_gram,
-                     polish_scales)
-from .momentum import BETA_CAP, box_direction, direction_tolerance, encode_direction, mask_positions  # noqa: F401
-from .outer import (GapHistory, OuterState, alternate, primal_dual, primal_dual_of,  # noqa: F401
+from .interior_rounds import INTERIOR_AFTER_LOCAL_STALL, INTERIOR_AFTER_STALL  # noqa: F401
+from .margin import (MARGIN_FLOPS_PER_VALUE, MARGIN_MAX_FLOPS, MARGIN_NEAR, MARGIN_SCALES,  # noqa: F401
+                     MARGIN_STALL, coordinate_newton, free_rows, margin_correction, min_norm_through_gram,
+                     correction_scales)
+from .momentum import box_direction, direction_tolerance, encode_direction, mask_positions  # noqa: F401
+from .outer import (GapHistory, OuterState, outer_loop, primal_dual, primal_dual_of,  # noqa: F401
                     rounds_since_halved, stalled_since, unconverged_message)
 from .server import Server
 from .sigma import check_sigma, coupled_rho, omega_from_gram, omega_step, safe_rho, task_rho_bounds  # noqa: F401
-from .steps import (COUPLED_PASSES_MAX, UNCOUPLED_PASSES, StepSolver, TaskSteps, box_qp,  # noqa: F401
+from .steps import (BETA_CAP, COUPLED_PASSES_MAX, UNCOUPLED_PASSES, StepSolver, TaskSteps, box_qp,  # noqa: F401
                     conjugate_along, conjugate_two, coupled_passes)
 from .supports import SupportLayout, exchange_index  # noqa: F401
 from .worker import LocalBlocks, block_seed, box_local_step  # noqa: F401
+
+alternate = outer_loop      # the former name (hpcmtl/baselines.py imports it)
 
 
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,

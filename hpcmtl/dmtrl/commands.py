@@ -38,7 +38,7 @@ class DMTRLCommand(Command):
     SET_LOCAL = 12, Down.SCATTER_ROWS, Up.NOTHING, ("width",), "set_local"
     # the same, back to the server (the W-step ended; a checkpoint)
     GET_LOCAL = 13, Down.NOTHING, Up.GATHER_ROWS, ("width",), "get_local"
-    # sparse blocks (issue 14): every block's support, once -> per rank, per block [|S_k|, S_k] ([-1]: exchanged
+    # sparse blocks: every block's support, once -> per rank, per block [|S_k|, S_k] ([-1]: exchanged
     # whole, its support is every feature)
     GET_SUPPORTS = 14, Down.NOTHING, Up.GATHER_VECTORS, (), "get_supports"
     # every plan block's exchange size (|S_k|, or d) to every rank: what sizes the rounds' values-only collectives
@@ -65,23 +65,23 @@ class DMTRLCommand(Command):
     SET_DP_ON_SUPPORT = 24, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_dp_on_support"
     # interior-point W-steps (hpcmtl.interior; every task one block, dense rows): each block starts its iterate x
     # from its alpha -> per block [Z^T x / n (d), z.x + s.(1 - x)]
-    IPM_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "ipm_start"
+    INTERIOR_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "interior_start"
     # per block [w at x (d), primal step, dual step, mu, ||K||]: the pending step taken, then -> per block
     # [G's upper triangle (d (d + 1) / 2), v (d), loss sum, conjugate sum] at the new x
-    IPM_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "ipm_system"
+    INTERIOR_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "interior_system"
     # per block [y_i (d), accepted]: (accepted: alpha = y o x) -> per block [Z^T dx / n (d), largest primal step,
     # largest dual step, the 4 coefficients of the complementarity after the steps]
-    IPM_STEP = 27, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_step"
+    INTERIOR_STEP = 27, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_step"
     # [accepted]: (accepted: alpha = y o x), the iterates dropped (width = 1)
-    IPM_END = 28, Down.BCAST, Up.NOTHING, ("width",), "ipm_end"
+    INTERIOR_END = 28, Down.BCAST, Up.NOTHING, ("width",), "interior_end"
     # refinement of the Newton step: per block [K Z^T dx (the w of dx, d)] -> per block [v of its residual (d)]
-    IPM_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_residual"
-    # per block [y_i of the residual (d)]: dx corrected -> what IPM_STEP sends
-    IPM_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "ipm_correct"
+    INTERIOR_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_residual"
+    # per block [y_i of the residual (d)]: dx corrected -> what INTERIOR_STEP sends
+    INTERIOR_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_correct"
     # a box-loss W-step near its end or stalled (every task one block, dense task arrays): per block [c (d), loss
-    # sums at w + s c for s in POLISH_SCALES, c . b (local: the block's own b; else 0)], c the least-squares
+    # sums at w + s c for s in MARGIN_SCALES, c . b (local: the block's own b; else 0)], c the least-squares
     # change of w that puts the free rows on their margins (margin_correction); nothing changes on the workers
-    POLISH = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "polish"
+    MARGIN_CORRECTION = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "margin_correction_rows"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,

@@ -17,9 +17,7 @@ from ..params import check_positive_label, validate as check_params
 
 EXACT_MAX_FEATURES = 2048       # auto: exact squared-loss subproblems up to this many features
 # auto: exact hinge / smoothed-hinge subproblems (a box QP over the block's dual variables) for blocks of at most this
-# many rows; the QP's n x n matrix exists only during the step.  The QP from zero (a W-step's first round) on raw rows
-# of rank 10 (measured, _kernels.box_qp, KKT to 1e-12): 30 rows 2.9 ms, 60 rows 33 ms, 120 rows 143 ms, 256 rows
-# 5.9 s; warm-started from the last round's alpha 0.03 / 0.06 / 0.13 / 0.5 ms
+# many rows; the QP's n x n matrix exists only during the step (timings: docs/dmtrl-notes.md)
 EXACT_BOX_ROWS = 64
 
 

@@ -2,7 +2,7 @@
 
 The worker half (:class:`InteriorBlocks`: every block's iterate x = y o alpha in (0, 1), its Newton system
 and steps) and the server half (:class:`InteriorServer`: when the rounds are due, the rounds themselves).
-The server's ``ipm_tried`` is created and written here only.
+The server's ``interior_tried`` is created and written here only.
 """
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from .commands import DMTRLCommand
 from .config import uses_interior_point
 from .outer import primal_dual_of
 
-IPM_AFTER_STALL = 10             # recorded rounds without halving before a W-step turns to interior-point rounds
-IPM_AFTER_LOCAL_STALL = 5        # ... local rounds (up to --local-steps local steps a task each): 5 such rounds of
-                                 # 100 steps without halving the gap are a stall (6 tasks, 100 raw features: 1.2 s
-                                 # a round; the turn came after 10 of them, 12 of the W-step's 20 s)
+INTERIOR_AFTER_STALL = 10             # recorded rounds without halving before a W-step turns to interior-point rounds
+INTERIOR_AFTER_LOCAL_STALL = 5        # ... local rounds (up to --local-steps local steps a task each): 5 such rounds of
+                                 # 100 steps without halving the gap are a stall
 
 
 class InteriorBlocks:
@@ -26,8 +25,8 @@ class InteriorBlocks:
     def init_interior_rounds(self):
         self.iterates = []                              # interior-point W-steps: every block's BlockIterate
 
-    def ipm_start(self, ctrl, inputs):
-        """IPM_START: every block's iterate from its alpha -> per block ``[Z^T x / n, z.x + s.(1 - x)]``."""
+    def interior_start(self, ctrl, inputs):
+        """INTERIOR_START: every block's iterate from its alpha -> per block ``[Z^T x / n, z.x + s.(1 - x)]``."""
         gamma = self.config.gamma if self.loss.name == "smoothed-hinge" else 0.0
         self.iterates, parts = [], []
         for k, blk in enumerate(self.blocks):
@@ -36,8 +35,8 @@ class InteriorBlocks:
             parts.append(([it.b()], [it.complementarity()]))
         return self.dense_rows(parts, 1, ctrl.width)
 
-    def ipm_system(self, ctrl, rows):
-        """IPM_SYSTEM: the pending steps taken; per block ``[G's upper triangle, v, loss sum, conjugate sum]`` at x."""
+    def interior_system(self, ctrl, rows):
+        """INTERIOR_SYSTEM: the pending steps taken; per block ``[G's upper triangle, v, loss sum, conjugate sum]`` at x."""
         d = ctrl.d
         t = d * (d + 1) // 2                       # G's upper triangle
         out = np.zeros((len(self.blocks), t + d + 2))
@@ -58,21 +57,21 @@ class InteriorBlocks:
             out[k, :t], out[k, t:t + d], out[k, t + d:] = interior.packed(G), v, terms
         return out
 
-    def ipm_step(self, ctrl, rows):
-        """IPM_STEP: ``alpha = y o x`` when accepted; the Newton steps -> per block ``[Z^T dx / n, largest primal
+    def interior_step(self, ctrl, rows):
+        """INTERIOR_STEP: ``alpha = y o x`` when accepted; the Newton steps -> per block ``[Z^T dx / n, largest primal
         step, largest dual step, 4 complementarity coefficients]``."""
         parts = self.from_rows(rows, 1)
         if parts and parts[0][1][0] > 0:              # (the same flag for every block)
             self.accept_iterates()
         return self.step_rows([it.step(vecs[0]) for it, (vecs, sc) in zip(self.iterates, parts)], ctrl.d)
 
-    def ipm_residual(self, ctrl, rows):
-        """IPM_RESIDUAL: every block's Newton residual at its pending dx -> per block its ``v``."""
+    def interior_residual(self, ctrl, rows):
+        """INTERIOR_RESIDUAL: every block's Newton residual at its pending dx -> per block its ``v``."""
         return self.dense_rows([([self.iterates[k].residual(vecs[0])], ())
                                 for k, (vecs, sc) in enumerate(self.from_rows(rows, 1))], 1, ctrl.d)
 
-    def ipm_correct(self, ctrl, rows):
-        """IPM_CORRECT: every block's dx corrected -> what :meth:`ipm_step` sends."""
+    def interior_correct(self, ctrl, rows):
+        """INTERIOR_CORRECT: every block's dx corrected -> what :meth:`interior_step` sends."""
         return self.step_rows([it.correct(vecs[0]) for it, (vecs, sc) in zip(self.iterates, self.from_rows(rows, 1))],
                               ctrl.d)
 
@@ -86,8 +85,8 @@ class InteriorBlocks:
         for st, blk, it in zip(self.state, self.blocks, self.iterates):
             st.alpha = blk.y * it.x
 
-    def ipm_end(self, ctrl, shared):
-        """IPM_END: ``alpha = y o x`` when accepted; the iterates dropped, shrinking reset."""
+    def interior_end(self, ctrl, shared):
+        """INTERIOR_END: ``alpha = y o x`` when accepted; the iterates dropped, shrinking reset."""
         if shared[0] > 0:
             self.accept_iterates()
         self.pending = [None] * len(self.blocks)
@@ -99,17 +98,17 @@ class InteriorServer:
     """The server half of interior-point rounds (a :class:`hpcmtl.dmtrl.server.Server` mixin)."""
 
     def init_interior_rounds(self):
-        self.ipm_tried = False        # the current W-step ran interior-point rounds (checkpointed)
+        self.interior_tried = False        # the current W-step ran interior-point rounds (checkpointed)
 
     def forget_interior_rounds(self):
         """A new W-step: it has not run interior-point rounds yet."""
-        self.ipm_tried = False
+        self.interior_tried = False
 
     def interior_counters(self):
-        return {"ipm_tried": bool(self.ipm_tried)}
+        return {"ipm_tried": bool(self.interior_tried)}
 
     def restore_interior_counters(self, counters):
-        self.ipm_tried = bool(counters.get("ipm_tried", False))
+        self.interior_tried = bool(counters.get("ipm_tried", False))
 
     def interior_point_possible(self) -> bool:
         """Every task one block on dense task arrays, :func:`uses_interior_point`, and every block's rows
@@ -120,16 +119,16 @@ class InteriorServer:
     def interior_point_due(self) -> bool:
         """Interior-point rounds now: at the start of a W-step under a coupled Sigma with at most
         ``interior.START_FEATURES`` features (not after a resume inside one), or, once a W-step, when its gap
-        has not halved for IPM_AFTER_STALL recorded rounds (IPM_AFTER_LOCAL_STALL local rounds: under a
+        has not halved for INTERIOR_AFTER_STALL recorded rounds (INTERIOR_AFTER_LOCAL_STALL local rounds: under a
         diagonal Sigma too, whose local rounds stall on raw features far above 1, where local SDCA and the
-        exact local steps make no progress).  Read from the history and the checkpointed ``ipm_tried``, so a
+        exact local steps make no progress).  Read from the history and the checkpointed ``interior_tried``, so a
         resumed run decides alike."""
         if not self.interior_point_possible():
             return False
-        if self.t == 0:
+        if self.wstep_round == 0:
             return self.coupled() and self.d <= interior.START_FEATURES
-        stall = IPM_AFTER_LOCAL_STALL if self.local_rounds_possible() else IPM_AFTER_STALL
-        return not self.ipm_tried and self.since_halved() >= stall
+        stall = INTERIOR_AFTER_LOCAL_STALL if self.local_rounds_possible() else INTERIOR_AFTER_STALL
+        return not self.interior_tried and self.since_halved() >= stall
 
     def interior_rounds(self):
         """Interior-point rounds (:mod:`hpcmtl.interior`) until alpha is certified, they stall, or a cap.
@@ -144,11 +143,11 @@ class InteriorServer:
         None, certified)``; uncertified, the W-step goes on with the 'qp' rounds from alpha."""
         cfg, d, m = self.config, self.d, self.m
         began = (self.checkpoint_state(), self.round) if self.checkpointer is not None else None
-        self.ipm_tried = True                # once a W-step (after the state they began from: a resume repeats them)
+        self.interior_tried = True                # once a W-step (after the state they began from: a resume repeats them)
         primal_best, dual_a = self.objective(self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None,
                                                             with_objective=True))
         best_WT = self.WT
-        start = self.command(DMTRLCommand.IPM_START, width=d + 1)
+        start = self.command(DMTRLCommand.INTERIOR_START, width=d + 1)
         self.check_vectors(start, "interior-point start b")
         BxT = self.per_task(start[:, :d])
         n_total = float(np.sum(self.n))
@@ -159,13 +158,13 @@ class InteriorServer:
         row, certified, accepted = None, False, False
         halved, smallest, since = np.inf, np.inf, 0      # x's gap at its last halving, its smallest; rounds since
         for _ in range(interior.MAX_ROUNDS):
-            if self.t >= cfg.max_rounds:
+            if self.wstep_round >= cfg.max_rounds:
                 break
-            self.t += 1
+            self.wstep_round += 1
             self.round += 1
             WxT = self.space.mix(self.Sigma, BxT, cfg.lam)
             steps = np.tile([a_primal, a_dual, mu, k_norm], (len(self.blocks), 1))
-            rows = self.command(DMTRLCommand.IPM_SYSTEM, payload=np.column_stack([WxT[self.block_task], steps]),
+            rows = self.command(DMTRLCommand.INTERIOR_SYSTEM, payload=np.column_stack([WxT[self.block_task], steps]),
                                 round=self.round, width=d + 4, d=d)
             sums = self.per_task(rows)
             check_finite_rows(sums, self.round, self.names, "interior-point system", self.outer)
@@ -177,7 +176,7 @@ class InteriorServer:
             if primal_x <= primal_best:                # the best w seen (weak duality: any w against alpha's D)
                 primal_best, best_WT = primal_x, WxT
             certified = primal_best - dual_a <= cfg.tol * max(abs(primal_best), 1e-300)
-            if certified or self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds:
+            if certified or self.wstep_round % cfg.gap_every == 0 or self.wstep_round == cfg.max_rounds:
                 row = self.record(primal_best, dual_a)
             if certified:
                 break
@@ -191,25 +190,25 @@ class InteriorServer:
             newton = interior.NewtonSystem(root, interior.unpacked(sums[:, :t], d))
             Y = newton.solve(sums[:, t:t + d])
             check_finite_rows(Y, self.round, self.names, "interior-point step", self.outer)
-            rows = self.command(DMTRLCommand.IPM_STEP, width=d + 1, d=d,
+            rows = self.command(DMTRLCommand.INTERIOR_STEP, width=d + 1, d=d,
                                 payload=np.column_stack([Y[self.block_task], np.full(len(self.blocks), float(accepted))]))
             check_finite_rows(rows, self.round, self.names, "interior-point step", self.outer)
             accepted = False                                        # delivered
             for _ in range(interior.REFINEMENTS):                   # the step through the full system's residual
                 WdT = self.space.mix(self.Sigma, self.per_task(rows[:, :d]), cfg.lam)
-                V = self.per_task(self.command(DMTRLCommand.IPM_RESIDUAL, payload=WdT[self.block_task], width=d, d=d))
+                V = self.per_task(self.command(DMTRLCommand.INTERIOR_RESIDUAL, payload=WdT[self.block_task], width=d, d=d))
                 Y = newton.solve(V)
                 check_finite_rows(Y, self.round, self.names, "interior-point refinement", self.outer)
-                rows = self.command(DMTRLCommand.IPM_CORRECT, payload=Y[self.block_task], width=d, d=d)
+                rows = self.command(DMTRLCommand.INTERIOR_CORRECT, payload=Y[self.block_task], width=d, d=d)
                 check_finite_rows(rows, self.round, self.names, "interior-point refinement", self.outer)
             a_primal, a_dual = interior.step_lengths(rows[:, d], rows[:, d + 1])
             BxT = BxT + a_primal * self.per_task(rows[:, :d])
             c = self.per_task(rows[:, d + 2:d + 6])
             mu = interior.barrier_parameter(np.sum(c[:, 0] + a_primal * c[:, 1] + a_dual * c[:, 2]
                                                    + a_primal * a_dual * c[:, 3]), n_total)
-        self.command(DMTRLCommand.IPM_END, payload=np.array([float(accepted)]), width=1)
+        self.command(DMTRLCommand.INTERIOR_END, payload=np.array([float(accepted)]), width=1)
         self.recompute_w()
-        if certified or self.t >= cfg.max_rounds:
+        if certified or self.wstep_round >= cfg.max_rounds:
             self.WT = best_WT               # the w of the last row's P (alpha's own, or an iterate's with a smaller P)
         self.mirrors_stale()                # the workers' mirror of B (box momentum on supports) is stale
         self.push_w(False)

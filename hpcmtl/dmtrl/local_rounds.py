@@ -22,7 +22,7 @@ class LocalRoundBlocks:
     def init_local_rounds(self):
         self.local = []                                 # local rounds: each block's TaskSteps
 
-    def local_steps(self, parts, out, safe):
+    def take_local_round_steps(self, parts, out, safe):
         """Each block's steps from its local step ``parts[k]``, then b, w and alpha; ``out[k, 2:]``."""
         cfg = self.config
         for k, t in enumerate(self.local):
@@ -102,13 +102,13 @@ class LocalRoundBlocks:
         """
         out = np.zeros((len(self.blocks), 5))
         if self.config.aggregation == "safe":     # the paper's rule: one local SDCA a round
-            self.local_steps([([s], np.zeros(0)) for s in self.sdca_steps(ctrl.round)], out, True)
+            self.take_local_round_steps([([s], np.zeros(0)) for s in self.sdca_steps(ctrl.round)], out, True)
             if ctrl.with_objective:
                 out[:, :2] = self.objective_terms()
             return out
         done = np.zeros(len(self.blocks), dtype=bool)
         for inner in range(self.config.local_steps):
-            self.local_steps(self.trial_parts(ctrl.round, inner, done), out, False)
+            self.take_local_round_steps(self.trial_parts(ctrl.round, inner, done), out, False)
             out[~done, :2] = self.objective_terms(~done)
             done |= self.local_done(out)
             if done.all():

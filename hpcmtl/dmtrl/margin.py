@@ -2,7 +2,7 @@
 
 A correction ``c`` of a block's w puts its free rows on their margins (:func:`margin_correction`, from
 :func:`free_rows`, :func:`coordinate_newton`, :func:`min_norm_through_gram`); the server scales each task's
-(:func:`polish_scales`) and keeps ``W + C diag(s)`` when its exact primal is smaller.  The worker half
+(:func:`correction_scales`) and keeps ``W + C diag(s)`` when its exact primal is smaller.  The worker half
 (:class:`MarginBlocks`) and the server half (:class:`MarginServer`); the server's ``correction`` is created
 and written here only.
 """
@@ -16,21 +16,17 @@ from .commands import DMTRLCommand
 from .outer import primal_dual_of
 
 
-POLISH_STALL = 5                 # recorded rounds without the W-step's gap halving before a margin correction
-POLISH_NEAR = 30                 # ... and every round whose relative gap is within this factor of --tol: W(alpha)'s
+MARGIN_STALL = 5                 # recorded rounds without the W-step's gap halving before a margin correction
+MARGIN_NEAR = 30                 # ... and every round whose relative gap is within this factor of --tol: W(alpha)'s
                                  # primal lags the dual (a box loss's P at W(alpha) falls like the dual's error's
                                  # square root), and near the end a correction often certifies what would take many
-                                 # more rounds.  With the free rows by coordinate Newton steps (free_rows), P = 3,
-                                 # medians of 3: MDS 113 rounds, 0.86 s; 100: 104 rounds but more corrections that
-                                 # do not certify, 0.92 s; 10: 138 rounds (P = 1)
-POLISH_SCALES = (0.25, 0.5, 0.75, 1.0)   # per task, the server takes w_i + s_i c_i, s_i one of these or 0
-POLISH_SWEEPS = 8                # the server's sweeps over the tasks choosing the s_i (fewer when one changes nothing)
-POLISH_MAX_FLOPS = 2 ** 28       # a block's least squares: |F| d min(|F|, d) at most (about 0.1 s) ...
-POLISH_FLOPS_PER_VALUE = 64      # ... and at most this many times its stored values (nnz; n d when dense): a few
+                                 # more rounds (the choice of 30: docs/dmtrl-notes.md)
+MARGIN_SCALES = (0.25, 0.5, 0.75, 1.0)   # per task, the server takes w_i + s_i c_i, s_i one of these or 0
+MARGIN_SWEEPS = 8                # the server's sweeps over the tasks choosing the s_i (fewer when one changes nothing)
+MARGIN_MAX_FLOPS = 2 ** 28       # a block's least squares: |F| d min(|F|, d) at most (about 0.1 s) ...
+MARGIN_FLOPS_PER_VALUE = 64      # ... and at most this many times its stored values (nnz; n d when dense): a few
                                  # passes' time.  Sparse rows beyond it: through the free rows' Gram matrix (|F|
-                                 # nnz(Z_F) + |F|^3 flops, the same caps).  MDS (4 tasks of 2,000 rows, 10,000
-                                 # sparse features, about 80 values a row, |F| 35-175): about 1e8 flops a task the
-                                 # dense way, 2e6 through the Gram matrix
+                                 # nnz(Z_F) + |F|^3 flops, the same caps)
 FREE_FLOOR = 1e-12               # free rows: y alpha in (FREE_FLOOR, 1 - FREE_FLOOR) and inside after a coordinate
                                  # Newton step (free_rows)
 
@@ -42,12 +38,8 @@ def free_rows(beta, ahead):
 
     A row whose step would take it past a bound is on its way there, and at the optimum sits on
     its bound off its margin; pinning its margin would pull w away from the optimum.  Such rows
-    are common before the dual has settled, and not only within a hair of a bound: on MDS (a
-    learned Sigma, the first coupled W-step) 6 of a task's 53 rows with ``beta`` inside were at
-    0.003-0.999 and bound at the optimum, and pinning them made the correction 10 times larger
-    than the distance of w to the optimum (a primal further from it than W(alpha)'s); every one
-    of them was a row whose Newton step crosses a bound, and no row free at the optimum was.
-    The test needs no threshold: a row free at the optimum with a tiny ``beta`` (raw features
+    are common before the dual has settled, and not only within a hair of a bound (an example:
+    docs/dmtrl-notes.md).  The test needs no threshold: a row free at the optimum with a tiny ``beta`` (raw features
     near 1e5: every free row near 1e-12) stays, and one leaving for a bound from 0.3 goes."""
     inside = (beta > FREE_FLOOR) & (beta < 1.0 - FREE_FLOOR) & (ahead > 0.0) & (ahead < 1.0)
     return np.flatnonzero(inside)
@@ -85,7 +77,7 @@ def margin_correction(blk, a, w, loss, gamma, curvature, scores=None):
     the rows leave freedom), from the rows themselves, so the cancellation does not return;
     sparse rows too wide for that: the smallest c through ``Z_F Z_F^T`` (:func:`min_norm_through_gram`).
     Zero where there is no free row, the least squares would cost more than
-    POLISH_MAX_FLOPS or POLISH_FLOPS_PER_VALUE times the block's stored values, or does not
+    MARGIN_MAX_FLOPS or MARGIN_FLOPS_PER_VALUE times the block's stored values, or does not
     give a finite answer; zero on the columns the free rows do not touch.  Any w is a valid
     primal point: the server keeps ``w + s c`` only where its exact primal is smaller.
     """
@@ -95,7 +87,7 @@ def margin_correction(blk, a, w, loss, gamma, curvature, scores=None):
     d = blk.n_features
     if free.size == 0:
         return np.zeros(d)
-    budget = min(POLISH_MAX_FLOPS, POLISH_FLOPS_PER_VALUE * blk.rows.n_values)
+    budget = min(MARGIN_MAX_FLOPS, MARGIN_FLOPS_PER_VALUE * blk.rows.n_values)
     target = 1.0 - gamma * beta[free] if loss == "smoothed-hinge" else np.ones(free.size)
     try:
         with np.errstate(all="ignore"):
@@ -139,16 +131,16 @@ def min_norm_through_gram(X, r):
     return c + X.T @ (V @ (inverse * (V.T @ (r - X @ c))))
 
 
-def polish_scales(loss_at, cb, Q, n, movable):
-    """Per task the scale ``s_i`` in ``(0,) + POLISH_SCALES`` of its correction that makes the primal at
+def correction_scales(loss_at, cb, Q, n, movable):
+    """Per task the scale ``s_i`` in ``(0,) + MARGIN_SCALES`` of its correction that makes the primal at
     ``W + C diag(s)`` smallest: sweeps over the tasks (each task to its best scale with the others held; at
-    most POLISH_SWEEPS, fewer when a sweep changes nothing) from every common scale (all tasks 0, all 1/4, ...),
+    most MARGIN_SWEEPS, fewer when a sweep changes nothing) from every common scale (all tasks 0, all 1/4, ...),
     the best of them (none: every s_i 0).  The primal less the current one is
     ``sum_i (loss_at[i, s_i] - loss_at[i, 0]) / n_i + s . cb + s^T Q s / 2`` (``loss_at``: m x (1 + scales) loss sums, ``cb``: every ``c_i . b_i``, ``Q = lam Omega o (C
     C^T)``); tasks not ``movable`` keep 0.  A task whose correction costs more in the regularizer than it gains
     in its loss keeps its w; tasks a learned Sigma ties together may only gain together (Omega's negative
     entries between them), which the common starts find and single-task moves from zero would not."""
-    grid = np.concatenate([[0.0], POLISH_SCALES])
+    grid = np.concatenate([[0.0], MARGIN_SCALES])
     cb, Q = np.asarray(cb, dtype=np.float64), np.asarray(Q, dtype=np.float64)
     scaled = loss_at / np.asarray(n, dtype=np.float64)[:, None]
     tasks = np.flatnonzero(movable)
@@ -163,7 +155,7 @@ def polish_scales(loss_at, cb, Q, n, movable):
     for start in range(grid.size if tasks.size else 0):
         pick = np.where(movable, start, 0)
         s = grid[pick]
-        for _ in range(POLISH_SWEEPS):
+        for _ in range(MARGIN_SWEEPS):
             changed = False
             for i in tasks:           # task i to every scale at once: the change of the value
                 step = grid - s[i]
@@ -182,11 +174,11 @@ def polish_scales(loss_at, cb, Q, n, movable):
 class MarginBlocks:
     """The worker half of margin corrections (a :class:`hpcmtl.dmtrl.worker.LocalBlocks` mixin)."""
 
-    def polish(self, ctrl, inputs):
-        """POLISH: per block ``[c (d), loss sums at w + s c for s in POLISH_SCALES, c . b (local rounds: its own
+    def margin_correction_rows(self, ctrl, inputs):
+        """MARGIN_CORRECTION: per block ``[c (d), loss sums at w + s c for s in MARGIN_SCALES, c . b (local rounds: its own
         b)]`` (:func:`margin_correction` under the block's ``sigma_ii / lam``; the loss sums from the scores at w,
         which also choose the free rows, and at c: two passes; zeros where c is zero; nothing changes here)."""
-        d, scales = ctrl.d, np.asarray(POLISH_SCALES)
+        d, scales = ctrl.d, np.asarray(MARGIN_SCALES)
         out = np.zeros((len(self.blocks), d + scales.size + 1))
         for k, blk in enumerate(self.blocks):
             a, w = self.state[k].alpha, self.w[k]
@@ -201,7 +193,7 @@ class MarginBlocks:
             if ctrl.local:
                 out[k, -1] = float(c @ self.local[k].BT[0])
             f = self.columns[k]
-            out[k, :d] = c if f is None else self.spread(f, c)
+            out[k, :d] = c if f is None else self.on_all_features(f, c)
         return out
 
 
@@ -215,11 +207,11 @@ class MarginServer:
         """``(primal, C^T or None)``: the smaller of this round's primal and a margin correction's, when one is
         due (``terms``: this round's, per block or, ``local``, per task)."""
         correction = None
-        if primal - dual > self.config.tol * abs(primal) and self.polish_due(primal, dual):
+        if primal - dual > self.config.tol * abs(primal) and self.margin_correction_due(primal, dual):
             loss_sums = terms[:, 0] if local else self.per_task(terms)[:, 0]
-            polished, CT = self.polished_primal(regularizer, local, loss_sums)
-            if polished < primal:               # any W is a primal point: the smaller P certifies
-                primal, correction = polished, CT
+            corrected, CT = self.primal_with_correction(regularizer, local, loss_sums)
+            if corrected < primal:               # any W is a primal point: the smaller P certifies
+                primal, correction = corrected, CT
         return primal, correction
 
     def keep_correction(self, CT):
@@ -233,42 +225,42 @@ class MarginServer:
             self.correction = None
             self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None, with_objective=False)
 
-    def polish_possible(self) -> bool:
+    def margin_correction_possible(self) -> bool:
         """Hinge or smoothed hinge, an aggregation other than the paper's 'safe' rule, every task one block,
         dense task arrays."""
         return (not self.safe and self.config.loss in ("hinge", "smoothed-hinge") and self.one_block_a_task
                 and not self.space.sparse)
 
-    def polish_due(self, primal, dual) -> bool:
-        """The W-step's last round, its relative gap within POLISH_NEAR times --tol, or its gap (this round's
-        with the recorded ones) has not halved for a multiple of POLISH_STALL recorded rounds; read from the
+    def margin_correction_due(self, primal, dual) -> bool:
+        """The W-step's last round, its relative gap within MARGIN_NEAR times --tol, or its gap (this round's
+        with the recorded ones) has not halved for a multiple of MARGIN_STALL recorded rounds; read from the
         history, so a resumed run decides alike."""
-        if not self.polish_possible():
+        if not self.margin_correction_possible():
             return False
-        if self.t >= self.config.max_rounds:
+        if self.wstep_round >= self.config.max_rounds:
             return True
         rel_gap = (primal - dual) / max(abs(primal), 1e-300)
-        if rel_gap <= POLISH_NEAR * self.config.tol:
+        if rel_gap <= MARGIN_NEAR * self.config.tol:
             return True
         since = self.since_halved(rel_gap)
-        return since > 0 and since % POLISH_STALL == 0
+        return since > 0 and since % MARGIN_STALL == 0
 
-    def polished_primal(self, regularizer, local, loss_sums):
-        """The exact primal at ``W + C diag(s)`` (C from POLISH, the scales s from :func:`polish_scales`) and
+    def primal_with_correction(self, regularizer, local, loss_sums):
+        """The exact primal at ``W + C diag(s)`` (C from MARGIN_CORRECTION, the scales s from :func:`correction_scales`) and
         ``diag(s) C^T`` (m x d); ``loss_sums``: every task's loss sum at W (this round's).
 
         ``(lam / 2) tr((W + C_s) Omega (W + C_s)^T)`` with ``W Omega = B / lam``: the
         current ``regularizer / 2`` plus ``sum_i s_i c_i . b_i`` plus ``(lam / 2) sum_ij s_i s_j
         Omega_ij c_i . c_j``; ``c_i . b_i`` from the workers in local rounds (B lives there)."""
-        d, lam, scales = self.d, self.config.lam, len(POLISH_SCALES)
-        rows = self.per_task(self.command(DMTRLCommand.POLISH, width=d + scales + 1, d=d, local=int(local)))
+        d, lam, scales = self.d, self.config.lam, len(MARGIN_SCALES)
+        rows = self.per_task(self.command(DMTRLCommand.MARGIN_CORRECTION, width=d + scales + 1, d=d, local=int(local)))
         check_finite_rows(rows, self.round, self.names, "margin correction", self.outer)
         CT = rows[:, :d]
         cb = rows[:, -1] if local else np.einsum("ij,ij->i", CT, self.space.dense(self.BT))
         Q = lam * np.linalg.inv(self.Sigma) * (CT @ CT.T)
         loss_at = np.column_stack([loss_sums, rows[:, d:d + scales]])
-        s = polish_scales(loss_at, cb, Q, self.n, np.any(CT != 0.0, axis=1))
-        chosen = loss_at[np.arange(self.m), np.searchsorted(np.concatenate([[0.0], POLISH_SCALES]), s)]
+        s = correction_scales(loss_at, cb, Q, self.n, np.any(CT != 0.0, axis=1))
+        chosen = loss_at[np.arange(self.m), np.searchsorted(np.concatenate([[0.0], MARGIN_SCALES]), s)]
         moved = regularizer + 2.0 * float(s @ cb) + float(s @ Q @ s)
         primal, _ = primal_dual_of(chosen, np.zeros(self.m), self.n, moved)
         return primal, s[:, None] * CT

@@ -13,9 +13,7 @@ import numpy as np
 
 from .commands import DMTRLCommand
 from .config import uses_momentum
-
-
-BETA_CAP = 100.0          # box momentum: the furthest extension of the previous step
+from .steps import BETA_CAP
 
 
 def box_direction(a, p, y):

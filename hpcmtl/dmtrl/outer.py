@@ -1,8 +1,8 @@
 """The outer loop (Algorithm 1) and the per-round certificate: W-steps alternating with Omega-steps.
 
-:class:`OuterState` (where the loop is), :func:`alternate`, :func:`unconverged_message`,
+:class:`OuterState` (where the loop is), :func:`outer_loop`, :func:`unconverged_message`,
 :class:`GapHistory` (the recorded rows and the certificate's checks), :func:`primal_dual` /
-:func:`primal_dual_of`, and how long a W-step's gap has gone without halving (:func:`halving`,
+:func:`primal_dual_of`, and how long a W-step's gap has gone without halving (:func:`next_halving`,
 :func:`rounds_since_halved`, :func:`stalled_since`).  Shared with the centralized baselines.
 """
 from __future__ import annotations
@@ -18,10 +18,15 @@ from .config import DMTRLConvergenceWarning
 class OuterState:
     """Where the outer loop is: the current outer step, the previous W-step's objective, each W-step's status."""
 
-    def __init__(self, p=0, previous=None, wsteps=None):
-        self.p = p
+    def __init__(self, outer=0, previous=None, wsteps=None):
+        self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
         self.previous = previous
         self.wsteps = list(wsteps or [])     # dicts: outer, round (last), rel_gap, converged
+
+    @property
+    def p(self):
+        """The former name of :attr:`outer` (hpcmtl/baselines.py still reads it)."""
+        return self.outer
 
     def wstep_arrays(self):
         keys = ("outer", "round", "rel_gap", "converged")
@@ -42,7 +47,7 @@ def unconverged_message(step, config, stalled_since=None):
             f"(hpcmtl data standardize) or raise --lam")
 
 
-def alternate(config, w_step, omega_update, state: OuterState | None = None, warn=None):
+def outer_loop(config, w_step, omega_update, state: OuterState | None = None, warn=None):
     """The outer loop of Algorithm 1, shared by DMTRL and the centralized baselines.
 
     ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()``
@@ -56,21 +61,21 @@ def alternate(config, w_step, omega_update, state: OuterState | None = None, war
     """
     state = state or OuterState()
     warn = warn if warn is not None else (lambda msg: warnings.warn(msg, DMTRLConvergenceWarning, stacklevel=3))
-    while state.p < config.outer:
-        row, converged = w_step(state.p)
+    while state.outer < config.outer:
+        row, converged = w_step(state.outer)
         objective = row["primal"]
-        step = {"outer": int(state.p), "round": int(row["round"]), "rel_gap": float(row["rel_gap"]),
+        step = {"outer": int(state.outer), "round": int(row["round"]), "rel_gap": float(row["rel_gap"]),
                 "converged": int(bool(converged))}
         state.wsteps.append(step)
         if not converged:
             warn(unconverged_message(step, config, row.get("stalled_since")))
         if not np.isfinite(objective):
-            raise ConvergenceError(f"non-finite objective {objective} after W-step {state.p + 1}")
-        if (config.relationship != "learned" or state.p + 1 == config.outer or
+            raise ConvergenceError(f"non-finite objective {objective} after W-step {state.outer + 1}")
+        if (config.relationship != "learned" or state.outer + 1 == config.outer or
                 (state.previous is not None and abs(objective - state.previous) <= config.outer_tol * abs(objective))):
             break
         state.previous = objective
-        state.p += 1
+        state.outer += 1
         omega_update()
     return all(w["converged"] for w in state.wsteps)
 
@@ -116,9 +121,9 @@ class GapHistory:
                 seen -= 1
             state = (np.inf, 0)
         for g in rows["rel_gap"][seen:n]:
-            state = halving(state, g)
+            state = next_halving(state, g)
         self.halving_seen = (outer, n, state)
-        return (state if rel_gap is None else halving(state, rel_gap))[1]
+        return (state if rel_gap is None else next_halving(state, rel_gap))[1]
 
     def record(self, round_, outer, primal, dual, seconds, bytes_moved, step=np.nan, rho=np.nan):
         for name, value in (("primal", primal), ("dual", dual)):
@@ -149,7 +154,7 @@ class GapHistory:
         self.halving_seen = (None, 0, (np.inf, 0))
 
 
-def halving(state, rel_gap):
+def next_halving(state, rel_gap):
     """``(gap at the last halving, rows since)`` after one more recorded relative gap."""
     halved, since = state
     return (rel_gap, 0) if rel_gap < 0.5 * halved else (halved, since + 1)
@@ -159,7 +164,7 @@ def rounds_since_halved(rel_gaps) -> int:
     """Recorded rounds since a W-step's relative gap last fell below half its value at the previous halving."""
     state = (np.inf, 0)
     for g in rel_gaps:
-        state = halving(state, g)
+        state = next_halving(state, g)
     return state[1]
 
 

@@ -19,7 +19,7 @@ from .interior_rounds import InteriorServer
 from .local_rounds import LocalRoundServer
 from .margin import MarginServer
 from .momentum import MomentumServer
-from .outer import GapHistory, OuterState, alternate, primal_dual_of, stalled_since
+from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from .sigma import coupled_rho, omega_from_gram, safe_rho
 from .steps import StepSolver
 from .supports import SupportServer
@@ -55,7 +55,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
         self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
         self.history = GapHistory()
-        self.t = 0                    # rounds so far in the current W-step
+        self.wstep_round = 0                    # rounds so far in the current W-step
         self.outer_state = OuterState()
         self.want_test = test
         self.test = None
@@ -68,7 +68,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
 
     @property
     def outer(self):
-        return self.outer_state.p
+        return self.outer_state.outer
 
     def push_sigma(self):
         shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
@@ -173,13 +173,13 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         return self.history.since_halved(self.outer, rel_gap)
 
     def w_step(self):
-        if self.t == 0:
+        if self.wstep_round == 0:
             self.forget_interior_rounds()
         row, converged = None, False
         while True:
             if self.interior_point_due():
                 row, converged = self.interior_rounds()
-                if converged or self.t >= self.config.max_rounds:
+                if converged or self.wstep_round >= self.config.max_rounds:
                     break
             local = self.local_rounds_possible()
             if local:
@@ -187,7 +187,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             row, converged = self.w_step_rounds(local)
             if local:
                 self.leave_local()
-            if converged or self.t >= self.config.max_rounds or not self.interior_point_due():
+            if converged or self.wstep_round >= self.config.max_rounds or not self.interior_point_due():
                 break
         if not converged and row is not None:
             rows = self.history.rows
@@ -202,10 +202,10 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         cfg = self.config
         rows = self.history.rows
         row = {k: v[-1] for k, v in rows.items()} if rows["round"] else None
-        while self.t < cfg.max_rounds:
-            self.t += 1
+        while self.wstep_round < cfg.max_rounds:
+            self.wstep_round += 1
             self.round += 1
-            want_gap = self.t % cfg.gap_every == 0 or self.t == cfg.max_rounds
+            want_gap = self.wstep_round % cfg.gap_every == 0 or self.wstep_round == cfg.max_rounds
             if local:
                 terms = self.round_local(want_gap)
             else:
@@ -239,7 +239,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.push_w(False)
         if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
             self.restart_momentum()
-        self.t = 0
+        self.wstep_round = 0
         self.safe_point()
 
     def block_slices(self, pieces, size):
@@ -258,7 +258,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.restore(resume())        # read (and checked) on the server, workers already serving
         else:
             self.push_sigma()
-        converged = alternate(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
+        converged = outer_loop(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
         if self.want_test or self.scores_off_supports:
             self.push_dense_w()
         if self.want_test:
@@ -278,8 +278,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         if self.momentum:
             arrays.update(beta=self.beta, dPT=self.space.dense(self.dPT), previous=self.gather_previous())
         arrays.update(self.history.checkpoint_arrays())
-        counters = {"round": self.round, "t": self.t, "outer": self.outer_state.p,
-                    "previous": self.outer_state.previous, "seconds": self.elapsed(),
+        counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
+                    "previous": self.outer_state.outerrevious, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
                     **self.momentum_counters(), **self.interior_counters()}
         return arrays, blocks, counters
@@ -307,7 +307,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.beta = np.asarray(ck["arrays"]["beta"], dtype=np.float64).copy()
             self.dPT = self.space.compact(ck["arrays"]["dPT"])
         c = ck["counters"]
-        self.round, self.t = int(c["round"]), int(c["t"])
+        self.round, self.wstep_round = int(c["round"]), int(c["t"])
         self.restore_momentum_counters(c)
         self.restore_interior_counters(c)
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))

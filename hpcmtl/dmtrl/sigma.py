@@ -68,11 +68,8 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     to sigma_ii, its curvature alone (rho = 1).  The server's steps can shorten a local
     step (eta <= 1) but never lengthen it, so a local model stiffer than the coupled
     dual in the directions that separate related tasks wastes rounds; the steps shorten
-    what a softer model overshoots along the tasks' common direction.  Measured with a
-    learned Sigma (bench_convergence's mds, P = 1, 10 W-steps): 228 rounds against 311
-    with rho 1 (``(1 + s_i) / 2``: 234); one fixed rho for every task before the local
-    steps and restarts of shrinking: 0.25: 252, 0.35: 245, 0.5: 224, 0.7: 260, 1: 358,
-    s_i: 273.  Fewer rounds on syn1, syn2 and the small-task case too.
+    what a softer model overshoots along the tasks' common direction (measurements:
+    docs/dmtrl-notes.md).
     """
     m = Sigma.shape[0]
     if interior.is_diagonal(Sigma):

@@ -13,7 +13,6 @@ from .. import _kernels
 from ..losses import conjugate_reference
 from ..taskspace import DENSE, DenseSpace
 from .config import uses_momentum
-from .momentum import BETA_CAP
 from .sigma import task_rho_bounds
 
 
@@ -29,24 +28,12 @@ def coupled_passes(rho: float) -> int:
     (``--local-steps 1``) is still an exchanged round.  Its local problem is then the whole problem, so every
     pass is dual ascent; a step of two passes lets liblinear's shrinking work on its own second pass, and
     the gap (a pass over the rows for the losses) and the step's exact sizes come in fewer steps.
-    Measured on the first W-step of MNIST (10 tasks, P = 1): one pass 52 steps a task, 5.1e6 coordinate
-    steps, 16.4 s; two passes 12.5 steps, 2.0e6, 5.2 s; four 6.9 steps, 2.1e6, 4.9 s.  Whole runs (10
-    W-steps, tol 1e-6, P = 1, rounds / s, one pass -> two -> four): MNIST 72 / 60.8 -> 70 / 45.2 -> 67 /
-    43.2, syn1 529 / 11.0 -> 523 / 9.3 -> 526 / 8.6, syn2 781 / 14.5 -> 778 / 13.4 -> 788 / 12.9, small
-    1,426 / 16.2 -> 1,446 / 14.7 -> 1,468 / 14.9, mds 200 / 1.35 -> 210 / 1.31 -> 203 / 1.38.
 
     ``1 - s_i`` is how much of task i's variance under Sigma the other tasks explain.  Where that is small the
     local subproblem (the other tasks' b fixed) is nearly the coupled dual's own block, so solving it further
     before an exchange is work the next rounds would otherwise repeat; the server's steps (eta <= 1) cut back
     what the coupling makes too long, so the certificate and dual ascent are unchanged.  Strongly related
-    tasks (s_i <= 3/4) keep one pass.  Measured (bench_convergence, P = 3, 10 W-steps, tol 1e-6) on MNIST
-    (s_i 0.89-0.96, dense rows then): one pass 226 rounds / 61 s, 4 passes 66 / 29 s, 5-8 passes (a cap of
-    8) 55 / 51 s.  With the later local solver (CSR rows, UNCOUPLED_PASSES), seeds 0, 1, 2, P = 3, rounds /
-    s: a cap of 4 70 / 10.4, 73 / 10.2, 66 / 9.6; a cap of 2 71 / 8.8, 71 / 8.4, 77 / 8.8 (median -13 %
-    seconds, about the same rounds; a cap of 3 was worse than both, 87 rounds, dense rows at P = 1).  The
-    late W-steps take 3 rounds each whatever the cap, so passes beyond 2 are work the certificate does not
-    need there.  Synthetic 1 and 2, the small tasks and School (every s_i < 5/6, or the exact
-    solver) are bitwise unchanged by the cap; MDS 210 -> 212 rounds, the same seconds.
+    tasks (s_i <= 3/4) keep one pass.  The measurements behind the passes and the cap: docs/dmtrl-notes.md.
     """
     if rho >= 1.0:
         return UNCOUPLED_PASSES
@@ -54,6 +41,7 @@ def coupled_passes(rho: float) -> int:
 
 
 QP_ITERATIONS = 60
+BETA_CAP = 100.0          # box momentum: the furthest extension of the previous step
 
 
 def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_ITERATIONS,
@@ -64,7 +52,7 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     An active-set Newton method: coordinates at a bound whose gradient points
     out of the box are held; the Newton step on the others (Cholesky; a
     pseudo-inverse, or the ray along which the objective is linear, when the
-    free block is singular: its eigendecomposition by cyclic Jacobi rotations) is
+    free block is singular: its eigendecomposition, LAPACK's dsyev) is
     tried projected onto the box, which may change many bounds at once, and when
     that does not gain, taken up to the first bound it meets, which always gains.
     Starts from the best of 0, every coordinate alone (scaled back as a whole) and
@@ -72,8 +60,7 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     barely moves).  Deterministic (fixed operations in a fixed order); never worse
     than 0.  The iterations run in ``_kernels.box_qp`` (a NumPy reference of the
     same method is ``tests/reference.py::box_qp_reference``): on small tasks the
-    server's QP over m or 2m steps is most of a round, and NumPy's per-call cost
-    made it 6x the whole safe round.
+    server's QP over m or 2m steps is most of a round.
     """
     g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
     m = g.size
@@ -88,8 +75,7 @@ def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_I
     return x
 
 
-# box momentum: box QPs inside each task's triangle after the two boxes (StepSolver.within_triangle).  Measured at
-# P = 1 (rounds, 10 W-steps, tol 1e-6): mds 228 -> 217, syn1 548 -> 520, syn2 847 -> 782, small 1,925 -> 1,380
+# box momentum: box QPs inside each task's triangle after the two boxes (StepSolver.within_triangle)
 TRIANGLE_PASSES = 3
 
 

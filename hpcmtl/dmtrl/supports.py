@@ -19,13 +19,13 @@ def exchange_index(block, d):
     """The features a block's d-vectors travel on: its support when some feature is outside it (``|S| < d``),
     else None (the block is exchanged whole: dense rows, or sparse rows that touch every feature).  Any
     feature outside saves 16 bytes a round against one gather of ``|S|`` numbers a vector, so a support of
-    0.9 d travels as one (issue 14's MDS domains: 1.08x fewer bytes than whole)."""
+    0.9 d travels as one."""
     support = block.support
     return support if support.size < d else None
 
 
 class SupportLayout:
-    """Where each block's numbers sit in the flat buffer of a support collective (issue 14).
+    """Where each block's numbers sit in the flat buffer of a support collective.
 
     ``index``: per block (plan order; a worker: its own blocks), the sorted feature ids its d-vectors travel
     on (all d for a block exchanged whole).  A block's segment is ``[v_1 on S_k, ..., v_V on S_k, scalars]``:
@@ -143,7 +143,7 @@ class SupportBlocks:
             f = blk.n_features if index is None else index.size
             vecs = [flat[pos + v * f:pos + (v + 1) * f] for v in range(vectors)]
             if index is not None and self.columns[k] is None:      # whole columns: zeros off S_k
-                vecs = [self.spread(index, v) for v in vecs]
+                vecs = [self.on_all_features(index, v) for v in vecs]
             parts.append((vecs, flat[pos + vectors * f:pos + vectors * f + scalars]))
             pos += vectors * f + scalars
         if pos != flat.size:
@@ -156,9 +156,9 @@ class SupportBlocks:
         if self.w_dense is not None:
             return self.w_dense[k]
         f = self.columns[k]
-        return self.w[k] if f is None else self.spread(f, self.w[k])
+        return self.w[k] if f is None else self.on_all_features(f, self.w[k])
 
-    def spread(self, index, values):
+    def on_all_features(self, index, values):
         """A d-vector with ``values`` at ``index``, zero elsewhere."""
         full = np.zeros(self.d)
         full[index] = values

@@ -23,8 +23,8 @@ from .supports import SupportBlocks
 
 # pending local steps (aggregations other than 'safe'): every block's shrinking restarts every this many local steps.
 # liblinear's own restart (the active set's projected gradients within eps) assumes each pass continues the last
-# one's iterate; here only eta of each step is applied, and measured on syn2 with a learned Sigma the active sets
-# froze for hundreds of rounds with the dual still to 3e-4 of the optimum
+# one's iterate; here only eta of each step is applied, and the active sets can freeze with the dual far from its
+# optimum (docs/dmtrl-notes.md)
 UNSHRINK_EVERY = 20
 
 
@@ -67,7 +67,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
     with the collectives left to the engine.
 
     With the support exchange (``exchange='auto'``) a block exchanged on its support S_k
-    (:func:`exchange_index`) is also computed on it (issue 14): its columns are renumbered
+    (:func:`exchange_index`) is also computed on it: its columns are renumbered
     ``0 .. |S_k| - 1`` at construction (:meth:`TaskBlock.on_features`), and its w, its local
     steps and its local-round state are vectors of ``|S_k|`` numbers, never d.  The support
     commands' values are then these vectors as they are; the dense commands' rows are
@@ -180,17 +180,17 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
                                         block_seed(cfg.seed, blk.task, blk.part, round_, inner), blk.mu, blk.x_mu)
                     delta = trial - a
                 self.pending[k] = delta
-                c12 = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
+                conjugate_terms = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
                 if self.momentum == "free":
                     p = self.previous[k]
-                    vecs, scalars = [db], [*c12, float((a - blk.y) @ p), float(p @ p), float(delta @ p)]
+                    vecs, scalars = [db], [*conjugate_terms, float((a - blk.y) @ p), float(p @ p), float(delta @ p)]
                 elif self.momentum == "box":
                     q, beta_max = box_direction(a, self.previous[k], blk.y)
                     self.pending_q[k] = q
                     vecs = [db, blk.rmatvec_sparse(q) / blk.n_task]     # q moves few rows
-                    scalars = [*c12, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma), beta_max]
+                    scalars = [*conjugate_terms, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma), beta_max]
                 else:
-                    vecs, scalars = [db], list(c12)
+                    vecs, scalars = [db], list(conjugate_terms)
                 scalars = np.array(scalars, dtype=np.float64)
                 if nan_fault(round_, blk.task):
                     scalars[0] = np.nan
