@@ -21,11 +21,11 @@ from .margin import MarginServer
 from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from .sigma import coupled_rho, omega_from_gram, safe_rho
-from .steps import StepSolver
+from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 
-class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, StepSolver, ServerBase):
+class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
@@ -52,6 +52,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.rho_task = coupled_rho(self.Sigma)
         self.step = np.zeros(self.m)             # the last round's per-task steps
         self.momentum = uses_momentum(config)
+        self.solver = StepSolver(config, self.momentum)     # the per-task steps (aggregations other than safe)
         self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
         self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
         self.history = GapHistory()
@@ -104,6 +105,10 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
         self.check_vectors(self.WT, "W column")
 
+    def step_inputs(self):
+        """This round's :class:`StepInputs` of the step solver (B is updated in place)."""
+        return StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta)
+
     def objective(self, terms):
         """Primal and dual of the current alpha from per-block terms."""
         sums = self.per_task(terms)
@@ -145,12 +150,14 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         for v in vecs:
             self.check_vectors(v, "local step delta b")
         check_finite_rows(per_task, self.round, self.names, "local step delta b", self.outer)
-        eta, beta = self.take_steps(vecs[0], vecs[1] if self.momentum == "box" else None, per_task)
+        eta, beta, self.dPT = self.solver.take_steps(self.step_inputs(), vecs[0],
+                                                     vecs[1] if self.momentum == "box" else None, per_task)
         self.step, self.beta = eta, beta
         if box_on_supports:
             self.track_previous_steps(eta, vecs[0], beta, vecs[1])
         self.recompute_w()
-        self.adapt_rho(np.clip(eta, 0.0, self.config.eta))
+        self.rho_task = self.solver.adapt_rho(np.clip(eta, 0.0, self.config.eta), self.rho_task, self.Sigma,
+                                              self.blocks_per_task)
         return self.push_w(want_gap, eta, beta)
 
     @property
@@ -279,7 +286,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             arrays.update(beta=self.beta, dPT=self.space.dense(self.dPT), previous=self.gather_previous())
         arrays.update(self.history.checkpoint_arrays())
         counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
-                    "previous": self.outer_state.outerrevious, "seconds": self.elapsed(),
+                    "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
                     **self.momentum_counters(), **self.interior_counters()}
         return arrays, blocks, counters

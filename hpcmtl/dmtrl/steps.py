@@ -7,11 +7,13 @@ one-task :class:`TaskSteps`.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import _kernels
 from ..losses import conjugate_reference
-from ..taskspace import DENSE, DenseSpace
+from ..taskspace import DenseSpace
 from .config import uses_momentum
 from .sigma import task_rho_bounds
 
@@ -113,22 +115,43 @@ def conjugate_along(loss, a, delta, y, gamma):
     return float(np.sum(conjugate_reference(loss, a + delta, y) - conjugate_reference(loss, a, y))), 0.0
 
 
+class StepInputs(NamedTuple):
+    """What :class:`StepSolver` reads of its owner's state in a round: the task arrays' ``space``
+    (:mod:`hpcmtl.taskspace`), the task covariance ``Sigma`` (m x m), the tasks' sizes ``n``, ``WT``
+    (W as task arrays), ``BT`` (B, updated in place by :meth:`StepSolver.take_steps`), ``dPT`` (the B
+    change of the last round's step: free momentum) and the last round's ``step`` and ``beta`` (warm starts).
+    """
+    space: object
+    Sigma: np.ndarray
+    n: np.ndarray
+    WT: object
+    BT: object
+    dPT: object
+    step: np.ndarray
+    beta: np.ndarray
+
+    @property
+    def m(self):
+        return self.Sigma.shape[0]
+
+
 class StepSolver:
     """The per-task steps of the aggregations other than 'safe': the exact dual-maximizing ``eta``
     (and momentum ``beta``) along the pending local steps, and B updated with them.
 
-    Used by the server over all m tasks, and by a worker over one task (:class:`TaskSteps`)
-    when Sigma is diagonal and nothing couples the tasks (the quadratic is then a sum of
-    per-task terms: the same arithmetic with m = 1).  Needs ``config``, ``m``, ``d``, ``n``,
-    ``Sigma``, ``BT``, ``WT``, ``dPT``, ``step``, ``beta``, ``rho_task``,
-    ``blocks_per_task`` and ``momentum``.  ``BT``, ``WT``, ``dPT`` and the d-vectors passed in
-    are task arrays of ``space`` (:mod:`hpcmtl.taskspace`): dense ``m x d`` rows unless the
-    server keeps them on the task supports.
+    A component: the server holds one over all m tasks (``Server.solver``), and a worker one a
+    block over its task (:class:`TaskSteps`) when Sigma is diagonal and nothing couples the tasks
+    (the quadratic is then a sum of per-task terms: the same arithmetic with m = 1).  It keeps only
+    ``config`` and ``momentum`` (:func:`.config.uses_momentum`); every call gets the round's
+    :class:`StepInputs`.  ``BT``, ``WT``, ``dPT`` and the d-vectors passed in are task arrays of
+    ``inputs.space``: dense ``m x d`` rows unless the server keeps them on the task supports.
     """
 
-    space = DENSE
+    def __init__(self, config, momentum):
+        self.config = config
+        self.momentum = momentum
 
-    def steps(self, dBT, c1, c2):
+    def steps(self, inputs, dBT, c1, c2):
         """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
 
         ``D(eta) - D = g . eta - eta^T A eta / 2`` exactly (a lower bound for the
@@ -136,36 +159,36 @@ class StepSolver:
         ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
         """
         cfg = self.config
-        g = -self.space.dots(self.WT, dBT) - c1 / self.n
-        A = self.Sigma * self.space.gram(dBT) / cfg.lam + np.diag(c2 / self.n)
+        g = -inputs.space.dots(inputs.WT, dBT) - c1 / inputs.n
+        A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
             slope, curv = float(np.sum(g)), float(np.sum(A))
             if slope <= 0:
-                return np.zeros(self.m)
+                return np.zeros(inputs.m)
             e = cfg.eta if curv <= slope / cfg.eta else slope / curv
-            return np.full(self.m, e)
-        return box_qp(A, g, cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+            return np.full(inputs.m, e)
+        return box_qp(A, g, cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
 
-    def two_direction_quadratic(self, dBT, dQT, c1, c2, c1q, c2q, cross):
+    def two_direction_quadratic(self, inputs, dBT, dQT, c1, c2, c1q, c2q, cross):
         """``(A, g)`` of the dual change along ``eta_i delta_i + beta_i q_i`` (2m directions, ``D2 = [dB; dQ]``):
         ``A = (Sigma2 o D2 D2^T) / lam`` plus each task's 2 x 2 conjugate block ``[[c2, cross], [cross, c2q]] / n``,
         ``g = -w . D2 - [c1, c1q] / n``."""
-        m, lam = self.m, self.config.lam
-        G2, wd2 = self.space.gram_dots2(self.WT, dBT, dQT)
-        A = np.tile(self.Sigma, (2, 2)) * G2 / lam       # Sigma2 = Sigma[np.ix_(idx, idx)], idx = [0..m, 0..m]
+        m, lam = inputs.m, self.config.lam
+        G2, wd2 = inputs.space.gram_dots2(inputs.WT, dBT, dQT)
+        A = np.tile(inputs.Sigma, (2, 2)) * G2 / lam       # Sigma2 = Sigma[np.ix_(idx, idx)], idx = [0..m, 0..m]
         if np.any(c2) or np.any(c2q) or np.any(cross):            # (hinge: all zero, nothing to add)
             A2 = A.reshape(2, m, 2, m)                             # A2[s, i, t, j] = A[s m + i, t m + j]
             tasks = np.arange(m)
-            A2[0, tasks, 0, tasks] += c2 / self.n
-            A2[1, tasks, 1, tasks] += c2q / self.n
-            A2[0, tasks, 1, tasks] += cross / self.n
-            A2[1, tasks, 0, tasks] += cross / self.n
+            A2[0, tasks, 0, tasks] += c2 / inputs.n
+            A2[1, tasks, 1, tasks] += c2q / inputs.n
+            A2[0, tasks, 1, tasks] += cross / inputs.n
+            A2[1, tasks, 0, tasks] += cross / inputs.n
         A = 0.5 * (A + A.T)
-        g = -wd2 - np.concatenate([c1 / self.n, c1q / self.n])
+        g = -wd2 - np.concatenate([c1 / inputs.n, c1q / inputs.n])
         return A, g
 
-    def steps_momentum(self, dBT, scalars):
+    def steps_momentum(self, inputs, dBT, scalars):
         """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
 
         The same exact quadratic as :meth:`steps` over 2m directions (each
@@ -174,8 +197,8 @@ class StepSolver:
         solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
         dropped): the gain ``g^T A^+ g / 2`` is never negative.
         """
-        m = self.m
-        A, g = self.two_direction_quadratic(dBT, self.dPT, *scalars.T)
+        m = inputs.m
+        A, g = self.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)
         w, V = np.linalg.eigh(A)
         keep = w > 1e-12 * max(float(w[-1]), 1e-300)
         v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
@@ -183,19 +206,19 @@ class StepSolver:
             v = np.zeros(2 * m)
         return v[:m], v[m:]
 
-    def steps_box_momentum(self, dBT, dQT, scalars):
+    def steps_box_momentum(self, inputs, dBT, dQT, scalars):
         """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
         (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP, then
         improved inside each task's whole triangle of feasible steps (:meth:`within_triangle`)."""
-        m, cfg = self.m, self.config
+        m, cfg = inputs.m, self.config
         beta_max = scalars[:, 5]
-        A, g = self.two_direction_quadratic(dBT, dQT, *scalars[:, :5].T)
-        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=self.step, max_iter=QP_ITERATIONS)
+        A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
+        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
         gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
         if not np.any(beta_max > 0):
             return alone, np.zeros(m)
         upper = np.concatenate([np.full(m, 0.5 * cfg.eta), 0.5 * np.minimum(beta_max, BETA_CAP)])
-        both = box_qp(A, g, upper, start=np.concatenate([self.step, self.beta]), max_iter=QP_ITERATIONS)
+        both = box_qp(A, g, upper, start=np.concatenate([inputs.step, inputs.beta]), max_iter=QP_ITERATIONS)
         gain_both = float(g @ both - 0.5 * both @ (A @ both))
         x = both if gain_both > gain_alone else np.concatenate([alone, np.zeros(m)])
         x = self.within_triangle(A, g, x, np.minimum(beta_max, BETA_CAP))
@@ -208,7 +231,7 @@ class StepSolver:
         the conjugate from above).  Each pass solves the box QP over a box inside the triangle through
         ``x``'s corner on the side its gradient points to (eta up to ``eta_max (1 - beta / beta_max)`` with beta
         at most its value, or the other way round), started from ``x``: never worse than ``x``."""
-        m, top = self.m, self.config.eta
+        m, top = x.size // 2, self.config.eta
         has = beta_max > 0
         share = np.where(has, 1.0 / np.where(has, beta_max, 1.0), 0.0)
         for _ in range(TRIANGLE_PASSES):
@@ -225,38 +248,34 @@ class StepSolver:
             x = y
         return x
 
-    def adapt_rho(self, eta):
-        """adaptive: rho_i up (towards the task's Lemma 6.7 bound) when its step was cut, down when taken whole."""
+    def adapt_rho(self, eta, rho_task, Sigma, blocks_per_task):
+        """The next per-task rho: under 'adaptive', rho_i up (towards the task's Lemma 6.7 bound) when its step
+        was cut, down when taken whole; otherwise ``rho_task`` as it is."""
         if self.config.aggregation != "adaptive":
-            return
-        bound = np.maximum(task_rho_bounds(self.Sigma, self.blocks_per_task), 1.0)
+            return rho_task
+        bound = np.maximum(task_rho_bounds(Sigma, blocks_per_task), 1.0)
         full = eta >= 0.999 * self.config.eta
         grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
-        rho = np.where(full, 0.5 * self.rho_task, self.rho_task * np.sqrt(grow))
-        self.rho_task = np.clip(rho, 1.0, bound)
+        rho = np.where(full, 0.5 * rho_task, rho_task * np.sqrt(grow))
+        return np.clip(rho, 1.0, bound)
 
-    def solve_steps(self, dBT, rows):
-        """This round's (eta, beta) per task, B updated with them; ``rows``: the per-task rows of TRIAL
-        (``[dB, (dQ: box momentum), scalars]``, dense)."""
-        d = self.d
-        if self.momentum == "box":
-            return self.take_steps(dBT, rows[:, d:2 * d], rows[:, 2 * d:])
-        return self.take_steps(dBT, None, rows[:, d:])
-
-    def take_steps(self, dBT, dQT, scalars):
-        """:meth:`solve_steps` on task arrays ``dBT`` (and ``dQT``, box momentum) and per-task ``scalars``."""
-        space = self.space
+    def take_steps(self, inputs, dBT, dQT, scalars):
+        """This round's ``(eta, beta, dPT)`` per task on task arrays ``dBT`` (and ``dQT``, box momentum) and
+        per-task ``scalars``; ``inputs.BT`` updated with them in place, ``dPT`` the new B change (free
+        momentum; else ``inputs.dPT``)."""
+        space = inputs.space
+        dPT = inputs.dPT
         if self.momentum == "free":
-            eta, beta = self.steps_momentum(dBT, scalars)
-            self.dPT = space.combine(eta, dBT, beta, self.dPT)
-            space.add(self.BT, self.dPT)
+            eta, beta = self.steps_momentum(inputs, dBT, scalars)
+            dPT = space.combine(eta, dBT, beta, dPT)
+            space.add(inputs.BT, dPT)
         elif self.momentum == "box":
-            eta, beta = self.steps_box_momentum(dBT, dQT, scalars)
-            space.add_two(self.BT, eta, dBT, beta, dQT)
+            eta, beta = self.steps_box_momentum(inputs, dBT, dQT, scalars)
+            space.add_two(inputs.BT, eta, dBT, beta, dQT)
         else:
-            eta, beta = self.steps(dBT, scalars[:, 0], scalars[:, 1]), np.zeros(self.m)
-            space.add_scaled(self.BT, eta, dBT)
-        return eta, beta
+            eta, beta = self.steps(inputs, dBT, scalars[:, 0], scalars[:, 1]), np.zeros(inputs.m)
+            space.add_scaled(inputs.BT, eta, dBT)
+        return eta, beta, dPT
 
 
 class OrderedDenseSpace(DenseSpace):
@@ -281,13 +300,15 @@ class OrderedDenseSpace(DenseSpace):
 ORDERED = OrderedDenseSpace()
 
 
-class TaskSteps(StepSolver):
-    """One task's :class:`StepSolver` state on its worker during local rounds (Sigma diagonal: the
-    task's quadratic is its own): ``b`` and ``dP`` as 1 x d rows, ``w = sigma_ii b / lam``."""
+class TaskSteps:
+    """One task's step state on its worker during local rounds (Sigma diagonal: the task's quadratic is its
+    own), with its :class:`StepSolver`: ``b`` and ``dP`` as 1 x d rows, ``w = sigma_ii b / lam``.  A worker's
+    block computes on its support's columns (LocalBlocks.columns): its dot products in index order (ORDERED)."""
+
+    space = ORDERED
 
     def __init__(self, config, sigma_ii, n, b, dp, step, beta, rho):
         self.config = config
-        self.m = 1
         self.n = np.array([float(n)])
         self.Sigma = np.array([[float(sigma_ii)]])
         self.BT = np.array(b, dtype=np.float64).reshape(1, -1)
@@ -299,6 +320,18 @@ class TaskSteps(StepSolver):
         self.rho_task = np.array([float(rho)])
         self.blocks_per_task = np.ones(1)
         self.momentum = uses_momentum(config)
+        self.solver = StepSolver(config, self.momentum)
 
-    # a worker's block computes on its support's columns (LocalBlocks.columns)
-    space = ORDERED
+    def solve_steps(self, dBT, rows):
+        """This round's (eta, beta), B (and dP) updated with them; ``rows``: the task's row of TRIAL
+        (``[dB, (dQ: box momentum), scalars]``, dense)."""
+        d = self.d
+        inputs = StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta)
+        if self.momentum == "box":
+            eta, beta, self.dPT = self.solver.take_steps(inputs, dBT, rows[:, d:2 * d], rows[:, 2 * d:])
+        else:
+            eta, beta, self.dPT = self.solver.take_steps(inputs, dBT, None, rows[:, d:])
+        return eta, beta
+
+    def adapt_rho(self, eta):
+        self.rho_task = self.solver.adapt_rho(eta, self.rho_task, self.Sigma, self.blocks_per_task)
