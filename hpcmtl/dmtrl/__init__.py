@@ -57,6 +57,15 @@ certificate: P and D are computed exactly from alpha and B, and D never decrease
 
 Relationship modes: ``learned`` (DMTRL), ``identity`` (STL: Sigma fixed at I/m)
 and ``fixed`` (a user-given Sigma, e.g. a graph kernel).
+
+Where things are: this module is the public API (:func:`train` and the names other modules import);
+the core is :mod:`.commands` (every message), :mod:`.config` (settings, result, solver choices),
+:mod:`.sigma` (Omega-step, rho), :mod:`.steps` (the aggregation's step solver), :mod:`.outer` (the outer
+loop, the certificate's history), :mod:`.worker` (``LocalBlocks``) and :mod:`.server` (``Server``: one
+round is ``Server.round_steps`` / ``round_safe``, one W-step ``Server.w_step``).  Each feature owns its
+commands' worker half, its server half and its flags: :mod:`.supports` (the exchange on supports),
+:mod:`.momentum` (box momentum), :mod:`.local_rounds`, :mod:`.interior_rounds`, :mod:`.margin` (margin
+corrections).  The cores import the features, never the reverse (tests/test_layering.py).
 """
 from __future__ import annotations
 
@@ -72,8 +81,8 @@ from .config import (EXACT_BOX_ROWS, EXACT_MAX_FEATURES, DMTRLConfig, DMTRLConve
                      TrainResult, uses_exact_box_solver, uses_exact_solver, uses_interior_point, uses_momentum)
 from .interior_rounds import INTERIOR_AFTER_LOCAL_STALL, INTERIOR_AFTER_STALL  # noqa: F401
 from .margin import (MARGIN_FLOPS_PER_VALUE, MARGIN_MAX_FLOPS, MARGIN_NEAR, MARGIN_SCALES,  # noqa: F401
-                     MARGIN_STALL, coordinate_newton, free_rows, margin_correction, min_norm_through_gram,
-                     correction_scales)
+                     MARGIN_STALL, coordinate_newton, correction_scales, free_rows, margin_correction,
+                     min_norm_through_gram)
 from .momentum import box_direction, direction_tolerance, encode_direction, mask_positions  # noqa: F401
 from .outer import (GapHistory, OuterState, outer_loop, primal_dual, primal_dual_of,  # noqa: F401
                     rounds_since_halved, stalled_since, unconverged_message)

@@ -88,6 +88,19 @@ class MomentumBlocks:
         self.b_mirror = [None] * len(self.blocks)
         self.pending_exchanged = [None] * len(self.blocks)
 
+    def keep_exchanged_directions(self, parts):
+        """Every block's delta b and X^T q / n (TRIAL's ``parts``) at its exchange positions, as the server gets
+        them: what makes its next dP."""
+        self.pending_exchanged = [tuple(self.on_exchange(k, v) for v in vecs) for k, (vecs, _) in enumerate(parts)]
+
+    def mirror_applied_step(self, k, eta, beta):
+        """Block k's mirrors after APPLY: the server's dP = eta dB + beta dQ and B += dP, in its arithmetic."""
+        if self.pending_exchanged[k] is not None:
+            db, dq = self.pending_exchanged[k]
+            self.dp_mirror[k] = eta * db + beta * dq
+            self.b_mirror[k] = self.dp_mirror[k] + (self.b_mirror[k] if self.b_mirror[k] is not None else 0.0)
+            self.pending_exchanged[k] = None
+
     def trial_momentum_on_support(self, ctrl, inputs):
         """TRIAL_MOMENTUM_ON_SUPPORT: TRIAL_ON_SUPPORT's segments with delta b alone, then every block's
         momentum direction ``X^T q / n`` where it differs from the server's dP (:func:`encode_direction`)."""

@@ -183,7 +183,7 @@ class SupportBlocks:
         """TRIAL_ON_SUPPORT: TRIAL's rows, their d-vectors on the supports."""
         parts = self.trial_parts(ctrl.round)
         if self.momentum == "box":       # the server's dP after this step: delta b and X^T q / n as sent
-            self.pending_exchanged = [tuple(self.on_exchange(k, v) for v in vecs) for k, (vecs, _) in enumerate(parts)]
+            self.keep_exchanged_directions(parts)
         return self.support_values(parts)
 
     def on_exchange(self, k, vec):

@@ -255,11 +255,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
                 self.pending_q[k] = None
             if eta != 0.0 or beta != 0.0:
                 self.state[k].alpha = self.state[k].alpha + step
-        if self.pending_exchanged[k] is not None:     # the server's dP = eta dB + beta dQ, B += dP: its arithmetic
-            db, dq = self.pending_exchanged[k]
-            self.dp_mirror[k] = eta * db + beta * dq
-            self.b_mirror[k] = self.dp_mirror[k] + (self.b_mirror[k] if self.b_mirror[k] is not None else 0.0)
-            self.pending_exchanged[k] = None
+        self.mirror_applied_step(k, eta, beta)
         self.pending[k] = None
         self.rho_block[k] = rho
 
