@@ -20,12 +20,12 @@ class LocalRoundBlocks:
     """The worker half of local rounds (a :class:`hpcmtl.dmtrl.worker.LocalBlocks` mixin)."""
 
     def init_local_rounds(self):
-        self.local = []                                 # local rounds: each block's TaskSteps
+        self.task_steps = []                            # local rounds: each block's TaskSteps
 
     def take_local_round_steps(self, parts, out, safe):
         """Each block's steps from its local step ``parts[k]``, then b, w and alpha; ``out[k, 2:]``."""
         cfg = self.config
-        for k, t in enumerate(self.local):
+        for k, t in enumerate(self.task_steps):
             if parts[k] is None:
                 continue
             vecs, scalars = parts[k]
@@ -65,17 +65,17 @@ class LocalRoundBlocks:
     def start_local(self, parts):
         """Each block's one-task :class:`TaskSteps` from its ``([b, (dP)], [step, beta, rho])``; w from b."""
         self.w_dense = None
-        self.local = [TaskSteps(self.config, self.sigma_ii[k], blk.n_task, vecs[0],
+        self.task_steps = [TaskSteps(self.config, self.sigma_ii[k], blk.n_task, vecs[0],
                                 vecs[1] if len(vecs) > 1 else np.zeros(len(vecs[0])), *sc[:3])
                       for k, (blk, (vecs, sc)) in enumerate(zip(self.blocks, parts))]
-        self.w = [t.WT[0] for t in self.local]
-        for k, t in enumerate(self.local):
+        self.w = [t.WT[0] for t in self.task_steps]
+        for k, t in enumerate(self.task_steps):
             self.rho_block[k] = float(t.rho_task[0])
 
     def local_parts(self):
         free = self.momentum == "free"
         return [([t.BT[0]] + ([t.dPT[0]] if free else []), np.concatenate([t.step, t.beta, t.rho_task]))
-                for t in self.local]
+                for t in self.task_steps]
 
     def get_local(self, ctrl, inputs):
         """GET_LOCAL: per block ``[b, (dP), step, beta, rho]``."""

@@ -191,7 +191,7 @@ class MarginBlocks:
             out[k, d:d + scales.size] = [float(np.sum(primal_reference(self.loss.name, z + s * zc, blk.y,
                                                                        self.config.gamma))) for s in scales]
             if ctrl.local:
-                out[k, -1] = float(c @ self.local[k].BT[0])
+                out[k, -1] = float(c @ self.task_steps[k].BT[0])
             f = self.columns[k]
             out[k, :d] = c if f is None else self.on_all_features(f, c)
         return out
