@@ -223,7 +223,7 @@ class PathServer(dmtrl.Server):
     def __init__(self, *args, warm=False, validate=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.warm, self.validate = warm, validate
-        self.scores_off_supports = validate
+        self.score_rows_off_supports(validate)
         self.scores = None
 
     def run(self, resume=None):
@@ -239,7 +239,7 @@ class PathServer(dmtrl.Server):
         self.BT = self.per_task(self.command(PathCommand.DUAL_B, width=self.d))
         self.recompute_w()
         self.push_sigma()
-        self.mirrored = False                  # a new B: the workers' mirror of it is sent when next used
+        self.mirrors_stale()                   # a new B: the workers' mirror of it is sent when next used
         if self.momentum:                      # a new lam, a new quadratic: no previous step
             self.restart_momentum()
         self.push_w(False)

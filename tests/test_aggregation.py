@@ -9,6 +9,8 @@ from hpcmtl import store
 from hpcmtl.baselines import mtrl_central
 from hpcmtl.cluster import Cluster
 from hpcmtl import dmtrl
+from hpcmtl import _sdca
+from hpcmtl.dmtrl import margin as dmtrl_margin, steps as dmtrl_steps
 from hpcmtl.dmtrl import (AGGREGATIONS, DMTRLConfig, box_qp, conjugate_along, coupled_passes, coupled_rho,
                          task_rho_bounds, train)
 from hpcmtl.estimators import MemoryTasks
@@ -143,7 +145,7 @@ def test_coupled_passes_grow_as_the_other_tasks_explain_less_of_a_task(monkeypat
     assert dmtrl.COUPLED_PASSES_MAX == 2 and dmtrl.UNCOUPLED_PASSES == 2
     cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 2, 0.95: 2, 1 - 1e-12: 2, 1.0: 2}
     assert {rho: coupled_passes(rho) for rho in cases} == cases
-    monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 4)          # the rule under a higher cap
+    monkeypatch.setattr(dmtrl_steps, "COUPLED_PASSES_MAX", 4)          # the rule under a higher cap
     cases = {0.5: 1, 0.7: 1, 0.75: 2, 0.8: 2, 5 / 6: 3, 0.86: 3, 0.875: 4, 0.95: 4, 1 - 1e-12: 4, 1.0: 2}
     assert {rho: coupled_passes(rho) for rho in cases} == cases
 
@@ -160,7 +162,7 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     coupled_passes(rho) local passes (COUPLED_PASSES_MAX, 2), the certificate and dual ascent hold, the optimum
     is the one-pass run's within both certificates, and the primal at W(alpha) certifies in fewer rounds.
 
-    That last comparison is without the hinge's margin corrections (POLISH_NEAR 0, no stall corrections): with
+    That last comparison is without the hinge's margin corrections (MARGIN_NEAR 0, no stall corrections): with
     them the certificate follows the dual, which on these 5 small tasks reaches 1e-9 of its optimum in 97 rounds
     with two passes and 92 with one (certified in 99 and 95); the cap of 2 was chosen on MNIST and MDS, where the
     second pass pays (coupled_passes)."""
@@ -169,22 +171,22 @@ def test_weakly_coupled_tasks_take_several_passes_and_reach_the_same_certified_o
     rho = coupled_rho(Sigma)
     assert np.all((rho > 0.875) & (rho < 1)) and coupled_passes(float(rho[0])) == dmtrl.COUPLED_PASSES_MAX == 2
     passes = []
-    kernel = dmtrl._sdca.sdca_local
+    kernel = _sdca.sdca_local
 
     def recording(*args):
         passes.append(args[12])
         return kernel(*args)
 
-    monkeypatch.setattr(dmtrl._sdca, "sdca_local", recording)
+    monkeypatch.setattr(_sdca, "sdca_local", recording)
     cfg = dict(loss=loss, lam=1e-3, tol=1e-9, max_rounds=5000, relationship="fixed", local_solver="sdca")
-    monkeypatch.setattr(dmtrl, "POLISH_NEAR", 0.0)
-    monkeypatch.setattr(dmtrl, "POLISH_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_NEAR", 0.0)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_STALL", 10 ** 9)
     several = run(Xs, ys, sigma=Sigma, **cfg)
     # the first round precedes every APPLY, which brings the blocks their task's rho: rho 1, UNCOUPLED_PASSES
     assert passes[:5] == [2.0] * 5 and set(passes[5:]) == {2.0} and len(passes) > 5
     passes.clear()
-    monkeypatch.setattr(dmtrl, "COUPLED_PASSES_MAX", 1)
-    monkeypatch.setattr(dmtrl, "UNCOUPLED_PASSES", 1)
+    monkeypatch.setattr(dmtrl_steps, "COUPLED_PASSES_MAX", 1)
+    monkeypatch.setattr(dmtrl_steps, "UNCOUPLED_PASSES", 1)
     one = run(Xs, ys, sigma=Sigma, **cfg)
     assert set(passes) == {1.0}
     for r in (several, one):

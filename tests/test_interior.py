@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hpcmtl import dmtrl, interior, store
+from hpcmtl.dmtrl import interior_rounds as dmtrl_interior_rounds
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, train, uses_interior_point
 from hpcmtl.estimators import MemoryTasks
@@ -262,7 +263,7 @@ def test_raw_features_at_lam_1e_6_certify_with_refined_regularized_newton_steps(
         assert_certified_ascent(r.history)
         monkeypatch.setattr(interior, "REFINEMENTS", 0)
         monkeypatch.setattr(interior, "REGULARIZATION", 0.0)
-        monkeypatch.setattr(dmtrl.Server, "polish_possible", lambda self: False)
+        monkeypatch.setattr(dmtrl.Server, "margin_correction_possible", lambda self: False)
         plain = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
     assert not plain.converged
     assert_certified_ascent(plain.history)
@@ -349,7 +350,7 @@ def one_large_feature_tasks(seed, m=4, d=4):
 def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(seed, monkeypatch):
     """STL (a diagonal Sigma: local rounds) with local SDCA on a feature near 1e5 beside the intercept feature
     makes no progress (relative gap 1.0 after 100 rounds); once the gap has not halved for
-    IPM_AFTER_LOCAL_STALL local rounds the W-step turns to interior-point rounds and certifies at 1e-6, and
+    INTERIOR_AFTER_LOCAL_STALL local rounds the W-step turns to interior-point rounds and certifies at 1e-6, and
     the model written has the certified primal."""
     from test_polish import exact_primal
     Xs, ys = one_large_feature_tasks(seed)
@@ -359,11 +360,11 @@ def test_stl_on_a_feature_near_1e5_turns_to_interior_point_rounds_and_certifies(
         r = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
         h = r.history
         assert r.converged and h["rel_gap"][-1] <= 1e-6 and r.n_rounds <= 40
-        assert np.all(h["rel_gap"][:dmtrl.IPM_AFTER_LOCAL_STALL] > 0.5)    # the local rounds' stall
+        assert np.all(h["rel_gap"][:dmtrl.INTERIOR_AFTER_LOCAL_STALL] > 0.5)    # the local rounds' stall
         assert_certified_ascent(h)
         assert exact_primal(Xs, ys, r.W, r.intercept, r.Sigma, 1e-2) == pytest.approx(h["primal"][-1], rel=1e-10)
-        monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)
-        monkeypatch.setattr(dmtrl, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
+        monkeypatch.setattr(dmtrl_interior_rounds, "INTERIOR_AFTER_STALL", 10 ** 9)
+        monkeypatch.setattr(dmtrl_interior_rounds, "INTERIOR_AFTER_LOCAL_STALL", 10 ** 9)
         stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
     assert not stuck.converged and stuck.history["rel_gap"][-1] > 0.1
     assert_certified_ascent(stuck.history)
@@ -384,7 +385,7 @@ def test_more_features_than_a_coupled_w_step_starts_with_turn_to_interior_point_
         assert r.converged and r.wsteps["converged"].all()
         assert np.all(np.diff(np.concatenate([[0], r.wsteps["round"]])) <= 40)
         second = r.history["outer"] == 1
-        assert np.all(r.history["rel_gap"][second][:dmtrl.IPM_AFTER_STALL] > 1e-3)    # the qp rounds first
+        assert np.all(r.history["rel_gap"][second][:dmtrl.INTERIOR_AFTER_STALL] > 1e-3)    # the qp rounds first
         assert_certified_ascent(r.history)
         assert exact_primal(Xs, ys, r.W, r.intercept, r.Sigma, 1e-2) == pytest.approx(r.history["primal"][-1],
                                                                                        rel=1e-10)
@@ -411,7 +412,7 @@ def test_the_turn_to_interior_point_rounds_is_bitwise_at_1_2_3_5_ranks_and_resum
     ref = assert_bitwise_at_rank_counts(args, tmp_path)
     steps = ref["wsteps"]
     assert ref["model"]["converged"] == 1 and steps["converged"].all()
-    turn = dmtrl.IPM_AFTER_LOCAL_STALL + 1           # the first row sets the gap the next ones do not halve
+    turn = dmtrl.INTERIOR_AFTER_LOCAL_STALL + 1           # the first row sets the gap the next ones do not halve
     assert turn < steps["round"][0] <= 40
     # killed inside those interior-point rounds: the checkpoint is the state they began from, bitwise again
     out = tmp_path / "r.h5"

@@ -490,16 +490,17 @@ def test_tiny_tasks_computed_on_their_support_columns_through_several_omega_step
     assert np.all(np.isfinite(server_on_supports.W))
     # the workers alone: the server's algebra dense in both runs (its support algebra adds in another order), and
     # the box momentum's direction sent whole (on supports the server rebuilds most of it from its dP)
-    original_pays, original_index = dmtrl.support_algebra_pays, dmtrl.exchange_index
+    from hpcmtl.dmtrl import supports as dmtrl_supports
+    original_pays, original_index = dmtrl_supports.support_algebra_pays, dmtrl_supports.exchange_index
     original_one_block = dmtrl.Server.one_block_a_task
-    dmtrl.support_algebra_pays = lambda supports, d: False
+    dmtrl_supports.support_algebra_pays = lambda supports, d: False
     dmtrl.Server.one_block_a_task = property(lambda self: False)
     try:
         result = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
-        dmtrl.exchange_index = lambda block, d: None          # every block on all d columns
+        dmtrl_supports.exchange_index = lambda block, d: None          # every block on all d columns
         whole = dmtrl.train(Cluster.serial(), MemoryTasks(Xs, ys), config)
     finally:
-        dmtrl.support_algebra_pays, dmtrl.exchange_index = original_pays, original_index
+        dmtrl_supports.support_algebra_pays, dmtrl_supports.exchange_index = original_pays, original_index
         dmtrl.Server.one_block_a_task = original_one_block
     assert result.converged and len(result.wsteps["converged"]) == 4 and np.all(np.isfinite(result.W))
     assert result.W.tobytes() == whole.W.tobytes() and result.intercept.tobytes() == whole.intercept.tobytes()

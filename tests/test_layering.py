@@ -243,4 +243,38 @@ def test_store_modules_import_only_the_store_modules_below_them():
             target = store_imports(node)
             if target is not None and level.get(target, len(STORE_LAYERS)) >= level[path.stem]:
                 wrong.append(f"store/{path.name}:{node.lineno} imports store.{target}, not a layer below it")
+
+
+# hpcmtl/dmtrl/: the cores (worker, server, the package's __init__) plug the features in; a feature imports only
+# the pieces below it, never a core or another feature, and the pieces import no feature
+DMTRL_PIECES = {"commands", "config", "sigma", "steps", "outer"}
+DMTRL_FEATURES = {"supports", "momentum", "local_rounds", "interior_rounds", "margin"}
+DMTRL_CORES = {"worker", "server", "__init__"}
+
+
+def dmtrl_imports(path):
+    """The modules of hpcmtl/dmtrl/ that ``path`` (a file in it) imports, as (name, line)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                yield node.module.split(".")[0], node.lineno
+            else:
+                for alias in node.names:
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hpcmtl.dmtrl."):
+            yield node.module.split(".")[2], node.lineno
+
+
+def test_dmtrl_features_plug_into_the_cores():
+    folder = PACKAGE / "dmtrl"
+    names = {p.stem for p in folder.glob("*.py")}
+    assert names == DMTRL_PIECES | DMTRL_FEATURES | DMTRL_CORES, "place new dmtrl modules in the sets above"
+    wrong = []
+    for path in sorted(folder.glob("*.py")):
+        me = path.stem
+        allowed = (DMTRL_PIECES if me in DMTRL_PIECES | DMTRL_FEATURES else names) - {me}
+        for name, line in dmtrl_imports(path):
+            if name not in allowed:
+                wrong.append(f"hpcmtl/dmtrl/{me}.py:{line} imports {name}")
     assert not wrong, "\n".join(wrong)

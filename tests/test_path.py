@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from hpcmtl import dmtrl, store
+from hpcmtl.dmtrl import margin as dmtrl_margin
 from hpcmtl.cluster import Cluster
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.model_selection import HOLDOUT, Selection, best_index, task_folds, train_path, validation_score
@@ -111,9 +112,9 @@ def test_chosen_model_equals_a_single_run_within_the_certificate():
 
 
 def test_warm_started_points_take_fewer_rounds_than_cold_ones(monkeypatch):
-    # without the margin corrections near the end (dmtrl.POLISH_NEAR), which certify every point of these small
+    # without the margin corrections near the end (dmtrl.MARGIN_NEAR), which certify every point of these small
     # tasks in 1 or 2 rounds warm or cold: the rounds the warm start saves are what this test measures
-    monkeypatch.setattr(dmtrl, "POLISH_NEAR", 0.0)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_NEAR", 0.0)
     Xs, ys = random_tasks(4, m=4, d=10, sizes=(80, 60, 70, 90))
     source = MemoryTasks(Xs, ys)
     grid = list(np.logspace(-3, -2, 6))

@@ -1,4 +1,4 @@
-"""Margin corrections of box-loss W-steps near their end or stalled (dmtrl.margin_correction, command POLISH).
+"""Margin corrections of box-loss W-steps near their end or stalled (dmtrl.margin_correction, command MARGIN_CORRECTION).
 
 On a task whose raw features reach 2.6e5 beside the intercept feature 1, ``w = sigma_ii b / lam`` cancels: the
 dual is within 1e-10 of its optimum while the primal at that w stays a relative 5e-6 above it, and before the
@@ -16,8 +16,9 @@ from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, ass
 from test_interior import one_large_feature_tasks, raw_tasks
 
 from hpcmtl import _sdca, dmtrl, store
+from hpcmtl.dmtrl import interior_rounds as dmtrl_interior_rounds, margin as dmtrl_margin
 from hpcmtl.cluster import Cluster
-from hpcmtl.dmtrl import DMTRLConfig, POLISH_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
+from hpcmtl.dmtrl import DMTRLConfig, MARGIN_MAX_FLOPS, margin_correction, rounds_since_halved, stalled_since, train
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskdata import TaskBlock
 
@@ -92,14 +93,14 @@ def test_smoothed_hinge_targets_one_minus_gamma_beta_and_untouched_columns_stay_
 
 def test_a_least_squares_too_costly_is_skipped():
     d = 64
-    rows = POLISH_MAX_FLOPS // (d * d) + 1
+    rows = MARGIN_MAX_FLOPS // (d * d) + 1
     X = np.ones((rows, d))
     y = np.ones(rows)
     assert not np.any(margin_correction(block(X, y), np.full(rows, 0.5), np.zeros(d), "hinge", 1.0, STIFF))
 
 
 def test_sparse_rows_too_wide_for_the_dense_least_squares_get_theirs_through_the_gram_matrix():
-    """|F| d min(|F|, d) above the budget (POLISH_FLOPS_PER_VALUE times the stored values) but |F| nnz(Z_F) +
+    """|F| d min(|F|, d) above the budget (MARGIN_FLOPS_PER_VALUE times the stored values) but |F| nnz(Z_F) +
     |F|^3 within it (30 free rows of 400, 4,000 sparse columns): the smallest c, as the dense least squares
     gives it, and exactly zero where no free row has a value; above both budgets: no correction."""
     import scipy.sparse as sp
@@ -110,7 +111,7 @@ def test_sparse_rows_too_wide_for_the_dense_least_squares_get_theirs_through_the
     y = np.where(rng.random(rows) < 0.5, 1.0, -1.0)
     beta = np.where(np.arange(rows) < free, 0.5, 1.0)          # rows 0-29 free, the others at the upper bound
     w = rng.normal(size=d) * 0.1
-    assert free * d * free > dmtrl.POLISH_FLOPS_PER_VALUE * X.nnz
+    assert free * d * free > dmtrl.MARGIN_FLOPS_PER_VALUE * X.nnz
     blk = TaskBlock(0, "t", rows, 0, X, y)
     assert blk.sparse
     c = margin_correction(blk, y * beta, w, "hinge", 1.0, STIFF)
@@ -211,7 +212,7 @@ def test_a_zero_row_is_never_free_and_rows_at_1e_12_are():
 # -- the server's scales of the corrections ------------------------------------------------------------------
 def brute_force_scales(loss_at, cb, Q, n, movable):
     import itertools
-    grid = np.concatenate([[0.0], dmtrl.POLISH_SCALES])
+    grid = np.concatenate([[0.0], dmtrl.MARGIN_SCALES])
     best, best_s = None, None
     for pick in itertools.product(range(grid.size), repeat=len(cb)):
         pick = np.array(pick)
@@ -225,7 +226,7 @@ def brute_force_scales(loss_at, cb, Q, n, movable):
 
 
 def scales_value(loss_at, cb, Q, n, s):
-    idx = np.searchsorted(np.concatenate([[0.0], dmtrl.POLISH_SCALES]), s)
+    idx = np.searchsorted(np.concatenate([[0.0], dmtrl.MARGIN_SCALES]), s)
     return np.sum(loss_at[np.arange(len(cb)), idx] / n) + s @ cb + 0.5 * s @ Q @ s
 
 
@@ -236,20 +237,20 @@ def test_a_task_whose_correction_costs_more_than_it_gains_keeps_its_w():
     loss_at = np.array([[5.0, 4.0, 3.0, 2.0, 1.0], [5.0, 4.5, 4.0, 3.5, 3.0]])     # task 0 gains 0.4, task 1 0.2
     cb = np.zeros(2)
     Q = np.array([[0.1, 2.0], [2.0, 0.1]])
-    s = dmtrl.polish_scales(loss_at, cb, Q, n, np.array([True, True]))
+    s = dmtrl.correction_scales(loss_at, cb, Q, n, np.array([True, True]))
     assert s.tolist() == [1.0, 0.0]
     both = np.array([True, True])
     assert scales_value(loss_at, cb, Q, n, s) == pytest.approx(brute_force_scales(loss_at, cb, Q, n, both)[0])
-    assert dmtrl.polish_scales(loss_at, cb, Q, n, np.array([False, True])).tolist() == [0.0, 1.0]
+    assert dmtrl.correction_scales(loss_at, cb, Q, n, np.array([False, True])).tolist() == [0.0, 1.0]
     # a correction whose regularizer cost (c . b) is above its loss gain: none
-    assert dmtrl.polish_scales(loss_at, np.array([0.5, 0.5]), np.zeros((2, 2)), n, both).tolist() == [0.0, 0.0]
+    assert dmtrl.correction_scales(loss_at, np.array([0.5, 0.5]), np.zeros((2, 2)), n, both).tolist() == [0.0, 0.0]
 
 
 def test_polish_scales_never_raise_the_primal_and_no_single_task_can_improve_them():
     """Random instances of 4 tasks: the chosen scales are no worse than none, none better than the best
     over the whole grid, and coordinate-wise optimal (no one task's other scale lowers the value)."""
     rng = np.random.default_rng(11)
-    grid = np.concatenate([[0.0], dmtrl.POLISH_SCALES])
+    grid = np.concatenate([[0.0], dmtrl.MARGIN_SCALES])
     for _ in range(40):
         m = 4
         n = rng.integers(5, 50, size=m).astype(float)
@@ -261,7 +262,7 @@ def test_polish_scales_never_raise_the_primal_and_no_single_task_can_improve_the
         Q = 1e-1 * Omega * (C @ C.T)
         cb = rng.normal(size=m) * 0.05
         movable = rng.random(m) < 0.8
-        s = dmtrl.polish_scales(loss_at, cb, Q, n, movable)
+        s = dmtrl.correction_scales(loss_at, cb, Q, n, movable)
         value = scales_value(loss_at, cb, Q, n, s)
         assert value <= scales_value(loss_at, cb, Q, n, np.zeros(m)) + 1e-15
         assert value >= brute_force_scales(loss_at, cb, Q, n, movable)[0] - 1e-12
@@ -308,9 +309,9 @@ def test_learned_sigma_with_a_badly_scaled_task_certifies_every_w_step():
 
 def test_without_the_correction_the_same_w_step_stalls(monkeypatch):
     from hpcmtl import dmtrl
-    monkeypatch.setattr(dmtrl.Server, "polish_possible", lambda self: False)
-    monkeypatch.setattr(dmtrl, "IPM_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
-    monkeypatch.setattr(dmtrl, "IPM_AFTER_LOCAL_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl.Server, "margin_correction_possible", lambda self: False)
+    monkeypatch.setattr(dmtrl_interior_rounds, "INTERIOR_AFTER_STALL", 10 ** 9)        # nor the turn to interior-point rounds
+    monkeypatch.setattr(dmtrl_interior_rounds, "INTERIOR_AFTER_LOCAL_STALL", 10 ** 9)
     Xs, ys = scaled_tasks()
     r = fit([Xs[3]], [ys[3]], loss="hinge", lam=1e-2, relationship="identity", max_rounds=60)
     assert not r.converged and r.history["rel_gap"][-1] > 1e-6
@@ -318,7 +319,7 @@ def test_without_the_correction_the_same_w_step_stalls(monkeypatch):
 
 def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
     """Synthetic 2 (paper 001) at a tenth of its rows, learned Sigma, 3 W-steps: the primal at W(alpha) lags the
-    dual, and corrections in every round within POLISH_NEAR times --tol of it certify the W-steps earlier,
+    dual, and corrections in every round within MARGIN_NEAR times --tol of it certify the W-steps earlier,
     each at the exact primal of the model written.  Measured: 81 rounds; 123 with no correction at all; 92 with
     the corrections of stalled W-steps only; 92 when every row inside (0, 1) is pinned, not only those whose
     Newton step stays inside (free_rows)."""
@@ -326,11 +327,11 @@ def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
     (Xs, ys, _), _, _ = synthetic.dmtrl(2, 0, 0.1)
     kw = dict(loss="hinge", lam=1e-3, outer=3, outer_tol=0)
     with_near = fit(Xs, ys, **kw)
-    monkeypatch.setattr(dmtrl, "free_rows", lambda beta, ahead: np.flatnonzero((beta > 1e-12) & (beta < 1 - 1e-12)))
+    monkeypatch.setattr(dmtrl_margin, "free_rows", lambda beta, ahead: np.flatnonzero((beta > 1e-12) & (beta < 1 - 1e-12)))
     every_inside = fit(Xs, ys, **kw)
     monkeypatch.undo()
-    monkeypatch.setattr(dmtrl, "POLISH_NEAR", 0.0)
-    monkeypatch.setattr(dmtrl, "POLISH_STALL", 10 ** 9)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_NEAR", 0.0)
+    monkeypatch.setattr(dmtrl_margin, "MARGIN_STALL", 10 ** 9)
     without = fit(Xs, ys, **kw)
     for r in (with_near, every_inside, without):
         assert r.converged and r.wsteps["converged"].all() and np.all(r.wsteps["rel_gap"] <= 1e-6)
@@ -344,7 +345,7 @@ def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
 # -- the CLI: a W-step that stalls for good, every rank count, killed and resumed ------------------------------
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("polish")
+    directory = tmp_path_factory.mktemp("margin_correction_rows")
     Xs, ys = scaled_tasks()
     store.write_tasks(directory / "all.h5", Xs, ys, names=[f"t{i}" for i in range(10)])
     store.write_tasks(directory / "one.h5", [Xs[3]], [ys[3]], names=["t3"])

@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from hpcmtl import dmtrl, store, synthetic, taskspace
+from hpcmtl.dmtrl import interior_rounds as dmtrl_interior_rounds, supports as dmtrl_supports
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, SupportLayout, train
 from hpcmtl.estimators import MemoryTasks
@@ -35,9 +36,9 @@ def fit(Xs, ys, supports=True, **kw):
     """In one process; ``supports=False``: auto as it was before supports (dense rows, every block computed on
     all d columns: no block has a support to exchange on).  ``result.extra["space"]``: whether the server's
     algebra ran on the task supports."""
-    original = dmtrl.exchange_index
+    original = dmtrl_supports.exchange_index
     if not supports:
-        dmtrl.exchange_index = lambda block, d: None
+        dmtrl_supports.exchange_index = lambda block, d: None
     made = []
 
     def server_class(*args, **kwargs):
@@ -48,7 +49,7 @@ def fit(Xs, ys, supports=True, **kw):
             warnings.simplefilter("ignore")
             result = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw), server_class=server_class)
     finally:
-        dmtrl.exchange_index = original
+        dmtrl_supports.exchange_index = original
     result.extra["space"] = made[0].space.sparse
     return result
 
@@ -220,7 +221,7 @@ def test_the_box_momentum_direction_on_the_server_is_the_workers_every_round(tas
     monkeypatch.setattr(dmtrl.LocalBlocks, "trial_momentum_on_support", worker)
     monkeypatch.setattr(dmtrl.Server, "gather_trial_momentum", server)
     # the momentum rounds of coupled W-steps, which interior-point rounds take over at this small d
-    monkeypatch.setattr(dmtrl, "uses_interior_point", lambda *args: False)
+    monkeypatch.setattr(dmtrl_interior_rounds, "uses_interior_point", lambda *args: False)
     result = fit(Xs, ys, loss=loss, lam=1e-2, tol=1e-9, outer=6, max_rounds=500)
     assert result.extra["space"] == (tasks == "sparse") and result.history["rel_gap"][-1] <= 1e-9
     assert len(direct) == len(rebuilt) >= 10

@@ -1,0 +1,90 @@
+"""DMTRL's messages, every one named once (STYLE 19): the :class:`DMTRLCommand` enum and :data:`ON_SUPPORT`.
+
+Each member is ``ID = id, down, up, control fields, computation (a LocalBlocks method)[, up_if]``; the
+computation lives in the module of the feature that owns the command.  The ids are the wire protocol.
+"""
+from __future__ import annotations
+
+from ..engine import Command, Down, Up
+
+
+class DMTRLCommand(Command):
+    """DMTRL's messages: ``ID = id, down, up, control fields, computation (a LocalBlocks method)[, up_if]``."""
+    # local SDCA on every block -> delta b per block (n_blocks x d)
+    SDCA = 1, Down.NOTHING, Up.GATHER_ROWS, ("round", "width"), "sdca"
+    # every block's w column; with_objective: -> per block (loss sum, conjugate sum)
+    SET_W = 2, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("with_objective", "width"), "set_w", "with_objective"
+    # sigma_ii per task and rho (width = m + 1)
+    SET_SIGMA = 3, Down.BCAST, Up.NOTHING, ("m", "width"), "set_sigma"
+    # every block's BlockState (alpha, coordinate order, shrinking state), per rank (checkpoint)
+    GET_STATE = 4, Down.NOTHING, Up.GATHER_VECTORS, (), "get_state"
+    # the same, back (resume)
+    SET_STATE = 5, Down.SCATTER_VECTORS, Up.NOTHING, (), "set_state"
+    # local SDCA kept pending -> per block [delta b, c1, c2] (momentum: more, see LocalBlocks.trial)
+    TRIAL = 6, Down.NOTHING, Up.GATHER_ROWS, ("round", "width"), "trial"
+    # per block [w, eta, beta, rho]; with_objective: -> per block (loss sum, conjugate sum)
+    APPLY = 7, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("with_objective", "width"), "apply", "with_objective"
+    # every block's previous step (momentum state), per rank (checkpoint)
+    GET_PREVIOUS = 8, Down.NOTHING, Up.GATHER_VECTORS, (), "get_previous"
+    # the same, back (resume, and zeros after an Omega-step)
+    SET_PREVIOUS = 9, Down.SCATTER_VECTORS, Up.NOTHING, (), "set_previous"
+    # Sigma diagonal and every task one block (nothing couples the tasks): a whole round on the workers, each
+    # block its own local step, step sizes and b, w -> per block [loss sum, conjugate sum, b.w, eta, beta]
+    LOCAL_ROUND = 10, Down.NOTHING, Up.GATHER_ROWS, ("round", "with_objective", "width"), "local_round"
+    # start local rounds from B = 0 (no momentum yet, rho 1): nothing to send
+    RESET_LOCAL = 11, Down.NOTHING, Up.NOTHING, ("width",), "reset_local"
+    # start local rounds from the server's per block [b, dP (free momentum), step, beta, rho] (a resume, a later
+    # W-step under a diagonal Sigma)
+    SET_LOCAL = 12, Down.SCATTER_ROWS, Up.NOTHING, ("width",), "set_local"
+    # the same, back to the server (the W-step ended; a checkpoint)
+    GET_LOCAL = 13, Down.NOTHING, Up.GATHER_ROWS, ("width",), "get_local"
+    # sparse blocks: every block's support, once -> per rank, per block [|S_k|, S_k] ([-1]: exchanged
+    # whole, its support is every feature)
+    GET_SUPPORTS = 14, Down.NOTHING, Up.GATHER_VECTORS, (), "get_supports"
+    # every plan block's exchange size (|S_k|, or d) to every rank: what sizes the rounds' values-only collectives
+    SET_SUPPORTS = 15, Down.BCAST, Up.NOTHING, ("width",), "set_supports"
+    # SDCA, TRIAL, SET_W and APPLY with each block's d-vectors on its support only (SupportLayout): the same rows
+    SDCA_ON_SUPPORT = 16, Down.NOTHING, Up.GATHER_SUPPORT, ("round", "vectors", "scalars"), "sdca_on_support"
+    SET_W_ON_SUPPORT = 17, Down.SCATTER_SUPPORT, Up.GATHER_ROWS, ("with_objective", "vectors", "scalars"), \
+        "set_w_on_support", "with_objective"
+    TRIAL_ON_SUPPORT = 18, Down.NOTHING, Up.GATHER_SUPPORT, ("round", "vectors", "scalars"), "trial_on_support"
+    APPLY_ON_SUPPORT = 19, Down.SCATTER_SUPPORT, Up.GATHER_ROWS, ("with_objective", "vectors", "scalars"), \
+        "apply_on_support", "with_objective"
+    # SET_LOCAL and GET_LOCAL with b (and dP) on the supports (a W-step of local rounds starts, ends; 21 is taken)
+    SET_LOCAL_ON_SUPPORT = 20, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_local_on_support"
+    GET_LOCAL_ON_SUPPORT = 22, Down.NOTHING, Up.GATHER_SUPPORT, ("vectors", "scalars"), "get_local_on_support"
+    # TRIAL_ON_SUPPORT of the box momentum, one block a task, the server's dP (the B change of the step applied
+    # last round, X^T p / n up to rounding) mirrored on the workers: per block [delta b on S_k, scalars], then,
+    # after all of a rank's segments, per block where X^T q / n differs from dP (the rows the box removed from
+    # p, and rounding above a few ulps): [c, c positions in S_k, X^T q / n there], or [-1, X^T q / n on S_k]
+    # when that is shorter (see encode_direction; the variable part: a Gatherv of what each rank has)
+    TRIAL_MOMENTUM_ON_SUPPORT = 23, Down.NOTHING, Up.GATHER_VECTORS, ("round", "vectors", "scalars"), \
+        "trial_momentum_on_support"
+    # the server's B and dP on every block's support (its workers' mirror of them: a resume, after local rounds
+    # or a warm start); sent on supports only
+    SET_DP_ON_SUPPORT = 24, Down.SCATTER_SUPPORT, Up.NOTHING, ("vectors", "scalars"), "set_dp_on_support"
+    # interior-point W-steps (hpcmtl.interior; every task one block, dense rows): each block starts its iterate x
+    # from its alpha -> per block [Z^T x / n (d), z.x + s.(1 - x)]
+    INTERIOR_START = 25, Down.NOTHING, Up.GATHER_ROWS, ("width",), "interior_start"
+    # per block [w at x (d), primal step, dual step, mu, ||K||]: the pending step taken, then -> per block
+    # [G's upper triangle (d (d + 1) / 2), v (d), loss sum, conjugate sum] at the new x
+    INTERIOR_SYSTEM = 26, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("round", "width", "d"), "interior_system"
+    # per block [y_i (d), accepted]: (accepted: alpha = y o x) -> per block [Z^T dx / n (d), largest primal step,
+    # largest dual step, the 4 coefficients of the complementarity after the steps]
+    INTERIOR_STEP = 27, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_step"
+    # [accepted]: (accepted: alpha = y o x), the iterates dropped (width = 1)
+    INTERIOR_END = 28, Down.BCAST, Up.NOTHING, ("width",), "interior_end"
+    # refinement of the Newton step: per block [K Z^T dx (the w of dx, d)] -> per block [v of its residual (d)]
+    INTERIOR_RESIDUAL = 29, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_residual"
+    # per block [y_i of the residual (d)]: dx corrected -> what INTERIOR_STEP sends
+    INTERIOR_CORRECT = 30, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "d"), "interior_correct"
+    # a box-loss W-step near its end or stalled (every task one block, dense task arrays): per block [c (d), loss
+    # sums at w + s c for s in MARGIN_SCALES, c . b (local: the block's own b; else 0)], c the least-squares
+    # change of w that puts the free rows on their margins (margin_correction); nothing changes on the workers
+    MARGIN_CORRECTION = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "margin_correction_rows"
+
+
+ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,
+              DMTRLCommand.TRIAL: DMTRLCommand.TRIAL_ON_SUPPORT, DMTRLCommand.APPLY: DMTRLCommand.APPLY_ON_SUPPORT,
+              DMTRLCommand.SET_LOCAL: DMTRLCommand.SET_LOCAL_ON_SUPPORT,
+              DMTRLCommand.GET_LOCAL: DMTRLCommand.GET_LOCAL_ON_SUPPORT}

@@ -1,0 +1,180 @@
+"""The outer loop (Algorithm 1) and the per-round certificate: W-steps alternating with Omega-steps.
+
+:class:`OuterState` (where the loop is), :func:`outer_loop`, :func:`unconverged_message`,
+:class:`GapHistory` (the recorded rows and the certificate's checks), :func:`primal_dual` /
+:func:`primal_dual_of`, and how long a W-step's gap has gone without halving (:func:`next_halving`,
+:func:`rounds_since_halved`, :func:`stalled_since`).  Shared with the centralized baselines.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..errors import ConvergenceError
+from .config import DMTRLConvergenceWarning
+
+
+class OuterState:
+    """Where the outer loop is: the current outer step, the previous W-step's objective, each W-step's status."""
+
+    def __init__(self, outer=0, previous=None, wsteps=None):
+        self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
+        self.previous = previous
+        self.wsteps = list(wsteps or [])     # dicts: outer, round (last), rel_gap, converged
+
+    @property
+    def p(self):
+        """The former name of :attr:`outer` (hpcmtl/baselines.py still reads it)."""
+        return self.outer
+
+    def wstep_arrays(self):
+        keys = ("outer", "round", "rel_gap", "converged")
+        return {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
+                for k in keys}
+
+
+def unconverged_message(step, config, stalled_since=None):
+    """The warning of a W-step that ended above tol; ``stalled_since``: the round its gap last halved, when it
+    has not since for most of the W-step (more rounds would not help)."""
+    head = (f"W-step {step['outer'] + 1} ended unconverged at round {step['round']}: relative gap "
+            f"{step['rel_gap']:.3e} > tol {config.tol:g}")
+    if stalled_since is None:
+        return head + " (raise --max-rounds; the model of this step is not certified)"
+    return (head + f" (the model of this step is not certified); the gap has not halved since round "
+            f"{stalled_since}, so more rounds will not help: features on very different scales (raw values "
+            f"far above 1 beside the intercept feature, a small --lam) are the usual cause; standardize them "
+            f"(hpcmtl data standardize) or raise --lam")
+
+
+def outer_loop(config, w_step, omega_update, state: OuterState | None = None, warn=None):
+    """The outer loop of Algorithm 1, shared by DMTRL and the centralized baselines.
+
+    ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()``
+    replaces Sigma.  Stops after a W-step when relationships are not learned,
+    after ``config.outer`` W-steps, or when the objective changed by at most
+    ``outer_tol`` relative to the previous W-step.  Always ends on a W-step, so
+    the returned W is certified for the returned Sigma.  ``state`` lets a
+    resumed run continue where a checkpoint left the loop.  Every W-step's
+    status is kept in ``state.wsteps``; ``warn(message)`` hears of each one that
+    ended unconverged.  Returns True when every W-step converged.
+    """
+    state = state or OuterState()
+    warn = warn if warn is not None else (lambda msg: warnings.warn(msg, DMTRLConvergenceWarning, stacklevel=3))
+    while state.outer < config.outer:
+        row, converged = w_step(state.outer)
+        objective = row["primal"]
+        step = {"outer": int(state.outer), "round": int(row["round"]), "rel_gap": float(row["rel_gap"]),
+                "converged": int(bool(converged))}
+        state.wsteps.append(step)
+        if not converged:
+            warn(unconverged_message(step, config, row.get("stalled_since")))
+        if not np.isfinite(objective):
+            raise ConvergenceError(f"non-finite objective {objective} after W-step {state.outer + 1}")
+        if (config.relationship != "learned" or state.outer + 1 == config.outer or
+                (state.previous is not None and abs(objective - state.previous) <= config.outer_tol * abs(objective))):
+            break
+        state.previous = objective
+        state.outer += 1
+        omega_update()
+    return all(w["converged"] for w in state.wsteps)
+
+
+def primal_dual(loss_sums, conj_sums, n, BT, WT, lam):
+    """``(P, D)`` from per-task sums of l(w.x) and l*(-alpha), with W = B Sigma / lam.
+
+    ``(lam/2) tr(W Omega W^T) = tr(B Sigma B^T) / (2 lam) = sum(B * W) / 2``.
+    """
+    return primal_dual_of(loss_sums, conj_sums, n, float(np.sum(BT * WT)))
+
+
+def primal_dual_of(loss_sums, conj_sums, n, regularizer):
+    """``(P, D)`` from per-task sums and ``tr(B Sigma B^T) / lam = sum_i b_i . w_i`` (local rounds send b_i . w_i)."""
+    half = 0.5 * regularizer
+    primal = float(np.sum(np.asarray(loss_sums) / n)) + half
+    dual = -half - float(np.sum(np.asarray(conj_sums) / n))
+    return primal, dual
+
+
+class GapHistory:
+    """Per-evaluation rows (round, outer, primal, dual, gap, rel_gap, seconds, bytes, step, rho).
+
+    ``step``: the mean step over tasks applied in that round and ``rho``: the
+    largest rho of the local subproblems (NaN where not applicable).
+    """
+
+    COLUMNS = ("round", "outer", "primal", "dual", "gap", "rel_gap", "seconds", "bytes", "step", "rho")
+
+    def __init__(self):
+        self.rows = {k: [] for k in self.COLUMNS}
+        self.halving_seen = (None, 0, (np.inf, 0))    # (outer, rows read, halving state): since_halved's cache
+
+    def since_halved(self, outer, rel_gap=None):
+        """:func:`rounds_since_halved` of W-step ``outer``'s recorded rows (and ``rel_gap`` after them), read
+        incrementally (a long W-step does not rescan the history every round)."""
+        rows = self.rows
+        n = len(rows["round"])
+        cached, seen, state = self.halving_seen
+        if cached != outer or seen > n:
+            seen = n
+            while seen > 0 and rows["outer"][seen - 1] == outer:
+                seen -= 1
+            state = (np.inf, 0)
+        for g in rows["rel_gap"][seen:n]:
+            state = next_halving(state, g)
+        self.halving_seen = (outer, n, state)
+        return (state if rel_gap is None else next_halving(state, rel_gap))[1]
+
+    def record(self, round_, outer, primal, dual, seconds, bytes_moved, step=np.nan, rho=np.nan):
+        for name, value in (("primal", primal), ("dual", dual)):
+            if not np.isfinite(value):
+                raise ConvergenceError(f"non-finite {name} objective {value} in round {round_} (outer step {outer})")
+        gap = primal - dual
+        if gap < -1e-9 * max(abs(primal), abs(dual), 1.0):
+            raise ConvergenceError(f"negative duality gap {gap:.3e} (primal {primal:.12g}, dual {dual:.12g}) "
+                                   f"at round {round_}: the dual iterate is inconsistent")
+        row = {"round": round_, "outer": outer, "primal": primal, "dual": dual, "gap": gap,
+               "rel_gap": gap / max(abs(primal), 1e-300), "seconds": seconds, "bytes": bytes_moved,
+               "step": float(step), "rho": float(rho)}
+        for k, v in row.items():
+            self.rows[k].append(v)
+        return row
+
+    def arrays(self):
+        return {k: np.asarray(v) for k, v in self.rows.items()}
+
+    def checkpoint_arrays(self):
+        return {f"history_{k}": np.asarray(v, dtype=np.int64 if k in ("round", "outer", "bytes") else np.float64)
+                for k, v in self.rows.items()}
+
+    def restore(self, arrays):
+        n = len(arrays["history_round"])
+        for k in self.COLUMNS:
+            self.rows[k] = list(arrays.get(f"history_{k}", np.full(n, np.nan)))
+        self.halving_seen = (None, 0, (np.inf, 0))
+
+
+def next_halving(state, rel_gap):
+    """``(gap at the last halving, rows since)`` after one more recorded relative gap."""
+    halved, since = state
+    return (rel_gap, 0) if rel_gap < 0.5 * halved else (halved, since + 1)
+
+
+def rounds_since_halved(rel_gaps) -> int:
+    """Recorded rounds since a W-step's relative gap last fell below half its value at the previous halving."""
+    state = (np.inf, 0)
+    for g in rel_gaps:
+        state = next_halving(state, g)
+    return state[1]
+
+
+STALLED_ROWS = 20                # an unconverged W-step is reported stalled after this many rows without halving
+
+
+def stalled_since(rounds, rel_gaps):
+    """The round a W-step's gap last halved when it has not since for STALLED_ROWS recorded rounds and the
+    second half of the W-step at least, else None."""
+    since = rounds_since_halved(rel_gaps)
+    if since < max(STALLED_ROWS, len(rel_gaps) // 2):
+        return None
+    return int(rounds[len(rounds) - 1 - since])

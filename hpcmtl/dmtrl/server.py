@@ -1,0 +1,330 @@
+"""The server core: B, Sigma and W on rank 0, one round, the W-step, the run loop and its checkpoint state.
+
+:class:`Server` holds the task arrays and drives the rounds; each feature's server half is a mixin
+(:mod:`.supports`, :mod:`.momentum`, :mod:`.local_rounds`, :mod:`.interior_rounds`, :mod:`.margin`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import engine, interior
+from ..checkpoint import BlockState, block_payloads
+from ..engine import ServerBase, check_finite_rows
+from ..errors import InputError
+from ..losses import get_loss
+from ..taskspace import DENSE
+from .commands import DMTRLCommand
+from .config import DMTRLConfig, uses_momentum
+from .interior_rounds import InteriorServer
+from .local_rounds import LocalRoundServer
+from .margin import MarginServer
+from .momentum import MomentumServer
+from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
+from .sigma import coupled_rho, omega_from_gram, safe_rho
+from .steps import StepInputs, StepSolver
+from .supports import SupportServer
+
+
+class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, ServerBase):
+    """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
+
+    def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
+                 checkpointer=None, test=False, warn=None):
+        super().__init__(cluster, source, progress, checkpointer)
+        self.config = config
+        self.safe = config.aggregation == "safe"
+        self.d = engine.model_width(config, source.n_features)      # + 1: the augmented intercept feature
+        self.blocks_per_task = np.bincount(self.block_task, minlength=self.m)
+        # B, W and dP are kept transposed (m x d, the T suffix): a task's row is what the per-block Gatherv /
+        # Scatterv carry and self.WT[self.block_task] is the payload; W leaves as d x m (TrainResult.W).
+        # With sparse task supports they move to the task supports at the first exchange (self.space,
+        # hpcmtl.taskspace: then flat task arrays; dense_wt() is the whole W)
+        self.space = DENSE
+        self.BT = np.zeros((self.m, self.d))
+        if config.relationship == "fixed":
+            self.Sigma = np.array(sigma_fixed, dtype=np.float64)
+        else:
+            self.Sigma = np.eye(self.m) / self.m
+        self.WT = np.zeros((self.m, self.d))
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
+        self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
+        if config.aggregation == "qp":
+            self.rho_task = coupled_rho(self.Sigma)
+        self.step = np.zeros(self.m)             # the last round's per-task steps
+        self.momentum = uses_momentum(config)
+        self.solver = StepSolver(config, self.momentum)     # the per-task steps (aggregations other than safe)
+        self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
+        self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
+        self.history = GapHistory()
+        self.wstep_round = 0                    # rounds so far in the current W-step
+        self.outer_state = OuterState()
+        self.want_test = test
+        self.test = None
+        self.warn = warn
+        self.init_support_exchange()
+        self.init_momentum_mirrors()
+        self.init_local_rounds()
+        self.init_interior_rounds()
+        self.init_margin_corrections()
+
+    @property
+    def outer(self):
+        return self.outer_state.outer
+
+    def push_sigma(self):
+        shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
+        self.command(DMTRLCommand.SET_SIGMA, payload=shared, m=self.m, width=self.m + 1)
+
+    def push_w(self, with_objective: bool, eta=None, beta=None):
+        """Send every block its w column (and, unless safe, its steps eta and beta and next rho)."""
+        if self.safe:
+            return self.scatter_down(DMTRLCommand.SET_W, lambda: self.WT, None, with_objective=with_objective)
+        eta = np.zeros(self.m) if eta is None else eta
+        beta = np.zeros(self.m) if beta is None else beta
+        return self.scatter_down(DMTRLCommand.APPLY, lambda: self.WT, np.column_stack([eta, beta, self.rho_task]),
+                                 with_objective=with_objective)
+
+    def dense_wt(self):
+        """The whole ``W^T = Sigma B^T / lam`` (m x d): on task supports, W is only kept on each T_i."""
+        if not self.space.sparse:
+            return self.WT
+        return (self.Sigma @ self.space.dense(self.BT)) / self.config.lam
+
+    def push_dense_w(self):
+        """Every block's whole w column (after rounds on supports, w is only right on each block's support):
+        before anything scores other rows (test metrics, validation folds) or leaves the training."""
+        if self.layout is not None:
+            self.command(DMTRLCommand.SET_W, payload=self.dense_wt()[self.block_task], with_objective=0,
+                         width=self.d)
+
+    def check_vectors(self, X, what):
+        """:func:`check_finite_rows` on a task array (naming the round and the first task not finite)."""
+        check_finite_rows(self.space.finite_rows(X), self.round, self.names, what, self.outer)
+
+    def recompute_w(self):
+        self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
+        self.check_vectors(self.WT, "W column")
+
+    def step_inputs(self):
+        """This round's :class:`StepInputs` of the step solver (B is updated in place)."""
+        return StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta)
+
+    def objective(self, terms):
+        """Primal and dual of the current alpha from per-block terms."""
+        sums = self.per_task(terms)
+        check_finite_rows(sums, self.round, self.names, "loss or conjugate sum", self.outer)
+        return primal_dual_of(sums[:, 0], sums[:, 1], self.n, self.space.total(self.BT, self.WT))
+
+    def record(self, primal, dual):
+        step, rho = (self.config.eta, self.rho) if self.safe else (float(np.mean(self.step)), float(np.max(self.rho_task)))
+        row = self.history.record(self.round, self.outer, primal, dual, self.elapsed(), self.cluster.bytes_moved,
+                                  step, rho)
+        if self.progress is not None:
+            self.progress(row)
+        return row
+
+    def round_safe(self, want_gap):
+        """The paper's round: local SDCA with Lemma 6.7's rho, every step applied with eta."""
+        (dBT,), _ = self.gather_up(DMTRLCommand.SDCA, 1, 0, round=self.round)
+        self.check_vectors(dBT, "local step delta b")
+        self.space.add(self.BT, dBT)
+        self.recompute_w()
+        return self.push_w(want_gap)
+
+    def round_steps(self, want_gap):
+        """Optimistic local steps, exact steps eta on the server, then alpha += eta delta on the workers."""
+        scalars = {None: 2, "free": 5, "box": 6}[self.momentum]
+        self.supports()
+        box_on_supports = self.momentum == "box" and self.direction_layout is not None
+        gathered = self.trial_with_directions(scalars) if box_on_supports else None
+        if gathered is not None:
+            vecs, block_scalars = gathered
+        else:
+            vecs, block_scalars = self.gather_up(DMTRLCommand.TRIAL, 2 if self.momentum == "box" else 1, scalars,
+                                                 round=self.round)
+        per_task = self.per_task(block_scalars)
+        if self.momentum == "box":       # beta_max: the smallest over a task's blocks, not the sum
+            beta_max = np.full(self.m, np.inf)
+            np.minimum.at(beta_max, self.block_task, block_scalars[:, -1])
+            per_task[:, -1] = beta_max
+        for v in vecs:
+            self.check_vectors(v, "local step delta b")
+        check_finite_rows(per_task, self.round, self.names, "local step delta b", self.outer)
+        eta, beta, self.dPT = self.solver.take_steps(self.step_inputs(), vecs[0],
+                                                     vecs[1] if self.momentum == "box" else None, per_task)
+        self.step, self.beta = eta, beta
+        if box_on_supports:
+            self.track_previous_steps(eta, vecs[0], beta, vecs[1])
+        self.recompute_w()
+        self.rho_task = self.solver.adapt_rho(np.clip(eta, 0.0, self.config.eta), self.rho_task, self.Sigma,
+                                              self.blocks_per_task)
+        return self.push_w(want_gap, eta, beta)
+
+    @property
+    def one_block_a_task(self):
+        return bool(np.all(self.blocks_per_task == 1))
+
+    def blocks_by_rank(self):
+        """``(rank, [plan indices of its blocks])`` for every rank, in rank order (plan order within a rank)."""
+        by_rank = [[] for _ in range(self.cluster.size)]
+        for k, b in enumerate(self.blocks):
+            by_rank[self.cluster.worker_rank(b.worker)].append(k)
+        return list(enumerate(by_rank))
+
+    def coupled(self) -> bool:
+        """Sigma has a nonzero off the diagonal."""
+        return not interior.is_diagonal(self.Sigma)
+
+    def since_halved(self, rel_gap=None):
+        """:meth:`GapHistory.since_halved` of the current W-step."""
+        return self.history.since_halved(self.outer, rel_gap)
+
+    def w_step(self):
+        if self.wstep_round == 0:
+            self.forget_interior_rounds()
+        row, converged = None, False
+        while True:
+            if self.interior_point_due():
+                row, converged = self.interior_rounds()
+                if converged or self.wstep_round >= self.config.max_rounds:
+                    break
+            local = self.local_rounds_possible()
+            if local:
+                self.enter_local()
+            row, converged = self.w_step_rounds(local)
+            if local:
+                self.leave_local()
+            if converged or self.wstep_round >= self.config.max_rounds or not self.interior_point_due():
+                break
+        if not converged and row is not None:
+            rows = self.history.rows
+            mine = [i for i, o in enumerate(rows["outer"]) if o == self.outer]
+            stalled = stalled_since([rows["round"][i] for i in mine], [rows["rel_gap"][i] for i in mine])
+            if stalled is not None:
+                row = dict(row, stalled_since=stalled)
+        self.apply_correction()
+        return row, converged
+
+    def w_step_rounds(self, local):
+        cfg = self.config
+        rows = self.history.rows
+        row = {k: v[-1] for k, v in rows.items()} if rows["round"] else None
+        while self.wstep_round < cfg.max_rounds:
+            self.wstep_round += 1
+            self.round += 1
+            want_gap = self.wstep_round % cfg.gap_every == 0 or self.wstep_round == cfg.max_rounds
+            if local:
+                terms = self.round_local(want_gap)
+            else:
+                terms = self.round_safe(want_gap) if self.safe else self.round_steps(want_gap)
+            if want_gap:
+                if local:
+                    regularizer = float(np.sum(terms[:, 2]))
+                    primal, dual = primal_dual_of(terms[:, 0], terms[:, 1], self.n, regularizer)
+                else:
+                    regularizer = self.space.total(self.BT, self.WT)
+                    primal, dual = self.objective(terms)
+                primal, correction = self.corrected_primal(terms, primal, dual, regularizer, local)
+                row = self.record(primal, dual)
+                if row["rel_gap"] <= cfg.tol:
+                    self.keep_correction(correction)
+                    return row, True
+            self.safe_point()
+            if want_gap and self.interior_point_due():     # stalled: interior-point rounds from here (w_step)
+                return row, False
+        return row, False
+
+    def omega(self):
+        G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
+        self.Sigma = omega_from_gram(G, self.config.eig_floor)
+        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        if self.config.aggregation == "qp":
+            self.rho_task = coupled_rho(self.Sigma)
+        self.recompute_w()
+        self.push_sigma()
+        self.push_w(False)
+        if self.momentum:                 # a new Sigma, a new quadratic: restart the momentum
+            self.restart_momentum()
+        self.wstep_round = 0
+        self.safe_point()
+
+    def block_slices(self, pieces, size):
+        """``(block, its slice)`` of per-rank vectors concatenating each rank's blocks in plan order.
+
+        ``size(block)`` is the length of a block's slice; yields rank by rank.
+        """
+        for rank, blocks in self.blocks_by_rank():
+            pos = 0
+            for b in (self.blocks[k] for k in blocks):
+                yield b, pieces[rank][pos:pos + size(b)]
+                pos += size(b)
+
+    def run(self, resume=None):
+        if resume is not None:
+            self.restore(resume())        # read (and checked) on the server, workers already serving
+        else:
+            self.push_sigma()
+        converged = outer_loop(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
+        if self.want_test or self.scores_off_supports:
+            self.push_dense_w()
+        if self.want_test:
+            self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
+        return converged
+
+    def checkpoint_state(self):
+        """(server arrays, per-block worker state, counters) for :class:`hpcmtl.checkpoint.Checkpointer`."""
+        if self.local_phase:
+            self.pull_local()             # B lives on the workers during local rounds
+        blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
+                   "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
+                  for b, st in self.gather_state()]
+        arrays = {"BT": self.space.dense(self.BT), "Sigma": self.Sigma, "rho": np.array(self.rho)}
+        if not self.safe:
+            arrays.update(rho_task=self.rho_task, step=self.step)
+        if self.momentum:
+            arrays.update(beta=self.beta, dPT=self.space.dense(self.dPT), previous=self.gather_previous())
+        arrays.update(self.history.checkpoint_arrays())
+        counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
+                    "previous": self.outer_state.previous, "seconds": self.elapsed(),
+                    "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
+                    **self.momentum_counters(), **self.interior_counters()}
+        return arrays, blocks, counters
+
+    def gather_state(self):
+        """Every block's (plan block, :class:`BlockState`), in plan order."""
+        pieces = self.command(DMTRLCommand.GET_STATE)
+        return [(b, BlockState.unpack(data, 0, b.n_rows)[0])
+                for b, data in self.block_slices(pieces, lambda b: BlockState.packed_size(b.n_rows))]
+
+    def restore(self, ck):
+        """Continue from a checkpoint read by :mod:`hpcmtl.checkpoint` (same data, same math)."""
+        for key, default in (("aggregation", "safe"), ("local_solver", "auto"), ("exchange", "dense")):
+            saved, now = ck["config"].get(key, default), getattr(self.config, key)
+            if saved != now:
+                raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
+        self.BT = self.space.compact(ck["arrays"]["BT"])
+        self.Sigma = ck["arrays"]["Sigma"].copy()
+        # rho depends on how tasks are cut into blocks, which may differ at another rank count
+        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        if not self.safe:
+            self.rho_task = np.asarray(ck["arrays"]["rho_task"], dtype=np.float64).copy()
+            self.step = np.asarray(ck["arrays"]["step"], dtype=np.float64).copy()
+        if self.momentum:
+            self.beta = np.asarray(ck["arrays"]["beta"], dtype=np.float64).copy()
+            self.dPT = self.space.compact(ck["arrays"]["dPT"])
+        c = ck["counters"]
+        self.round, self.wstep_round = int(c["round"]), int(c["t"])
+        self.restore_momentum_counters(c)
+        self.restore_interior_counters(c)
+        self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
+        self.seconds_before = float(c["seconds"])
+        self.cluster.bytes_moved = int(c["bytes"])
+        self.history.restore(ck["arrays"])
+        self.recompute_w()
+        self.push_sigma()                                  # also resets shrinking: restored next
+        self.command(DMTRLCommand.SET_STATE, payload=block_payloads(ck, self.blocks, self.cluster))
+        if self.momentum:
+            self.command(DMTRLCommand.SET_PREVIOUS,
+                         payload=self.previous_payloads(np.asarray(ck["arrays"]["previous"])))
+        self.push_w(False)

@@ -1,0 +1,92 @@
+"""The task covariance Sigma: the Omega-step, the rho rules that Sigma sets, and a user-given Sigma's check.
+
+Server arithmetic, public for tests: :func:`omega_step` / :func:`omega_from_gram` (Sigma from W),
+:func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
+per-task rho), :func:`check_sigma`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import interior
+from ..errors import InputError
+
+
+def omega_step(W: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
+    """``Sigma = (W^T W)^(1/2) / tr((W^T W)^(1/2))`` with an eigenvalue floor.
+
+    Eigenvalues of the square root below ``eig_floor`` times the largest are
+    raised to that floor, so Sigma stays positive definite and Omega exists.
+    An all-zero W gives ``I / m``.
+    """
+    return omega_from_gram(W.T @ W, eig_floor)
+
+
+def omega_from_gram(G: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
+    """:func:`omega_step` from ``G = W^T W`` (m x m): the server on task supports forms it as
+    ``Sigma (B^T B) Sigma / lam^2`` without a dense W."""
+    m = G.shape[0]
+    evals, evecs = np.linalg.eigh(G)
+    s = np.sqrt(np.clip(evals, 0.0, None))
+    top = s.max() if s.size else 0.0
+    if not top > 0:
+        return np.eye(m) / m
+    s = np.maximum(s, eig_floor * top)
+    root = (evecs * s) @ evecs.T
+    root = 0.5 * (root + root.T)
+    return root / np.trace(root)
+
+
+def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float:
+    """rho of Lemma 6.7, ``eta max_i sum_i' |sigma_ii'| / sigma_ii``, with split tasks.
+
+    A task cut into s_i blocks counts as s_i tasks sharing its row and column of
+    Sigma: ``eta max_i (sum_i' s_i' |sigma_ii'|) / sigma_ii``.
+    """
+    A = np.abs(Sigma)
+    s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
+    return float(eta * np.max((A @ s) / np.diag(Sigma)))
+
+
+def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
+    """Per-task Lemma 6.7 bounds ``(sum_i' s_i' |sigma_ii'|) / sigma_ii`` (their maximum is :func:`safe_rho`).
+
+    ``tr(dB Sigma dB^T) <= sum_i bound_i sigma_ii ||db_i||^2`` (Gershgorin on
+    ``Sigma o dB^T dB``), so a task whose local subproblem uses its own bound
+    never needs a step below 1; the adaptive aggregation keeps rho_i in [1, bound_i].
+    """
+    A = np.abs(Sigma)
+    s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
+    return (A @ s) / np.diag(Sigma)
+
+
+def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
+    """The 'qp' aggregation's per-task rho_i under a task covariance: ``max(1/2, s_i)``, 1 when Sigma is diagonal.
+
+    ``s_i = 1 / (sigma_ii (Sigma^-1)_ii)`` in (0, 1] is the curvature of task i's
+    direction when the other tasks' b follow optimally (the Schur complement) relative
+    to sigma_ii, its curvature alone (rho = 1).  The server's steps can shorten a local
+    step (eta <= 1) but never lengthen it, so a local model stiffer than the coupled
+    dual in the directions that separate related tasks wastes rounds; the steps shorten
+    what a softer model overshoots along the tasks' common direction (measurements:
+    docs/dmtrl-notes.md).
+    """
+    m = Sigma.shape[0]
+    if interior.is_diagonal(Sigma):
+        return np.ones(m)
+    s = 1.0 / (np.diag(Sigma) * np.diag(np.linalg.inv(Sigma)))
+    return np.clip(s, 0.5, 1.0)
+
+
+def check_sigma(Sigma, m):
+    """A user-given task covariance: m x m, symmetric, positive definite."""
+    if Sigma is None:
+        raise InputError("relationship 'fixed' needs a task covariance Sigma")
+    Sigma = np.asarray(Sigma, dtype=np.float64)
+    if Sigma.shape != (m, m):
+        raise InputError(f"task covariance Sigma has shape {Sigma.shape}, the data has {m} tasks")
+    if not np.all(np.isfinite(Sigma)) or not np.allclose(Sigma, Sigma.T, rtol=1e-10, atol=1e-12):
+        raise InputError("task covariance Sigma must be finite and symmetric")
+    if np.linalg.eigvalsh(Sigma).min() <= 0:
+        raise InputError("task covariance Sigma must be positive definite")
+    return 0.5 * (Sigma + Sigma.T)

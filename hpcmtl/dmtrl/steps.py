@@ -1,0 +1,337 @@
+"""Aggregation: the per-task step problems the server (over m tasks) and a worker in local rounds (over one)
+solve, and the box QP they use.
+
+:func:`box_qp` (the one call of ``_box_qp.box_qp``), :func:`conjugate_along` / :func:`conjugate_two` (the
+conjugate along the steps), :func:`coupled_passes` (local passes under 'qp'), :class:`StepSolver` and its
+one-task :class:`TaskSteps`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _blockops, _box_qp
+from ..losses import conjugate_reference
+from ..taskspace import DenseSpace
+from .config import uses_momentum
+from .sigma import task_rho_bounds
+
+
+COUPLED_PASSES_MAX = 2     # 'qp': at most this many local passes a round for a task the others hardly explain
+UNCOUPLED_PASSES = 2       # 'qp': local passes a step for a task nothing couples (a diagonal Sigma: rho = 1)
+
+
+def coupled_passes(rho: float) -> int:
+    """Local SDCA passes a round for a task with the 'qp' rho ``max(1/2, s_i)`` (:func:`coupled_rho`):
+    ``floor(1 / (2 (1 - s_i)))`` in ``[1, COUPLED_PASSES_MAX]`` while s_i < 1.  A task nothing couples
+    (rho = 1, a diagonal Sigma) takes ``UNCOUPLED_PASSES`` a local step, in a local round's steps and in the
+    exchanged rounds that remain (``--exchange dense``, the squared loss's SDCA), so one local step a round
+    (``--local-steps 1``) is still an exchanged round.  Its local problem is then the whole problem, so every
+    pass is dual ascent; a step of two passes lets liblinear's shrinking work on its own second pass, and
+    the gap (a pass over the rows for the losses) and the step's exact sizes come in fewer steps.
+
+    ``1 - s_i`` is how much of task i's variance under Sigma the other tasks explain.  Where that is small the
+    local subproblem (the other tasks' b fixed) is nearly the coupled dual's own block, so solving it further
+    before an exchange is work the next rounds would otherwise repeat; the server's steps (eta <= 1) cut back
+    what the coupling makes too long, so the certificate and dual ascent are unchanged.  Strongly related
+    tasks (s_i <= 3/4) keep one pass.  The measurements behind the passes and the cap: docs/dmtrl-notes.md.
+    """
+    if rho >= 1.0:
+        return UNCOUPLED_PASSES
+    return int(min(COUPLED_PASSES_MAX, max(1.0, np.floor(0.5 / (1.0 - rho)))))
+
+
+QP_ITERATIONS = 60
+BETA_CAP = 100.0          # box momentum: the furthest extension of the previous step
+
+
+def box_qp(A: np.ndarray, g: np.ndarray, upper, start=None, max_iter: int = QP_ITERATIONS,
+           rtol: float = 1e-12) -> np.ndarray:
+    """``argmax_x g.x - x.A.x / 2`` over ``0 <= x <= upper`` (A symmetric positive semidefinite; upper >= 0,
+    a number or one per coordinate).
+
+    An active-set Newton method: coordinates at a bound whose gradient points
+    out of the box are held; the Newton step on the others (Cholesky; a
+    pseudo-inverse, or the ray along which the objective is linear, when the
+    free block is singular: its eigendecomposition, LAPACK's dsyev) is
+    tried projected onto the box, which may change many bounds at once, and when
+    that does not gain, taken up to the first bound it meets, which always gains.
+    Starts from the best of 0, every coordinate alone (scaled back as a whole) and
+    ``start`` (the previous round's answer: few iterations when the active set
+    barely moves).  Deterministic (fixed operations in a fixed order); never worse
+    than 0.  The iterations run in ``_box_qp.box_qp`` (a NumPy reference of the
+    same method is ``tests/reference.py::box_qp_reference``): on small tasks the
+    server's QP over m or 2m steps is most of a round.
+    """
+    g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
+    m = g.size
+    x = np.zeros(m)
+    if m == 0:
+        return x
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.ascontiguousarray(upper, dtype=np.float64)
+    use_start = start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all())
+    start = np.ascontiguousarray(start, dtype=np.float64) if use_start else upper
+    _box_qp.box_qp(A, g, upper, start, use_start, x, max_iter, rtol)
+    return x
+
+
+# box momentum: box QPs inside each task's triangle after the two boxes (StepSolver.within_triangle)
+TRIANGLE_PASSES = 3
+
+
+def conjugate_two(loss, a, delta, q, beta_max, y, gamma):
+    """``(c1p, c2p, cross)`` of the conjugate along ``eta delta + beta q`` beyond :func:`conjugate_along`.
+
+    Quadratic conjugates: ``sum l*(-(a + eta delta + beta q)) - l*(-a) = eta c1 +
+    beta c1p + (eta^2 c2 + 2 eta beta cross + beta^2 c2p) / 2``.  Logistic: the
+    plane through the values at 0, delta and ``beta_max q`` bounds the convex
+    conjugate from above on that triangle (``c2p = cross = 0``).
+    """
+    if loss == "hinge":
+        return float(-(y @ q)), 0.0, 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ q), float(gamma * (q @ q)), float(gamma * (delta @ q))
+    if beta_max <= 0:
+        return 0.0, 0.0, 0.0
+    far = np.sum(conjugate_reference(loss, a + beta_max * q, y) - conjugate_reference(loss, a, y))
+    return float(far / beta_max), 0.0, 0.0
+
+
+def conjugate_along(loss, a, delta, y, gamma):
+    """``(c1, c2)`` with ``sum_j l*(-(a_j + e delta_j)) - l*(-a_j) = e c1 + e^2 c2 / 2`` for e in [0, 1].
+
+    Exact for the quadratic conjugates (hinge on its box, smoothed hinge,
+    squared); for the logistic loss the chord ``e (sum l*(-(a + delta)) - l*(-a))``,
+    which bounds the convex conjugate from above on [0, 1].
+    """
+    if loss == "hinge":
+        return float(-(y @ delta)), 0.0
+    if loss == "smoothed-hinge":
+        return float((gamma * a - y) @ delta), float(gamma * (delta @ delta))
+    if loss == "squared":
+        return float((a - y) @ delta), float(delta @ delta)
+    return float(np.sum(conjugate_reference(loss, a + delta, y) - conjugate_reference(loss, a, y))), 0.0
+
+
+class StepInputs(NamedTuple):
+    """What :class:`StepSolver` reads of its owner's state in a round: the task arrays' ``space``
+    (:mod:`hpcmtl.taskspace`), the task covariance ``Sigma`` (m x m), the tasks' sizes ``n``, ``WT``
+    (W as task arrays), ``BT`` (B, updated in place by :meth:`StepSolver.take_steps`), ``dPT`` (the B
+    change of the last round's step: free momentum) and the last round's ``step`` and ``beta`` (warm starts).
+    """
+    space: object
+    Sigma: np.ndarray
+    n: np.ndarray
+    WT: object
+    BT: object
+    dPT: object
+    step: np.ndarray
+    beta: np.ndarray
+
+    @property
+    def m(self):
+        return self.Sigma.shape[0]
+
+
+class StepSolver:
+    """The per-task steps of the aggregations other than 'safe': the exact dual-maximizing ``eta``
+    (and momentum ``beta``) along the pending local steps, and B updated with them.
+
+    A component: the server holds one over all m tasks (``Server.solver``), and a worker one a
+    block over its task (:class:`TaskSteps`) when Sigma is diagonal and nothing couples the tasks
+    (the quadratic is then a sum of per-task terms: the same arithmetic with m = 1).  It keeps only
+    ``config`` and ``momentum`` (:func:`.config.uses_momentum`); every call gets the round's
+    :class:`StepInputs`.  ``BT``, ``WT``, ``dPT`` and the d-vectors passed in are task arrays of
+    ``inputs.space``: dense ``m x d`` rows unless the server keeps them on the task supports.
+    """
+
+    def __init__(self, config, momentum):
+        self.config = config
+        self.momentum = momentum
+
+    def steps(self, inputs, dBT, c1, c2):
+        """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
+
+        ``D(eta) - D = g . eta - eta^T A eta / 2`` exactly (a lower bound for the
+        logistic loss), with ``g_i = -w_i . db_i - c1_i / n_i`` and
+        ``A = (Sigma o dB^T dB) / lam + diag(c2 / n)``.
+        """
+        cfg = self.config
+        g = -inputs.space.dots(inputs.WT, dBT) - c1 / inputs.n
+        A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
+        A = 0.5 * (A + A.T)
+        if cfg.aggregation == "line":
+            slope, curv = float(np.sum(g)), float(np.sum(A))
+            if slope <= 0:
+                return np.zeros(inputs.m)
+            e = cfg.eta if curv <= slope / cfg.eta else slope / curv
+            return np.full(inputs.m, e)
+        return box_qp(A, g, cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
+
+    def two_direction_quadratic(self, inputs, dBT, dQT, c1, c2, c1q, c2q, cross):
+        """``(A, g)`` of the dual change along ``eta_i delta_i + beta_i q_i`` (2m directions, ``D2 = [dB; dQ]``):
+        ``A = (Sigma2 o D2 D2^T) / lam`` plus each task's 2 x 2 conjugate block ``[[c2, cross], [cross, c2q]] / n``,
+        ``g = -w . D2 - [c1, c1q] / n``."""
+        m, lam = inputs.m, self.config.lam
+        G2, wd2 = inputs.space.gram_dots2(inputs.WT, dBT, dQT)
+        A = np.tile(inputs.Sigma, (2, 2)) * G2 / lam       # Sigma2 = Sigma[np.ix_(idx, idx)], idx = [0..m, 0..m]
+        if np.any(c2) or np.any(c2q) or np.any(cross):            # (hinge: all zero, nothing to add)
+            A2 = A.reshape(2, m, 2, m)                             # A2[s, i, t, j] = A[s m + i, t m + j]
+            tasks = np.arange(m)
+            A2[0, tasks, 0, tasks] += c2 / inputs.n
+            A2[1, tasks, 1, tasks] += c2q / inputs.n
+            A2[0, tasks, 1, tasks] += cross / inputs.n
+            A2[1, tasks, 0, tasks] += cross / inputs.n
+        A = 0.5 * (A + A.T)
+        g = -wd2 - np.concatenate([c1 / inputs.n, c1q / inputs.n])
+        return A, g
+
+    def steps_momentum(self, inputs, dBT, scalars):
+        """Squared loss: ``(eta, beta)`` maximizing the dual over ``alpha + eta_i delta_i + beta_i p_i``, no bounds.
+
+        The same exact quadratic as :meth:`steps` over 2m directions (each
+        task's new local step and its previous step): ``D2 = [dB; dP]``,
+        ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
+        solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
+        dropped): the gain ``g^T A^+ g / 2`` is never negative.
+        """
+        m = inputs.m
+        A, g = self.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)
+        w, V = np.linalg.eigh(A)
+        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
+        v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
+        if not float(g @ v) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def steps_box_momentum(self, inputs, dBT, dQT, scalars):
+        """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
+        (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP, then
+        improved inside each task's whole triangle of feasible steps (:meth:`within_triangle`)."""
+        m, cfg = inputs.m, self.config
+        beta_max = scalars[:, 5]
+        A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
+        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
+        gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
+        if not np.any(beta_max > 0):
+            return alone, np.zeros(m)
+        upper = np.concatenate([np.full(m, 0.5 * cfg.eta), 0.5 * np.minimum(beta_max, BETA_CAP)])
+        both = box_qp(A, g, upper, start=np.concatenate([inputs.step, inputs.beta]), max_iter=QP_ITERATIONS)
+        gain_both = float(g @ both - 0.5 * both @ (A @ both))
+        x = both if gain_both > gain_alone else np.concatenate([alone, np.zeros(m)])
+        x = self.within_triangle(A, g, x, np.minimum(beta_max, BETA_CAP))
+        return x[:m], x[m:]
+
+    def within_triangle(self, A, g, x, beta_max):
+        """Better steps ``(eta, beta)`` than ``x`` inside each task's triangle ``eta / eta_max + beta / beta_max
+        <= 1`` (alpha + eta delta + beta q is then a convex combination of alpha, alpha + eta_max delta and
+        alpha + beta_max q: feasible, and for the logistic loss the plane of :func:`conjugate_two` still bounds
+        the conjugate from above).  Each pass solves the box QP over a box inside the triangle through
+        ``x``'s corner on the side its gradient points to (eta up to ``eta_max (1 - beta / beta_max)`` with beta
+        at most its value, or the other way round), started from ``x``: never worse than ``x``."""
+        m, top = x.size // 2, self.config.eta
+        has = beta_max > 0
+        share = np.where(has, 1.0 / np.where(has, beta_max, 1.0), 0.0)
+        for _ in range(TRIANGLE_PASSES):
+            eta, beta = x[:m], x[m:]
+            r = g - A @ x
+            up_eta = np.where(has, top * np.maximum(0.0, 1.0 - beta * share), top)
+            up_beta = np.where(has, beta_max * np.maximum(0.0, 1.0 - eta / top), 0.0)
+            towards_eta = r[:m] * top >= r[m:] * beta_max
+            upper = np.concatenate([np.where(towards_eta, up_eta, eta), np.where(towards_eta, beta, up_beta)])
+            upper = np.maximum(upper, x)
+            y = box_qp(A, g, upper, start=x, max_iter=QP_ITERATIONS)
+            if not float(g @ y - 0.5 * y @ (A @ y)) > float(g @ x - 0.5 * x @ (A @ x)):
+                break
+            x = y
+        return x
+
+    def adapt_rho(self, eta, rho_task, Sigma, blocks_per_task):
+        """The next per-task rho: under 'adaptive', rho_i up (towards the task's Lemma 6.7 bound) when its step
+        was cut, down when taken whole; otherwise ``rho_task`` as it is."""
+        if self.config.aggregation != "adaptive":
+            return rho_task
+        bound = np.maximum(task_rho_bounds(Sigma, blocks_per_task), 1.0)
+        full = eta >= 0.999 * self.config.eta
+        grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
+        rho = np.where(full, 0.5 * rho_task, rho_task * np.sqrt(grow))
+        return np.clip(rho, 1.0, bound)
+
+    def take_steps(self, inputs, dBT, dQT, scalars):
+        """This round's ``(eta, beta, dPT)`` per task on task arrays ``dBT`` (and ``dQT``, box momentum) and
+        per-task ``scalars``; ``inputs.BT`` updated with them in place, ``dPT`` the new B change (free
+        momentum; else ``inputs.dPT``)."""
+        space = inputs.space
+        dPT = inputs.dPT
+        if self.momentum == "free":
+            eta, beta = self.steps_momentum(inputs, dBT, scalars)
+            dPT = space.combine(eta, dBT, beta, dPT)
+            space.add(inputs.BT, dPT)
+        elif self.momentum == "box":
+            eta, beta = self.steps_box_momentum(inputs, dBT, dQT, scalars)
+            space.add_two(inputs.BT, eta, dBT, beta, dQT)
+        else:
+            eta, beta = self.steps(inputs, dBT, scalars[:, 0], scalars[:, 1]), np.zeros(inputs.m)
+            space.add_scaled(inputs.BT, eta, dBT)
+        return eta, beta, dPT
+
+
+class OrderedDenseSpace(DenseSpace):
+    """The dense space with its dot products added in index order (``_blockops.ordered_dot``): a one-task
+    :class:`TaskSteps` on a block's support columns then gets the bits of the same vectors with the zeros off
+    the support (all d columns, the dense exchange), at every rank count."""
+
+    def dots(self, X, Y):
+        return np.array([_blockops.ordered_dot(x, y) for x, y in zip(X, Y)])
+
+    def total(self, X, Y):
+        return float(np.sum(self.dots(X, Y)))
+
+    def gram(self, X):
+        return np.array([[_blockops.ordered_dot(a, b) for b in X] for a in X]).reshape(len(X), len(X))
+
+    def gram_dots2(self, W, X, Y):
+        D2 = np.vstack([X, Y])
+        return self.gram(D2), self.dots(np.vstack([W, W]), D2)
+
+
+ORDERED = OrderedDenseSpace()
+
+
+class TaskSteps:
+    """One task's step state on its worker during local rounds (Sigma diagonal: the task's quadratic is its
+    own), with its :class:`StepSolver`: ``b`` and ``dP`` as 1 x d rows, ``w = sigma_ii b / lam``.  A worker's
+    block computes on its support's columns (LocalBlocks.columns): its dot products in index order (ORDERED)."""
+
+    space = ORDERED
+
+    def __init__(self, config, sigma_ii, n, b, dp, step, beta, rho):
+        self.config = config
+        self.n = np.array([float(n)])
+        self.Sigma = np.array([[float(sigma_ii)]])
+        self.BT = np.array(b, dtype=np.float64).reshape(1, -1)
+        self.d = self.BT.shape[1]
+        self.dPT = np.array(dp, dtype=np.float64).reshape(1, -1)
+        self.WT = (self.Sigma @ self.BT) / config.lam
+        self.step = np.array([float(step)])
+        self.beta = np.array([float(beta)])
+        self.rho_task = np.array([float(rho)])
+        self.blocks_per_task = np.ones(1)
+        self.momentum = uses_momentum(config)
+        self.solver = StepSolver(config, self.momentum)
+
+    def solve_steps(self, dBT, rows):
+        """This round's (eta, beta), B (and dP) updated with them; ``rows``: the task's row of TRIAL
+        (``[dB, (dQ: box momentum), scalars]``, dense)."""
+        d = self.d
+        inputs = StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta)
+        if self.momentum == "box":
+            eta, beta, self.dPT = self.solver.take_steps(inputs, dBT, rows[:, d:2 * d], rows[:, 2 * d:])
+        else:
+            eta, beta, self.dPT = self.solver.take_steps(inputs, dBT, None, rows[:, d:])
+        return eta, beta
+
+    def adapt_rho(self, eta):
+        self.rho_task = self.solver.adapt_rho(eta, self.rho_task, self.Sigma, self.blocks_per_task)
