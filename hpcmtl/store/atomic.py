@@ -13,7 +13,12 @@ orphaned by a killed writer is removed by the next write to the same path
 
 Before any work, :func:`check_outputs` refuses an output that would overwrite
 an input (like ``cp a a``) or another output, and :func:`check_writable` one
-that cannot be written.
+that cannot be written.  Only regular files are ever replaced
+(:func:`output_target`): an existing output that is a FIFO, a socket, a device
+or a directory is refused, with or without ``--force``, since renaming a
+temporary onto it would replace a device node (as root: ``/dev/null``) or
+leave a pipe's reader waiting; a symbolic link is written through to the
+regular file it names, which keeps the link, and a dangling link is refused.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import fcntl
 import io
 import os
 import re
+import stat
 import tempfile
 
 import h5py
@@ -166,6 +172,47 @@ def remove_stale_temporaries(path) -> list:
     return removed
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+TEMPORARY_EXTRA = len(".") + len(".XXXXXXXX.tmp")   # a temporary's name: ".NAME.XXXXXXXX.tmp"
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def output_target(path) -> str:
+    """The file that writing an output at ``path`` replaces: ``path``, or the regular file its link names.
+
+    ``path`` may not exist yet (it is returned as is).  An existing path that
+    is not a regular file, or a symbolic link to anything but an existing
+    regular file, is refused with a one-line :class:`InputError`; nothing is
+    touched.  Writers rename their temporary onto the returned path, so a
+    link stays a link.
+    """
+    path = os.fspath(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise InputError(f"{path}: cannot use as an output: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return path
+    if not stat.S_ISLNK(mode):
+        raise InputError(f"{path}: output exists and is not a regular file ({_kind(mode)}): refusing to replace it")
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        raise InputError(f"{path}: output is a symbolic link to a missing file ({target}): "
+                         f"refusing to write through it") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path}: output is a symbolic link to {target}, which is not a regular file "
+                         f"({_kind(mode)}): refusing to replace it")
+    return target
+
+
 def _new_temporary(path: str, what: str):
     """``(fd, name)`` of a new temporary file beside ``path`` (after removing those of killed writers)."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -193,7 +240,8 @@ def atomic_h5(path: str, force: bool = True, what: str = "output file"):
     """
     path = os.fspath(path)
     check_writable(path, force)
-    fd, tmp = _new_temporary(path, what)
+    target = output_target(path)
+    fd, tmp = _new_temporary(target, what)
     raw = _GuardedFile(fd)
     try:
         with h5py.File(raw, "w") as f:
@@ -204,8 +252,10 @@ def atomic_h5(path: str, force: bool = True, what: str = "output file"):
         raw.close()
         if raw.error is not None:
             raise write_error(what, path, raw.error)
+        if output_target(path) != target:          # changed while we wrote (a link re-pointed, a FIFO made)
+            raise InputError(f"{path}: output changed while it was written: refusing to replace it")
         try:
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except OSError as exc:
             raise write_error(what, path, exc) from None
     except BaseException as exc:
@@ -226,14 +276,17 @@ def atomic_output(path, what: str = "output file"):
     one-line :class:`WriteError` and nothing is left under either name.
     """
     path = os.fspath(path)
-    fd, tmp = _new_temporary(path, what)
+    target = output_target(path)
+    fd, tmp = _new_temporary(target, what)
     lock = _GuardedFile(fd)                 # holds the lock; the writer opens the path itself
     try:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, _finished_mode())
-        os.replace(tmp, path)
+        if output_target(path) != target:
+            raise InputError(f"{path}: output changed while it was written: refusing to replace it")
+        os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -247,17 +300,27 @@ def atomic_output(path, what: str = "output file"):
 
 
 def check_writable(path: str, force: bool) -> None:
-    """Refuse an output path early (before any work): a directory, exists without force, or unwritable."""
+    """Refuse an output path early (before any work): a directory, not a regular file (:func:`output_target`),
+    exists without force, a name too long for its temporary, or unwritable."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected the name of an output file")
+    target = output_target(path)
     if os.path.lexists(path) and not force:
         raise InputError(f"{path}: output file exists (use --force to overwrite)")
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise InputError(f"{path}: cannot write output: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
         raise InputError(f"{path}: cannot write output: directory {directory} is not writable")
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    name = os.path.basename(target)
+    if len(os.fsencode(name)) + TEMPORARY_EXTRA > name_max:   # found now, not when the finished work is written
+        raise InputError(f"{path}: cannot write output: the name is too long ({len(os.fsencode(name))} bytes; "
+                         f"at most {name_max - TEMPORARY_EXTRA} leave room for its temporary's name)")
     try:                  # root passes os.access everywhere: try for real (an unnamed file where supported)
         with tempfile.TemporaryFile(dir=directory):
             pass
