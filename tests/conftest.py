@@ -212,7 +212,8 @@ def fake_slurm(directory):
 # hash under a lock, so the in-place optimized modules are never touched.
 KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_kernels.pyx", "hpcmtl/_online.pyx", "setup.py")
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
-KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.dmtrl", "hpcmtl.baselines",
+KERNEL_USERS = {"_kernels": ("hpcmtl.taskdata", "hpcmtl.projection", "hpcmtl.dmtrl.steps", "hpcmtl.dmtrl.worker",
+                             "hpcmtl.dmtrl.local_rounds", "hpcmtl.dmtrl.interior_rounds", "hpcmtl.baselines",
                              "hpcmtl.checkpoint"),
                 "_online": ("hpcmtl.online_rules", "hpcmtl.estimators", "hpcmtl.online")}
 
