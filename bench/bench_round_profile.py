@@ -39,7 +39,12 @@ def category(filename, function):
         return "collectives"
     if base == "cluster.py" or os.path.basename(os.path.dirname(filename)) == "cluster":     # hpcmtl/cluster/
         return "collectives"
-    if base == "dmtrl.py":
+    if os.path.basename(os.path.dirname(filename)) == "dmtrl":                          # hpcmtl/dmtrl/
+        if base == "worker.py":
+            return "worker"
+        if base in ("server.py", "steps.py", "outer.py", "sigma.py"):
+            return "server"
+        # a feature's module holds both halves: the worker half's methods by their names
         worker = ("LocalBlocks", "trial", "sdca", "local", "apply", "from_", "dense_rows", "support_values",
                   "objective_terms", "box_direction", "conjugate", "exact_step", "full_w", "spread", "get_", "set_")
         return "worker" if function.startswith(worker) or function in ("reset_shrinking", "start_local") \
