@@ -318,11 +318,8 @@ def option_keywords(name: str, flag: str, **given) -> dict:
 # ---------------------------------------------------------------------------
 # hpcmtl train: every option once, in groups; each method's sub-parser takes the groups it reads
 # ---------------------------------------------------------------------------
-TRAIN_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central", "l1inf", "online")
-TASK_METHODS = tuple(m for m in TRAIN_METHODS if m != "online")
-SDCA_METHODS = ("dmtrl", "stl", "fixed", "graph", "ssdca", "mtrl-central")
-DISTRIBUTED_SDCA = ("dmtrl", "stl", "fixed", "graph")
-CHECKPOINTED = ("dmtrl", "stl", "fixed", "graph", "l1inf", "online")
+# the methods, in the order the command line lists them: the names and help here (the option table below reads
+# them), the behaviour of each in hpcmtl.methods.METHODS (one row a method, checked to agree with these names)
 METHOD_HELP = {
     "dmtrl": "distributed multi-task relationship learning (paper 001)",
     "stl": "single-task learning: every task alone (Sigma = identity), same engine",
@@ -333,6 +330,11 @@ METHOD_HELP = {
     "l1inf": "joint feature selection under an l1,inf ball (paper 002)",
     "online": "online multitask learning from a stream (paper 004)",
 }
+TRAIN_METHODS = tuple(METHOD_HELP)
+TASK_METHODS = tuple(m for m in TRAIN_METHODS if m != "online")                 # read --train (online: --stream)
+DISTRIBUTED_SDCA = ("dmtrl", "stl", "fixed", "graph")                           # DMTRL's engine under mpiexec
+SDCA_METHODS = DISTRIBUTED_SDCA + ("ssdca", "mtrl-central")                     # + the centralized baselines
+CHECKPOINTED = DISTRIBUTED_SDCA + ("l1inf", "online")
 METHOD_DEFAULTS = {m: {"max_rounds": 500} for m in SDCA_METHODS} | {"l1inf": {"max_rounds": 200}}
 
 

@@ -30,7 +30,8 @@ LAYERS = [
     ("files", {"checkpoint", "formats", "results"}),
     ("engine", {"engine"}),
     ("methods", {"dmtrl", "joint_sparse", "online", "baselines", "model_selection"}),
-    ("front ends", {"estimators", "jobs", "demo"}),
+    # methods: the method table of `hpcmtl train` (imports every method module, above them)
+    ("front ends", {"estimators", "jobs", "demo", "methods"}),
     ("command line", {"cli", "__main__", "__init__"}),
 ]
 LAYER_OF = {name: k for k, (_, names) in enumerate(LAYERS) for name in names}
@@ -278,3 +279,32 @@ def test_dmtrl_features_plug_into_the_cores():
             if name not in allowed:
                 wrong.append(f"hpcmtl/dmtrl/{me}.py:{line} imports {name}")
     assert not wrong, "\n".join(wrong)
+
+
+# hpcmtl/model_selection/: the split, then the one driver, then the searches that plug into it (lam, radius), then
+# __init__ (it only re-exports); a search never imports another search
+SELECTION_LAYERS = [{"split"}, {"driver"}, {"lam", "radius"}, {"__init__"}]
+
+
+def test_selection_searches_plug_into_one_driver():
+    level = {name: k for k, names in enumerate(SELECTION_LAYERS) for name in names}
+    folder = PACKAGE / "model_selection"
+    wrong = []
+    for path in sorted(folder.glob("*.py")):
+        assert path.stem in level, f"place model_selection/{path.name} in SELECTION_LAYERS (tests/test_layering.py)"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+                for name in names:
+                    if level.get(name, len(SELECTION_LAYERS)) >= level[path.stem]:
+                        wrong.append(f"model_selection/{path.name}:{node.lineno} imports {name}, not a layer below")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_train_method_has_one_row_in_the_method_table():
+    """`hpcmtl train METHOD` is a lookup: the table's names are the command line's, in its order."""
+    from hpcmtl import methods, params
+    assert tuple(methods.METHODS) == params.TRAIN_METHODS
+    for name, row in methods.METHODS.items():
+        assert row.name == name and callable(row.train) and callable(row.write)
+        assert (row.selection is not None) == (name in params.SDCA_METHODS + ("l1inf",))

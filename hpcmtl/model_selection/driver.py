@@ -1,0 +1,143 @@
+"""The one cross-validation driver: plan the whole, split it into folds, fit every fold, score, choose, refit.
+
+:func:`cross_validate` is the skeleton every selection runs under; a :class:`Search`
+(:class:`hpcmtl.model_selection.lam.LamSearch` for lam or a graph kernel's alpha over
+DMTRL fits, :class:`hpcmtl.model_selection.radius.RadiusSearch` for the radius of
+joint-sparse fits) fills in what differs:
+
+1. ``prepare(source)``: per-method checks after the selection's (identically on every
+   rank, so errors fail together);
+2. ``load(whole, source, test_source)``: this rank's blocks of the whole plan (and its
+   test rows);
+3. ``start(split)``: anything computed once the split is known (the folds' means);
+4. ``fit_fold(split, f, fold, rows, train_blocks, held, table)``: the grid on fold f's
+   training rows, its validation scores into ``table["fold_scores"][:, f]`` (server);
+5. ``refit(split, chosen)``: the chosen point on every training row;
+6. ``finish(split, result, chosen, table)``: the path, the choice and its warnings on
+   the refit's result.
+
+The driver owns the order of the collective steps (plan, fold ids, fold plans, one
+fold after another, the choice broadcast, the refit): every rank runs the same steps
+in the same order whatever the method.  Every fold's plan is passed to the fits as a
+planned cluster (``cluster.planned(plan)``), never set on the shared one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import engine
+from ..losses import get_loss
+from .split import TrainingRows, best_index, cut, fold_plans, local_folds
+
+
+@dataclass
+class Split:
+    """This rank's view of a selection's split (``info`` and the scores are the server's)."""
+    source: object
+    config: object
+    selection: object
+    whole: object           # the cluster planned over every training row: the refit's
+    blocks: list            # this rank's blocks of ``whole`` as loaded
+    tests: list             # this rank's test rows (or None)
+    folds: list             # per block, each row's fold id
+    task_ids: dict          # task -> each row's fold id, for this rank's tasks
+    shared: dict            # every rank: per fold the plan ("plans") and the tasks' training counts ("counts")
+    info: dict | None       # server: per fold the validation labels, the split's digest (None on workers)
+
+    @property
+    def n_folds(self) -> int:
+        return self.selection.n_folds
+
+    @property
+    def grid(self) -> list:
+        return self.selection.grid
+
+    def how(self) -> dict:
+        """The split in the result's selection record: the hold-out fraction or the fold count."""
+        return ({"validation_fraction": self.selection.validation_fraction}
+                if self.selection.validation_fraction is not None else {"cv": self.n_folds})
+
+
+class Search:
+    """The per-method hooks of :func:`cross_validate` (the defaults: nothing to prepare, blocks loaded
+    prepared, no training-row means)."""
+
+    def prepare(self, source):
+        pass
+
+    def load(self, whole, source, test_source):
+        return engine.load_blocks(whole, source, self.config, test_source)
+
+    def start(self, split):
+        pass
+
+    def fold_means(self, f):
+        """Fold f's training-row means of every task (server, centered fits), else None."""
+        return None
+
+    def rank_means(self):
+        """This rank's tasks' training-row means of every fold (centered fits), else None."""
+        return None
+
+    def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
+        raise NotImplementedError
+
+    def refit(self, split, chosen):
+        raise NotImplementedError
+
+    def finish(self, split, result, chosen, table):
+        raise NotImplementedError
+
+
+def edge_warning(name, grid, chosen):
+    """The warning of a choice at an end of the grid (None inside it): the best value may lie beyond."""
+    if len(grid) < 2 or chosen not in (0, len(grid) - 1):
+        return None
+    low, high = min(grid), max(grid)
+    end = "largest" if grid[chosen] == high else "smallest"
+    return (f"the chosen {name} {grid[chosen]:.4g} is the {end} of the grid ({low:.4g} .. {high:.4g}): the best "
+            f"{name} may lie beyond it; extend the grid")
+
+
+class ServerMaker:
+    """A method's ``server_class`` that keeps the server it made: a fold's validation scores are the server's
+    (``server`` stays None on workers, which make none)."""
+
+    def __init__(self, server_class, **options):
+        self.server_class, self.options, self.server = server_class, options, None
+
+    def __call__(self, *args, **kwargs):
+        self.server = self.server_class(*args, **self.options, **kwargs)
+        return self.server
+
+
+def cross_validate(cluster, source, config, selection, search: Search, test_source=None):
+    """Choose a point of ``selection.grid`` by validation and refit it on every row: the refit's result with
+    the path and the choice (server), None (workers)."""
+    config.validate()
+    selection.validate(config.loss)
+    selection.check_sizes(source)
+    search.prepare(source)
+    whole = engine.planned_for(cluster, source, config)          # every training row: the refit's plan
+    blocks, tests = search.load(whole, source, test_source)
+    plan = list(whole.blocks)
+    folds, task_ids = local_folds(source, blocks, selection, config.seed, get_loss(config.loss).binary_labels)
+    shared, info = fold_plans(cluster, plan, folds, blocks, source.n_tasks, selection.n_folds)
+    split = Split(source, config, selection, whole, blocks, tests, folds, task_ids, shared, info)
+    search.start(split)
+    G, n_folds = len(selection.grid), selection.n_folds
+    table = {"rounds": np.zeros(G, dtype=np.int64), "seconds": np.zeros(G), "fold_scores": np.zeros((G, n_folds))}
+    for f in range(n_folds):
+        fold = cluster.planned(shared["plans"][f])
+        counts = shared["counts"][f]
+        rows = TrainingRows(source, counts, search.fold_means(f))
+        train_blocks, held = cut(blocks, folds, f, counts, fold.my_blocks, search.rank_means())
+        search.fit_fold(split, f, fold, rows, train_blocks, held, table)
+    table["validation_score"] = scores = table["fold_scores"].mean(axis=1)
+    chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
+    result = search.refit(split, chosen)
+    if result is None:
+        return None
+    return search.finish(split, result, chosen, table)

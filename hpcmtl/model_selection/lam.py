@@ -1,0 +1,248 @@
+"""lam (or a graph kernel's alpha) chosen by validation over DMTRL fits: the hooks of the driver, and the two
+commands of a path.
+
+Every grid point is one ordinary DMTRL fit (:func:`hpcmtl.dmtrl.train`) over a
+fold's in-memory training blocks, from the largest lam down, with two commands of
+its own (:class:`PathCommand`): the server starts a point from the dual variables
+the workers kept from the previous point (``B = X^T alpha / n`` per block,
+``W = B Sigma / lam``: the boxes of the dual depend on neither lam nor Sigma, so
+alpha stays feasible), and after the fit gathers the validation rows' scores.
+Sigma is not carried over: a learned Sigma starts at ``I / m`` at every point, as
+in a single run.  The refit at the chosen point starts from that point's alpha of
+the last fold (zero on the rows it did not train on).
+
+With the squared loss's exact intercept (per-task centering) a fold's training rows
+are centered on their own means, never the whole task's, so no validation row leaks
+into the fit (:func:`hpcmtl.taskdata.task_means` with the fold ids: one pass over
+the file, the same bits at any rank count); a validation row is scored
+``x.w + ybar_f - mu_f.w`` with its fold's means; the refit centers on the whole
+task's means as a single run does.
+
+Every point is certified like a single run: its W-steps' convergence is kept per
+point, and a path with an unconverged point says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import dmtrl, engine, features
+from ..engine import Command, Down, Up
+from .driver import Search, ServerMaker, cross_validate, edge_warning
+from .split import Selection, fold_means, score_of, server_task_folds
+
+
+class PathCommand(Command):
+    """``ID = id, down, up, control fields, computation (a PathBlocks method)``."""
+    # every block's b = X^T alpha / n_task (n_blocks x d): a warm start from the dual variables kept in memory
+    DUAL_B = 110, Down.NOTHING, Up.GATHER_ROWS, ("width",), "dual_b"
+    # the scores of every block's validation rows, concatenated in plan order, per rank
+    VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, (), "validation_scores"
+
+
+class PathBlocks(dmtrl.LocalBlocks):
+    """:class:`hpcmtl.dmtrl.LocalBlocks` that also hold each block's validation rows (``held_out``)."""
+
+    COMMANDS = dmtrl.LocalBlocks.COMMANDS + (PathCommand,)
+
+    def __init__(self, cluster, blocks, config, test_blocks=None, held_out=None, alpha=None):
+        super().__init__(cluster, blocks, config, test_blocks)
+        self.held_out = held_out or [None] * len(blocks)
+        for st, a in zip(self.state, alpha or ()):
+            st.alpha = np.array(a, dtype=np.float64)
+
+    def dual_b(self, ctrl, inputs):
+        """DUAL_B: ``b = X^T alpha / n_task`` of every block (of the centered rows when centered)."""
+        return self.dense_rows([([blk.rmatvec(self.state[k].alpha) / blk.n_task], ())
+                                for k, blk in enumerate(self.blocks)], 1, ctrl.width)
+
+    def validation_scores(self, ctrl, inputs):
+        """VALIDATE: ``X w + b`` of every block's validation rows (b of the training block: ``ybar_f - mu_f.w``
+        when centered, else 0), in plan order."""
+        parts = [h.decision(self.full_w(k)) + self.blocks[k].intercept(self.w[k])
+                 for k, h in enumerate(self.held_out) if h is not None]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+class PathServer(dmtrl.Server):
+    """A DMTRL server that may start from the workers' alpha, and scores validation rows."""
+
+    def __init__(self, *args, warm=False, validate=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.warm, self.validate = warm, validate
+        self.score_rows_off_supports(validate)
+        self.scores = None
+
+    def run(self, resume=None):
+        if self.warm:
+            self.start_from_alpha()
+        converged = super().run(resume)
+        if self.validate:
+            self.scores = self.command(PathCommand.VALIDATE)
+        return converged
+
+    def start_from_alpha(self):
+        """``B = X^T alpha / n`` from the workers, ``W = B Sigma / lam`` pushed."""
+        self.BT = self.per_task(self.command(PathCommand.DUAL_B, width=self.d))
+        self.recompute_w()
+        self.push_sigma()
+        self.mirrors_stale()                   # a new B: the workers' mirror of it is sent when next used
+        if self.momentum:                      # a new lam, a new quadratic: no previous step
+            self.restart_momentum()
+        self.push_w(False)
+
+
+@dataclass
+class PathTrainResult(dmtrl.TrainResult):
+    """The refit model at the chosen lam, with the path (one entry per grid point) and the choice."""
+    path: dict = field(default_factory=dict)
+    selection: dict = field(default_factory=dict)
+
+
+def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None):
+    """One grid point (or the refit): a DMTRL fit over ``local``'s blocks (its cluster's plan); (result, server)
+    on the server, (None, None) on workers."""
+    maker = ServerMaker(PathServer, warm=warm, validate=validate)
+    result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
+                         make_local=lambda: local, server_class=maker)
+    return result, maker.server
+
+
+class LamSearch(Search):
+    """The hooks of :func:`hpcmtl.model_selection.driver.cross_validate` for a grid of lam (``selection.name ==
+    "lam"``) or of a graph kernel's alpha at ``config.lam`` (``"alpha"``, ``sigma_of(alpha)`` a point's Sigma)."""
+
+    def __init__(self, config, selection, test_source=None, sigma_fixed=None, progress=None, warn=None, note=None,
+                 sigma_of=None):
+        self.config, self.selection, self.test_source = config, selection, test_source
+        self.sigma_fixed, self.sigma_of, self.progress, self.note = sigma_fixed, sigma_of, progress, note
+        self.warn = warn or (lambda text: None)
+        self.center = self.all_means = self.means = None
+
+    def prepare(self, source):
+        """Every point's Sigma, identically on every rank (errors fail together)."""
+        selection, config = self.selection, self.config
+        if selection.name == "alpha":
+            sigmas = [self.sigma_of(v) for v in selection.grid]
+        else:
+            sigmas = [self.sigma_fixed] * len(selection.grid)
+        if config.relationship == "fixed":
+            sigmas = [dmtrl.check_sigma(sigma, source.n_tasks) for sigma in sigmas]
+        self.sigmas = sigmas
+        self.center = engine.intercept_mode(config) == "center"
+
+    def point(self, g):
+        """(config, Sigma) of grid point g."""
+        value = self.selection.grid[g]
+        return ((dataclasses.replace(self.config, lam=value) if self.selection.name == "lam" else self.config),
+                self.sigmas[g])
+
+    def load(self, whole, source, test_source):
+        return engine.load_blocks(whole, source, self.config, test_source, prepare=not self.center)
+
+    def start(self, split):
+        """The folds' training-row means (centered fits): every task's on the server, this rank's tasks' here."""
+        config, source, n_folds = self.config, split.source, split.n_folds
+        phi = engine.means_map(config, features.rff_map(source.n_features, config.rff_dim, config.rff_gamma,
+                                                        config.seed) if config.rff_dim else None)
+        self.phi = phi
+        if self.center and split.info is not None:          # every task's, for the fold fits' intercepts
+            self.all_means = fold_means(source, server_task_folds(split.info, list(split.whole.blocks),
+                                                                  source.n_tasks), n_folds, phi)
+        if self.center:                                     # this rank's tasks' (read once in serial runs)
+            self.means = ({t: self.all_means[t] for t in split.task_ids} if self.all_means is not None
+                          else fold_means(source, split.task_ids, n_folds, phi))
+        G = len(split.grid)
+        self.converged, self.snapshots = np.ones(G, dtype=np.int64), [None] * G
+
+    def fold_means(self, f):
+        return {t: m[f] for t, m in self.all_means.items()} if self.all_means is not None else None
+
+    def rank_means(self):
+        return self.means
+
+    def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
+        """The grid on fold f, each point warm-started from the previous one's alpha."""
+        selection, warm, n_folds = self.selection, self.selection.warm_start, split.n_folds
+        local = None
+        for g, value in enumerate(split.grid):
+            cfg, sigma = self.point(g)
+            if local is None or not warm:
+                local = PathBlocks(fold, train_blocks, cfg, held_out=held)
+            local.config = cfg
+            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and g > 0, validate=True)
+            if f == n_folds - 1 and warm:
+                self.snapshots[g] = [st.alpha.copy() for st in local.state]
+            if result is None:
+                continue
+            table["rounds"][g] += result.n_rounds
+            table["seconds"][g] += result.seconds
+            self.converged[g] &= int(result.converged)
+            table["fold_scores"][g, f] = score_of(server, split.info, f, selection.metric)
+            if self.note is not None:
+                self.note(f"{selection.name} {value:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
+                          f"{'converged' if result.converged else 'NOT converged'}, validation {selection.metric} "
+                          f"{table['fold_scores'][g, f]:.6g}")
+
+    def refit(self, split, chosen):
+        """The chosen point on every training row, from its alpha of the last fold (zero on its validation rows)."""
+        warm, n_folds, config = self.selection.warm_start, split.n_folds, self.config
+        cfg, sigma = self.point(chosen)
+        alpha = None
+        if warm:
+            alpha = []
+            for ids, a in zip(split.folds, self.snapshots[chosen]):
+                full = np.zeros(ids.size)
+                full[ids != n_folds - 1] = a
+                alpha.append(full)
+        blocks = split.blocks
+        if self.center:                         # the refit: centered on the whole task's means, as a single run
+            blocks = [engine.with_intercept(b, config, split.source, self.phi) for b in blocks]
+        local = PathBlocks(split.whole, blocks, cfg, split.tests, alpha=alpha)
+        result, _ = fit(split.whole, split.source, cfg, local, sigma, self.warn, warm=warm, progress=self.progress,
+                        test_source=self.test_source)
+        self.chosen_config = cfg
+        return result
+
+    def finish(self, split, result, chosen, table):
+        selection, grid, converged = self.selection, split.grid, self.converged
+        G, name, cfg = len(grid), selection.name, self.chosen_config
+        warnings = []
+        if not converged.all():
+            bad = [f"{grid[g]:.4g}" for g in np.flatnonzero(converged == 0)]
+            warnings.append(f"{len(bad)} of {G} grid points had W-steps that ended unconverged ({name} "
+                            f"{', '.join(bad)}): their validation scores are not certified; raise --max-rounds")
+        edge = edge_warning(name, grid, chosen)
+        if edge is not None:
+            warnings.append(edge)
+        path = {"lam": np.asarray([self.point(g)[0].lam for g in range(G)]),
+                "validation_score": table["validation_score"], "fold_scores": table["fold_scores"],
+                "rounds": table["rounds"], "seconds": table["seconds"], "converged": converged}
+        path[name] = np.asarray(grid)
+        chosen_info = dict(split.how(), parameter=name, chosen_lam=cfg.lam, chosen_index=chosen,
+                           metric=selection.metric, warm_start=selection.warm_start,
+                           split_digest=split.info["digest"], converged=bool(converged.all()), warnings=warnings,
+                           **({"chosen_alpha": grid[chosen]} if name == "alpha" else {}))
+        out = PathTrainResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(dmtrl.TrainResult)},
+                              path=path, selection=chosen_info)
+        out.config = dict(out.config, selection=chosen_info)
+        return out
+
+
+def train_path(cluster, source, config, selection: Selection, test_source=None, sigma_fixed=None, progress=None,
+               warn=None, note=None, sigma_of=None):
+    """Solve ``selection.grid`` on every rank, choose lam by validation, refit on all rows (server: a
+    :class:`PathTrainResult`; workers: None).
+
+    ``note(text)`` (server) hears one line per grid point, ``warn(text)``
+    (server) of every unconverged W-step; the result's ``selection["warnings"]``
+    name unconverged points and a chosen lam at an edge of the grid.
+    ``selection.name == "alpha"``: the grid is of a graph kernel's alpha at
+    ``config.lam``, ``sigma_of(alpha)`` the fixed Sigma of a point (warm
+    starts keep alpha of the dual: its boxes depend on neither lam nor Sigma).
+    """
+    search = LamSearch(config, selection, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
+                       note=note, sigma_of=sigma_of)
+    return cross_validate(cluster, source, config, selection, search, test_source)
