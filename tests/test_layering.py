@@ -244,6 +244,7 @@ def test_store_modules_import_only_the_store_modules_below_them():
             target = store_imports(node)
             if target is not None and level.get(target, len(STORE_LAYERS)) >= level[path.stem]:
                 wrong.append(f"store/{path.name}:{node.lineno} imports store.{target}, not a layer below it")
+    assert not wrong, "\n".join(wrong)
 
 
 # hpcmtl/dmtrl/: the cores (worker, server, the package's __init__) plug the features in; a feature imports only
