@@ -61,12 +61,12 @@ def test_configs_and_estimators_read_the_table():
 
 
 def test_the_table_knows_every_choice_the_methods_accept():
-    from hpcmtl import dmtrl, joint_sparse, losses, online_rules
-    assert params.RELATIONSHIPS == dmtrl.RELATIONSHIPS and params.AGGREGATIONS == dmtrl.AGGREGATIONS
-    assert params.LOCAL_SOLVERS == dmtrl.LOCAL_SOLVERS
-    assert params.PROJECTIONS == tuple(joint_sparse.PROJECTIONS)
-    assert tuple(online_rules.UPDATES) == params.UPDATES and online_rules.NORMS is params.NORMS
-    assert PARAMS["loss"].constraint == tuple(losses.LOSSES)
+    """The choices the table offers are the ones the methods implement, where a method names them itself
+    (dmtrl's RELATIONSHIPS / AGGREGATIONS / LOCAL_SOLVERS, online_rules.NORMS and the loss names are the
+    table's own tuples, re-exported: nothing to compare there)."""
+    from hpcmtl import joint_sparse, online_rules
+    assert params.PROJECTIONS == tuple(joint_sparse.PROJECTIONS)        # the projection functions by name
+    assert set(online_rules._UPDATE_IDS) == set(params.UPDATES)         # the kernel's update ids by name
 
 
 def test_command_line_defaults_types_and_choices_come_from_the_table():
