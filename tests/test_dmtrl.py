@@ -225,15 +225,6 @@ def test_estimator_interfaces():
     assert single.W_.shape == (6, 1) and single.score(Xs[0], ys[0]) > 0.7
 
 
-def test_sklearn_estimator_checks_that_apply():
-    from sklearn.utils.estimator_checks import (check_get_params_invariance, check_no_attributes_set_in_init,
-                                                check_parameters_default_constructible, check_set_params)
-    est = DMTRL(loss="squared", lam=0.1)
-    for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
-                  check_parameters_default_constructible):
-        check("DMTRL", est)
-
-
 def test_random_fourier_features_fit_a_nonlinear_task():
     rng = np.random.default_rng(11)
     Xs, ys = [], []
