@@ -181,6 +181,7 @@ def test_reuters_modapte_sgml(tmp_path):
 
 
 # -- ../shared/data -------------------------------------------------------------
+@pytest.mark.shared_data
 def test_school_from_shared(shared_data, tmp_path):
     out = tmp_path / "school.h5"
     r = run_hpcmtl(["data", "convert", "--format", "malsar", os.path.join(shared_data, "school.mat"), out])
@@ -191,6 +192,7 @@ def test_school_from_shared(shared_data, tmp_path):
         assert np.all(tf.read_task(0).X[:, -1] == 1.0)     # the bias column
 
 
+@pytest.mark.shared_data
 @pytest.mark.slow
 def test_mnist_from_shared(shared_data):
     d = os.path.join(shared_data, "mnist")
@@ -203,12 +205,14 @@ def test_mnist_from_shared(shared_data):
         assert Xs[digit].shape == (2 * count, 784) and int(np.sum(ys[digit] == 1)) == count
 
 
+@pytest.mark.shared_data
 def test_reuters_from_shared(shared_data):
     train, test = formats.read_reuters(os.path.join(shared_data, "reuters21578"))
     assert (len(train), len(test)) == (9603, 3299)
     assert formats.reuters_topics(train, 100)[:2] == ["earn", "acq"]
 
 
+@pytest.mark.shared_data
 @pytest.mark.slow
 def test_mds_from_shared(shared_data):
     Xs, ys, names = formats.from_mds([os.path.join(shared_data, "mds")])
