@@ -148,30 +148,6 @@ def path_args(tr, out, *extra):
 
 
 @pytest.mark.mpi
-def test_path_is_bitwise_identical_at_1_2_3_ranks_and_splits_alike_with_split_tasks(synth, tmp_path):
-    tr, te = synth
-    results = {}
-    for p in (1, 2, 3):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(path_args(tr, out, "--quiet", "--cv", "3", "--test", te), n_ranks=p, timeout=300)
-        assert r.returncode == 0, r.stderr
-        results[p] = store.read_result(out)
-    ref = results[1]
-    assert ref["path"]["fold_scores"].shape == (3, 3) and ref["config"]["selection"]["cv"] == 3
-    for p in (2, 3):
-        for group, key in (("model", "W"), ("model", "Sigma"), ("path", "validation_score"),
-                           ("path", "fold_scores"), ("path", "rounds"), ("history", "primal")):
-            assert results[p][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P={p}"
-        assert results[p]["config"]["selection"] == ref["config"]["selection"]
-    split = tmp_path / "split.h5"
-    r = run_hpcmtl(path_args(tr, split, "--quiet", "--cv", "3", "--split-tasks"), n_ranks=3, timeout=300)
-    assert r.returncode == 0, r.stderr
-    s = store.read_result(split)
-    assert s["config"]["selection"]["split_digest"] == ref["config"]["selection"]["split_digest"]
-    assert s["config"]["selection"]["chosen_lam"] == ref["config"]["selection"]["chosen_lam"]
-
-
-@pytest.mark.mpi
 def test_edge_warning_is_printed_and_stored(synth, tmp_path):
     tr, _ = synth
     runs = {}
