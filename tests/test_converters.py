@@ -22,6 +22,7 @@ def info_json(path):
     return json.loads(r.stdout)
 
 
+@pytest.mark.smoke
 def test_malsar_mat_file(tmp_path):
     rng = np.random.default_rng(0)
     X = np.empty((1, 3), dtype=object)
@@ -58,6 +59,7 @@ def test_svmlight_one_file_per_task_and_qid(tmp_path):
     assert info_json(out)["storage"] == "csr"
 
 
+@pytest.mark.smoke
 def test_csv_with_task_column(tmp_path):
     (tmp_path / "d.csv").write_text("task,f1,y,f2\nx,1,1,2\ny,3,-1,4\nx,5,-1,6\n")
     Xs, ys, names = formats.from_csv(str(tmp_path / "d.csv"))
@@ -68,6 +70,7 @@ def test_csv_with_task_column(tmp_path):
         formats.from_csv(str(tmp_path / "d.csv"), label_column="label")
 
 
+@pytest.mark.smoke
 def test_npz_both_layouts(tmp_path):
     np.savez(tmp_path / "a.npz", X_0=np.ones((2, 3)), y_0=np.ones(2), X_1=np.zeros((1, 3)), y_1=-np.ones(1))
     Xs, ys, names = formats.from_npz(str(tmp_path / "a.npz"))
@@ -863,6 +866,7 @@ def test_a_new_format_is_one_registration(tmp_path, capsys, monkeypatch):
     assert code == 2 and "--test-out is only for mnist (a directory) and reuters; split toy data" in err
 
 
+@pytest.mark.smoke
 def test_every_format_is_registered_once_with_its_defaults():
     """The formats --format offers, in order, and each default written in one place (the spec) and used by the
     reader's own keyword default too."""

@@ -51,6 +51,7 @@ def hpcmtl_commands(path):
                     yield text, words[i + 1:end]
 
 
+@pytest.mark.smoke
 def test_every_hpcmtl_command_in_the_docs_parses():
     """Each data / evaluate / report / jobs / demo command a page shows is accepted by the real argument parser
     (a renamed or removed option, a misspelt subcommand or a value its type refuses fails here, without running

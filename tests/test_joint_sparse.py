@@ -69,6 +69,7 @@ def test_warm_started_path_never_gets_worse(problem):
     assert p["selected"][0] < 40 and p["selected"][0] <= p["selected"][-1]
 
 
+@pytest.mark.smoke
 def test_estimator(problem):
     src, te, truth = problem
     est = JointSparseMTL(radius=float(truth["l1inf_norm"]), eta0=10.0, max_rounds=50, fit_intercept=False)

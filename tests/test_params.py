@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
                               "Got 'sfe' instead. Did you mean 'safe'?"),
     (dict(C=0), "The 'C' parameter of DMTRL must be > 0 or 'auto'. Got 0 instead."),
 ])
+@pytest.mark.smoke
 def test_one_message_style(values, message):
     with pytest.raises(InputError) as exc:
         validate(values, "DMTRL")
@@ -60,6 +61,7 @@ def test_configs_and_estimators_read_the_table():
         GraphMTL(kernel="poly", degree=2.5).fit(X, y)
 
 
+@pytest.mark.smoke
 def test_the_table_knows_every_choice_the_methods_accept():
     """The choices the table offers are the ones the methods implement, where a method names them itself
     (dmtrl's RELATIONSHIPS / AGGREGATIONS / LOCAL_SOLVERS, online_rules.NORMS and the loss names are the
@@ -123,6 +125,7 @@ def test_no_module_imports_the_command_line():
                 assert not (node.level == 0 and module.startswith("hpcmtl.cli")), path.name
 
 
+@pytest.mark.smoke
 def test_every_estimator_keeps_its_init_arguments_as_given():
     """scikit-learn's contract: __init__ stores each argument unchanged under its own name (clone relies on it)."""
     import inspect

@@ -51,6 +51,7 @@ def test_l1inf_agrees_with_bisection_and_satisfies_kkt(fraction):
         assert_allclose(project_l1inf(B, C), B, atol=1e-12 * scale, err_msg=name)          # idempotent
 
 
+@pytest.mark.smoke
 def test_l1inf_matches_a_general_qp_solver():
     rng = np.random.default_rng(1)
     for _ in range(5):
@@ -69,6 +70,7 @@ def test_l1inf_matches_a_general_qp_solver():
         assert_allclose(project_l1inf(W, C), qp.x[:d * m].reshape(d, m), atol=1e-6)
 
 
+@pytest.mark.smoke
 def test_l1inf_edge_cases():
     rng = np.random.default_rng(2)
     W = rng.normal(size=(10, 4))

@@ -12,6 +12,7 @@ from hpcmtl.online import LocalColumns
 LOCALS = (LocalBlocks, LocalGradients, LocalColumns)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("local", LOCALS)
 def test_every_command_has_a_computation_and_unique_id(local):
     ids = [int(c) for enum_ in local.COMMANDS for c in enum_]
