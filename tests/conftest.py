@@ -130,7 +130,8 @@ def run_hpcmtl_timed(args, n_ranks, report, timeout=180, env=None):
 @pytest.fixture
 def shared_data():
     if RUNNING["marks"] is not None and "shared_data" not in RUNNING["marks"]:
-        pytest.fail("this test reads ../shared/data: mark it @pytest.mark.shared_data (-m 'not shared_data' on a clone)")
+        pytest.fail("this test reads ../shared/data: mark it @pytest.mark.shared_data "
+                    "(-m 'not shared_data' leaves those out)")
     if not os.path.isdir(SHARED_DATA):
         pytest.skip("../shared/data is not beside this checkout (a user's fresh clone); CI has it")
     return SHARED_DATA

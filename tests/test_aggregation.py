@@ -1,4 +1,5 @@
-"""Aggregation of the workers' local steps (issue 13): certified, monotone, bitwise at any rank count, resumable."""
+"""Aggregation of the workers' local steps (issue 13): certified, monotone, resumable (bitwise at any rank count:
+test_rank_counts.py)."""
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcmtl.cluster import AgreedError, Cluster, SerialCluster, displacements, plan_blocks
+from hpcmtl.cluster import Cluster, SerialCluster, displacements, plan_blocks
 
 from conftest import ROOT, mpiexec_path
 

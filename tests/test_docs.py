@@ -45,7 +45,8 @@ def hpcmtl_commands(path):
             text, line = line, ""
             for i, word in enumerate(words):
                 before = words[i - 1] if i else ";"
-                if word == "hpcmtl" and (before in SHELL_OPERATORS or before.isdigit() or before in ("srun", "time", "-m")):
+                after_launcher = before.isdigit() or before in ("srun", "time", "-m")
+                if word == "hpcmtl" and (before in SHELL_OPERATORS or after_launcher):
                     end = next((j for j in range(i + 1, len(words)) if words[j] in SHELL_OPERATORS
                                 or (words[j].isdigit() and words[j + 1:j + 2] in ([">"], [">>"]))), len(words))
                     yield text, words[i + 1:end]

@@ -1,5 +1,5 @@
 """Per-task intercepts (issue 15, part 1): scikit-learn / liblinear agreement to the certificate's precision,
-the centralized baselines, joint-sparse, result files old and new, MPI bits."""
+the centralized baselines, joint-sparse, result files old and new (MPI bits: test_rank_counts.py)."""
 import json
 import warnings
 
@@ -311,9 +311,6 @@ def test_checkpoint_refuses_another_intercept_setting(tmp_path):
         read_compatible(ck, config, src)             # a checkpoint from before intercepts ran without them
 
 
-# ---------------------------------------------------------------------------
-# MPI: the same bits at any rank count, split tasks reach the same optimum
-# ---------------------------------------------------------------------------
 def test_graph_mtl_exact_has_a_per_task_bias_in_its_kernel():
     from hpcmtl.estimators import GraphMTL
     Xs, ys = offset_tasks(seed=11, loss="hinge", m=3, d=4, sizes=(30, 25, 35))

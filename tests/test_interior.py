@@ -268,7 +268,7 @@ def test_raw_features_at_lam_1e_6_certify_with_refined_regularized_newton_steps(
     assert_certified_ascent(plain.history)
 
 
-# -- at every rank count, killed and resumed ------------------------------------------------------------------
+# -- killed and resumed --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_raw(tmp_path_factory):
     path = tmp_path_factory.mktemp("interior") / "tr.h5"

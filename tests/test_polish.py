@@ -341,7 +341,7 @@ def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
     assert with_near.n_rounds < every_inside.n_rounds, (with_near.n_rounds, every_inside.n_rounds)
 
 
-# -- the CLI: a W-step that stalls for good, every rank count, killed and resumed ------------------------------
+# -- the CLI: a W-step that stalls for good ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
     directory = tmp_path_factory.mktemp("margin_correction_rows")
