@@ -2,8 +2,8 @@
 
 Each case trains one command line under ``mpiexec -n P`` for every P of its ``counts`` and checks that the
 result's ``compare`` arrays are bitwise those of the first count; then its own ``check`` (convergence,
-traffic per round, a killed and resumed run, a ``--split-tasks`` run ...) runs on those results.  Each case
-launches exactly the mpiexec jobs its test launched before the suite gathered them.
+traffic per round, a killed and resumed run, a ``--split-tasks`` run ...) runs on those results.  A new case
+is one entry: its data, its command line, and what else it asserts.
 """
 import os
 from dataclasses import dataclass
