@@ -33,10 +33,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q tests
 
-# a fast subset for development (under 2 minutes, no mpiexec): every test not marked
-# mpi (launches mpiexec) or slow (tests/conftest.py, pyproject.toml); `make test` runs all
+# a chosen smoke set for development: the tests marked smoke (pyproject.toml), one or a few
+# a module (kernels, store, formats, cluster collectives with one mpiexec -n 2 run, the serial
+# DMTRL certificate, estimators, CLI, docs); `make test` runs all
 test-fast: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not mpi and not slow" tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m smoke tests
 
 # only the kernel tests (both builds; hypothesis, derandomized)
 test-kernels: $(STAMP)

@@ -11,8 +11,9 @@ SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 # Markers (registered in pyproject.toml): ``mpi`` for a test that launches mpiexec, ``slow`` for one
-# that takes more than a few seconds without it.  ``make test-fast`` runs ``-m "not mpi and not slow"``,
-# so a test launching mpiexec without the marker fails (see ``mpiexec_path``) rather than slip into it.
+# that takes more than a few seconds without it, ``shared_data`` for one reading ../shared/data, ``smoke``
+# for the chosen set of ``make test-fast``.  A test launching mpiexec, or taking the shared_data fixture,
+# without its marker fails (see ``mpiexec_path``, ``shared_data``) rather than slip into ``-m "not mpi"``.
 RUNNING = {"marks": None}        # the markers of the test being set up, run or torn down
 
 
@@ -28,7 +29,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 def mpiexec_path():
     if RUNNING["marks"] is not None and "mpi" not in RUNNING["marks"]:
-        pytest.fail("this test launches mpiexec: mark it @pytest.mark.mpi (make test-fast leaves those out)")
+        pytest.fail("this test launches mpiexec: mark it @pytest.mark.mpi (-m 'not mpi' leaves those out)")
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else "mpiexec"
 
@@ -56,25 +57,6 @@ def assert_certified_ascent(h):
     for outer in np.unique(h["outer"]):
         dual = h["dual"][h["outer"] == outer]
         assert np.all(np.diff(dual) >= -1e-12 * np.abs(dual[1:])), f"the dual decreased in W-step {outer}"
-
-
-def assert_bitwise_at_rank_counts(make_args, directory, counts=(1, 2, 3, 5), keys=("round", "primal", "dual", "step")):
-    """Train ``make_args(out)`` at each rank count: W, Sigma and the history ``keys`` bitwise those of the first;
-    returns the first run's result."""
-    from hpcmtl import store
-    runs = {}
-    for p in counts:
-        out = os.path.join(directory, f"p{p}.h5")
-        r = run_hpcmtl(make_args(out), n_ranks=p, timeout=300)
-        assert r.returncode == 0, r.stderr
-        runs[p] = store.read_result(out)
-    ref = runs[counts[0]]
-    for p in counts[1:]:
-        for name in ("W", "Sigma"):
-            assert runs[p]["model"][name].tobytes() == ref["model"][name].tobytes(), f"{name} differs at P={p}"
-        for key in keys:
-            assert runs[p]["history"][key].tobytes() == ref["history"][key].tobytes(), f"{key} differs at P={p}"
-    return ref
 
 
 def assert_resume_is_bitwise(args, out, ref, kill_round, saved_round, keys=("round", "primal", "dual", "step")):
@@ -147,6 +129,9 @@ def run_hpcmtl_timed(args, n_ranks, report, timeout=180, env=None):
 
 @pytest.fixture
 def shared_data():
+    if RUNNING["marks"] is not None and "shared_data" not in RUNNING["marks"]:
+        pytest.fail("this test reads ../shared/data: mark it @pytest.mark.shared_data "
+                    "(-m 'not shared_data' leaves those out)")
     if not os.path.isdir(SHARED_DATA):
         pytest.skip("../shared/data is not beside this checkout (a user's fresh clone); CI has it")
     return SHARED_DATA

@@ -89,6 +89,7 @@ def test_foreign_option_under_mpiexec_is_one_line_exit_2(tmp_path):
                      "of train l1inf, not of train dmtrl (hpcmtl train dmtrl --help lists its options)."]
 
 
+@pytest.mark.smoke
 def test_misspelt_options_and_methods_keep_their_hints(capsys):
     for argv, hint in ((["train", "dmtrl", "--out", "r", "--lamda", "1"], "Did you mean '--lam'?"),
                        (["train", "dmtr", "--out", "r"], "Did you mean 'dmtrl'?")):
@@ -109,6 +110,7 @@ def test_every_attribute_the_commands_read_is_set_for_every_method():
     assert (args.stream, args.code, args.C, args.max_rounds, args.outer) == (None, None, "1.0", 500, 10)
 
 
+@pytest.mark.smoke
 def test_options_before_the_method_still_parse():
     args = parse(["train", "--quiet", "--out", "stl", "stl", "--train", "t.h5", "--lam=1"])
     assert (args.method, args.out, args.quiet, args.lam, args.train) == ("stl", "stl", True, 1.0, "t.h5")
@@ -139,6 +141,7 @@ def shown_train_commands():
             yield where, words
 
 
+@pytest.mark.smoke
 def test_every_train_command_in_docs_readme_and_job_scripts_parses():
     commands = list(shown_train_commands())
     assert len(commands) > 25

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcmtl.cluster import AgreedError, Cluster, SerialCluster, displacements, plan_blocks
+from hpcmtl.cluster import Cluster, SerialCluster, displacements, plan_blocks
 
 from conftest import ROOT, mpiexec_path
 
@@ -123,6 +123,7 @@ def exercise_here(cluster):
     return namespace["exercise"](cluster)
 
 
+@pytest.mark.smoke
 def test_every_collective_at_one_rank_on_the_serial_backend():
     cluster = Cluster.serial()
     assert isinstance(cluster, SerialCluster)
@@ -145,6 +146,7 @@ def test_the_serial_backend_hands_over_what_one_rank_has():
     assert c.bytes_moved == 0
 
 
+@pytest.mark.smoke
 def test_displacements():
     assert displacements(np.array([3, 0, 2], dtype=np.int64)).tolist() == [0, 3, 3]
     assert displacements(np.array([5], dtype=np.int64)).tolist() == [0]
@@ -213,6 +215,7 @@ def test_a_training_job_without_mpi4py_runs_serial_to_the_same_model(tmp_path):
     assert a["history"]["primal"].tobytes() == b["history"]["primal"].tobytes()
 
 
+@pytest.mark.smoke
 def test_the_serial_backend_never_imports_mpi4py():
     code = ("import sys\n"
             "from hpcmtl.cluster import Cluster\n"
@@ -225,7 +228,7 @@ def test_the_serial_backend_never_imports_mpi4py():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n_ranks", [2, 3])
+@pytest.mark.parametrize("n_ranks", [pytest.param(2, marks=pytest.mark.smoke), 3])    # (make test-fast's mpiexec run)
 def test_every_collective_under_mpiexec(tmp_path, n_ranks):
     script = tmp_path / "exercise.py"
     script.write_text(EXERCISE)

@@ -22,6 +22,7 @@ def info_json(path):
     return json.loads(r.stdout)
 
 
+@pytest.mark.smoke
 def test_malsar_mat_file(tmp_path):
     rng = np.random.default_rng(0)
     X = np.empty((1, 3), dtype=object)
@@ -58,6 +59,7 @@ def test_svmlight_one_file_per_task_and_qid(tmp_path):
     assert info_json(out)["storage"] == "csr"
 
 
+@pytest.mark.smoke
 def test_csv_with_task_column(tmp_path):
     (tmp_path / "d.csv").write_text("task,f1,y,f2\nx,1,1,2\ny,3,-1,4\nx,5,-1,6\n")
     Xs, ys, names = formats.from_csv(str(tmp_path / "d.csv"))
@@ -68,6 +70,7 @@ def test_csv_with_task_column(tmp_path):
         formats.from_csv(str(tmp_path / "d.csv"), label_column="label")
 
 
+@pytest.mark.smoke
 def test_npz_both_layouts(tmp_path):
     np.savez(tmp_path / "a.npz", X_0=np.ones((2, 3)), y_0=np.ones(2), X_1=np.zeros((1, 3)), y_1=-np.ones(1))
     Xs, ys, names = formats.from_npz(str(tmp_path / "a.npz"))
@@ -181,6 +184,7 @@ def test_reuters_modapte_sgml(tmp_path):
 
 
 # -- ../shared/data -------------------------------------------------------------
+@pytest.mark.shared_data
 def test_school_from_shared(shared_data, tmp_path):
     out = tmp_path / "school.h5"
     r = run_hpcmtl(["data", "convert", "--format", "malsar", os.path.join(shared_data, "school.mat"), out])
@@ -191,6 +195,7 @@ def test_school_from_shared(shared_data, tmp_path):
         assert np.all(tf.read_task(0).X[:, -1] == 1.0)     # the bias column
 
 
+@pytest.mark.shared_data
 @pytest.mark.slow
 def test_mnist_from_shared(shared_data):
     d = os.path.join(shared_data, "mnist")
@@ -203,12 +208,14 @@ def test_mnist_from_shared(shared_data):
         assert Xs[digit].shape == (2 * count, 784) and int(np.sum(ys[digit] == 1)) == count
 
 
+@pytest.mark.shared_data
 def test_reuters_from_shared(shared_data):
     train, test = formats.read_reuters(os.path.join(shared_data, "reuters21578"))
     assert (len(train), len(test)) == (9603, 3299)
     assert formats.reuters_topics(train, 100)[:2] == ["earn", "acq"]
 
 
+@pytest.mark.shared_data
 @pytest.mark.slow
 def test_mds_from_shared(shared_data):
     Xs, ys, names = formats.from_mds([os.path.join(shared_data, "mds")])
@@ -859,6 +866,7 @@ def test_a_new_format_is_one_registration(tmp_path, capsys, monkeypatch):
     assert code == 2 and "--test-out is only for mnist (a directory) and reuters; split toy data" in err
 
 
+@pytest.mark.smoke
 def test_every_format_is_registered_once_with_its_defaults():
     """The formats --format offers, in order, and each default written in one place (the spec) and used by the
     reader's own keyword default too."""

@@ -91,6 +91,7 @@ def test_split_is_per_task_and_stratified(tmp_path):
         assert sorted(map(tuple, rows)) == sorted(map(tuple, orig))
 
 
+@pytest.mark.smoke
 def test_info_json_fields(tmp_path):
     out = tmp_path / "t.h5"
     store.write_tasks(out, [np.ones((3, 2)), np.zeros((2, 2))], [np.ones(3), -np.ones(2)], names=["p", "q"])

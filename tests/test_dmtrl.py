@@ -27,6 +27,7 @@ def primal_numpy(Xs, ys, W, Sigma, lam, loss, gamma=1.0):
     return total + 0.5 * lam * np.trace(W @ np.linalg.solve(Sigma, W.T))
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_relative_gap_certificate_at_convergence(loss, sparse):
@@ -52,6 +53,7 @@ def test_gap_decreases_and_outer_steps_lower_the_objective():
     assert first[-1] < first[0] * 1e-4
 
 
+@pytest.mark.smoke
 def test_omega_step_properties():
     rng = np.random.default_rng(0)
     for m in (1, 2, 7):
@@ -182,6 +184,7 @@ def test_parameter_validation_messages():
         run(Xs, ys, loss="hinge", lam=0.1)
 
 
+@pytest.mark.smoke
 def test_plan_blocks_is_balanced_deterministic_and_splits():
     nnz = [100, 90, 50, 40, 30, 5]
     n = [10, 9, 5, 4, 3, 1]
@@ -203,6 +206,7 @@ def test_plan_blocks_is_balanced_deterministic_and_splits():
     assert len({b.worker for b in plan if b.task == 0}) == 4
 
 
+@pytest.mark.smoke
 def test_estimator_interfaces():
     from sklearn.base import clone
     Xs, ys = random_tasks(seed=10, loss="hinge")
@@ -223,15 +227,6 @@ def test_estimator_interfaces():
         est2.predict(X)
     single = DMTRL(loss="hinge", lam=0.05).fit(Xs[0], ys[0])       # no task ids: one task
     assert single.W_.shape == (6, 1) and single.score(Xs[0], ys[0]) > 0.7
-
-
-def test_sklearn_estimator_checks_that_apply():
-    from sklearn.utils.estimator_checks import (check_get_params_invariance, check_no_attributes_set_in_init,
-                                                check_parameters_default_constructible, check_set_params)
-    est = DMTRL(loss="squared", lam=0.1)
-    for check in (check_get_params_invariance, check_set_params, check_no_attributes_set_in_init,
-                  check_parameters_default_constructible):
-        check("DMTRL", est)
 
 
 def test_random_fourier_features_fit_a_nonlinear_task():

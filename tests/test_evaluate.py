@@ -227,6 +227,7 @@ def unequal_tasks(tmp_path, regression=False):
     return out, test, X, y, w
 
 
+@pytest.mark.smoke
 def test_pooled_is_pooled_and_task_mean_is_the_mean(tmp_path):
     out, test, X, y, w = unequal_tasks(tmp_path)
     s = evaluate_json(out, test)["summary"]

@@ -12,8 +12,6 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.losses import LOSSES
 from hpcmtl.taskdata import TaskBlock
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
-    learned_hinge_args, run_hpcmtl
 from reference import local_dual_objective
 
 
@@ -98,28 +96,3 @@ def test_raw_small_tasks_certify_in_a_few_rounds_where_local_sdca_stalls(loss):
         gaps.append(h["primal"][-1] - h["dual"][-1])
     assert abs(exact.history["primal"][-1] - sdca.history["primal"][-1]) <= sum(gaps) + 1e-12
     assert exact.history["primal"][-1] <= sdca.history["primal"][-1]
-
-
-@pytest.fixture(scope="module")
-def small_synth(tmp_path_factory):
-    """Synthetic 1 at 35-45 rows a task (16 tasks, d = 100): every block takes the exact box steps."""
-    path = tmp_path_factory.mktemp("exact") / "tr.h5"
-    r = run_hpcmtl(["data", "synth", "dmtrl1", path, "--scale", "0.025", "--seed", "5"])
-    assert r.returncode == 0, r.stderr
-    return path
-
-
-def learned(train, out, *extra):
-    return learned_hinge_args(train, out, "1e-3", "3", *extra)
-
-
-@pytest.mark.mpi
-def test_exact_box_steps_are_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(small_synth, tmp_path):
-    ref = assert_bitwise_at_rank_counts(lambda out: learned(small_synth, out), tmp_path)
-    assert ref["model"]["converged"] == 1 and ref["wsteps"]["converged"].all()
-    assert ref["wsteps"]["round"][0] == 1                    # the first W-step (Sigma = I/m): one exact round
-    h = ref["history"]
-    assert_certified_ascent(h)                               # P >= D, dual ascent in every W-step
-    assert h["round"][-1] > 15
-    out = tmp_path / "r.h5"
-    assert_resume_is_bitwise(learned(small_synth, out, "--checkpoint-every", "4"), out, ref, 15, 12)

@@ -83,6 +83,7 @@ def test_mat_v73_is_named(tmp_path, capsys):
     assert code == 0 and "MATLAB v7.3 .mat (HDF5)" in out and "save(..., '-v7')" in out
 
 
+@pytest.mark.smoke
 def test_csv_reads_the_header_and_a_few_rows_only(tmp_path, capsys):
     lines = ["task,age,city,other_target,y"] + [f"t{k % 2},{k},paris,0.{k},{'yes' if k % 3 else 'no'}"
                                                  for k in range(5)]

@@ -1,5 +1,5 @@
 """Per-task intercepts (issue 15, part 1): scikit-learn / liblinear agreement to the certificate's precision,
-the centralized baselines, joint-sparse, result files old and new, MPI bits."""
+the centralized baselines, joint-sparse, result files old and new (MPI bits: test_rank_counts.py)."""
 import json
 import warnings
 
@@ -309,38 +309,6 @@ def test_checkpoint_refuses_another_intercept_setting(tmp_path):
     store.write_checkpoint(ck, {"BT": np.zeros((4, 6))}, [], old, {"data_signature": None})
     with pytest.raises(InputError, match="'fit_intercept' is False in the checkpoint but True now"):
         read_compatible(ck, config, src)             # a checkpoint from before intercepts ran without them
-
-
-# ---------------------------------------------------------------------------
-# MPI: the same bits at any rank count, split tasks reach the same optimum
-# ---------------------------------------------------------------------------
-@pytest.mark.mpi
-@pytest.mark.parametrize("sparse", [False, True])
-def test_intercept_runs_are_bitwise_identical_across_ranks(tmp_path, sparse):
-    Xs, ys = offset_tasks(seed=10, sparse=sparse, m=5, d=6, sizes=(40, 60, 35, 50, 45))
-    tr = tmp_path / "tr.h5"
-    store.write_tasks(tr, Xs, ys)
-    base = ["train", "dmtrl", "--train", tr, "--loss", "squared", "--lam", "1e-2", "--tol", "1e-9", "--outer", "3",
-            "--quiet", "--force"]
-    models = {}
-    for p in (1, 2, 3):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(base + ["--out", out], n_ranks=p, timeout=240)
-        assert r.returncode == 0, r.stderr
-        models[p] = store.read_result(out)["model"]
-    assert np.all(np.isfinite(models[1]["intercept"])) and np.min(np.abs(models[1]["intercept"])) > 1.0
-    for p in (2, 3):
-        for key in ("W", "Sigma", "intercept"):
-            assert models[p][key].tobytes() == models[1][key].tobytes(), f"{key} differs at P={p}"
-    # split tasks: every block is centered by its whole task's means; the same optimum
-    out = tmp_path / "split.h5"
-    r = run_hpcmtl(base + ["--out", out, "--split-tasks", "--tol", "1e-11", "--max-rounds", "5000"], n_ranks=4,
-                   timeout=240)
-    assert r.returncode == 0, r.stderr
-    split = store.read_result(out)
-    assert split["history"]["rel_gap"][-1] <= 1e-11
-    assert_allclose(split["model"]["intercept"], models[1]["intercept"], rtol=1e-5)
-    assert_allclose(split["model"]["W"], models[1]["W"], atol=1e-5 * np.abs(models[1]["W"]).max())
 
 
 def test_graph_mtl_exact_has_a_per_task_bias_in_its_kernel():

@@ -15,8 +15,7 @@ from hpcmtl.estimators import MemoryTasks
 from hpcmtl.progress import fields
 from hpcmtl.taskdata import TaskBlock
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
-    learned_hinge_args, mpiexec_path, run_hpcmtl
+from conftest import assert_certified_ascent, learned_hinge_args, mpiexec_path, run_hpcmtl
 from reference import box_qp_reference
 
 
@@ -269,7 +268,7 @@ def test_raw_features_at_lam_1e_6_certify_with_refined_regularized_newton_steps(
     assert_certified_ascent(plain.history)
 
 
-# -- at every rank count, killed and resumed ------------------------------------------------------------------
+# -- killed and resumed --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_raw(tmp_path_factory):
     path = tmp_path_factory.mktemp("interior") / "tr.h5"
@@ -280,20 +279,6 @@ def small_raw(tmp_path_factory):
 
 def learned(train_path, out, *extra):
     return learned_hinge_args(train_path, out, "1e-4", "4", *extra)
-
-
-@pytest.mark.mpi
-def test_learned_sigma_w_steps_certify_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(small_raw, tmp_path):
-    ref = assert_bitwise_at_rank_counts(lambda out: learned(small_raw, out), tmp_path)
-    steps = ref["wsteps"]
-    assert ref["model"]["converged"] == 1 and steps["converged"].all() and np.all(steps["rel_gap"] <= 1e-6)
-    assert steps["round"][0] == 1                             # Sigma = I/m: one round of exact local steps
-    assert np.max(np.diff(steps["round"])) <= interior.MAX_ROUNDS   # the coupled ones: interior-point rounds only
-    assert_certified_ascent(ref["history"])
-    # killed inside W-step 3's interior-point rounds: the checkpoint is the one after W-step 2 (none inside them)
-    out = tmp_path / "r.h5"
-    assert_resume_is_bitwise(learned(small_raw, out, "--checkpoint-every", "1"), out, ref,
-                             int(steps["round"][1]) + 3, int(steps["round"][1]))
 
 
 @pytest.mark.mpi
@@ -395,25 +380,3 @@ def test_more_features_than_a_coupled_w_step_starts_with_turn_to_interior_point_
                 stuck = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw))
             assert not stuck.wsteps["converged"][1] and stuck.wsteps["rel_gap"][1] > 1e-3, name
             assert_certified_ascent(stuck.history)
-
-
-@pytest.fixture(scope="module")
-def one_large_feature(tmp_path_factory):
-    path = tmp_path_factory.mktemp("stalled") / "tr.h5"
-    Xs, ys = one_large_feature_tasks(1)
-    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(len(Xs))])
-    return path
-
-
-@pytest.mark.mpi
-def test_the_turn_to_interior_point_rounds_is_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(one_large_feature, tmp_path):
-    def args(out, *extra):
-        return learned_hinge_args(str(one_large_feature), str(out), "1e-2", "2", *extra)
-    ref = assert_bitwise_at_rank_counts(args, tmp_path)
-    steps = ref["wsteps"]
-    assert ref["model"]["converged"] == 1 and steps["converged"].all()
-    turn = dmtrl.INTERIOR_AFTER_LOCAL_STALL + 1           # the first row sets the gap the next ones do not halve
-    assert turn < steps["round"][0] <= 40
-    # killed inside those interior-point rounds: the checkpoint is the state they began from, bitwise again
-    out = tmp_path / "r.h5"
-    assert_resume_is_bitwise(args(out, "--checkpoint-every", "1"), out, ref, turn + 4, turn)

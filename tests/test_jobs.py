@@ -53,6 +53,7 @@ def test_values_are_quoted_so_they_arrive_verbatim(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.smoke
 def test_render_errors():
     with pytest.raises(InputError, match=r"The 'time' parameter of template 'train' must be a SLURM time"):
         jobs.render("train", dict(EXAMPLE, test="t", time="1:00; rm -rf /"))

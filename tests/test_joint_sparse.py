@@ -1,17 +1,15 @@
-"""Joint-sparse projected subgradient: correctness, distribution, path, checkpoints."""
+"""Joint-sparse projected subgradient: correctness and path (distributed, resumed: test_rank_counts.py)."""
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from hpcmtl import JointSparseMTL, store, synthetic
+from hpcmtl import JointSparseMTL, synthetic
 from hpcmtl.cluster import Cluster
 from hpcmtl.errors import InputError
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.joint_sparse import JointSparseConfig, train
 from hpcmtl.losses import loss_and_derivative, primal_reference
 from hpcmtl.projection import l1inf_norm
-
-from conftest import run_hpcmtl
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +67,7 @@ def test_warm_started_path_never_gets_worse(problem):
     assert p["selected"][0] < 40 and p["selected"][0] <= p["selected"][-1]
 
 
+@pytest.mark.smoke
 def test_estimator(problem):
     src, te, truth = problem
     est = JointSparseMTL(radius=float(truth["l1inf_norm"]), eta0=10.0, max_rounds=50, fit_intercept=False)
@@ -79,29 +78,3 @@ def test_estimator(problem):
                                          "Got 'linf' instead. Did you mean 'l1inf'\\?"):
         JointSparseMTL(projection="linf").fit(src.Xs, src.ys)
 
-
-@pytest.mark.mpi
-def test_distributed_equals_serial_and_resume_is_bitwise(tmp_path):
-    tr, te = tmp_path / "tr.h5", tmp_path / "te.h5"
-    assert run_hpcmtl(["data", "synth", "joint-sparse", tr, "--test", te, "--n-train", "20"]).returncode == 0
-    with store.TaskFile(tr) as tf:
-        C = float(tf.read_truth()["l1inf_norm"])
-    args = ["train", "l1inf", "--train", tr, "--radius", C, "--eta0", "100", "--max-rounds", "30", "--quiet"]
-    outs = {}
-    for p in (1, 3):
-        outs[p] = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(args + ["--out", outs[p], "--test", te], n_ranks=p)
-        assert r.returncode == 0, r.stderr
-    a, b = store.read_result(outs[1]), store.read_result(outs[3])
-    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
-    assert "Sigma" not in a["model"] and a["path"]["selected"][0] <= 200
-    assert 0 < b["test"]["summary"]["task_mean_error_rate"] < 0.5
-    killed = tmp_path / "k.h5"
-    r = run_hpcmtl(args + ["--out", killed, "--checkpoint-every", "4"], n_ranks=3, env={"HPCMTL_FAULT": "1:11:kill"})
-    assert r.returncode != 0 and not killed.exists()
-    assert run_hpcmtl(args + ["--out", killed, "--resume"], n_ranks=2).returncode == 0
-    assert store.read_result(killed)["model"]["W"].tobytes() == a["model"]["W"].tobytes()
-    r = run_hpcmtl(["train", "l1inf", "--train", tr, "--out", tmp_path / "x.h5"])
-    assert r.returncode == 2 and "method 'l1inf' needs --radius C" in r.stderr
-    r = run_hpcmtl(["train", "dmtrl", "--train", tr, "--out", tmp_path / "x.h5"])
-    assert r.returncode == 2 and "method 'dmtrl' needs --lam" in r.stderr

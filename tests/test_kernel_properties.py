@@ -409,16 +409,14 @@ def test_l1inf_caps_with_no_rows_or_no_columns(kernels):
     assert_array_equal(mu, [0.0, 0.0])
 
 
-@examples(60)
-@given(v=hnp.arrays(np.float64, st.integers(1, 6), elements=ENTRY), scale=st.sampled_from(SCALES),
-       fraction=FRACTIONS, seed=SEEDS)
-def test_l1_and_l2_projections(kernels, v, scale, fraction, seed):
-    v = v * scale
+def check_l1_and_l2_projections(kernels, v, fraction, seed, l1_atol):
+    """project_l1 / project_l2 (and their column forms) of ``v`` at radius ``fraction`` of its norm against
+    the sort-based projection and the closed form; ``l1_atol`` in units of 1e-12 |v|_inf."""
     C = fraction * np.abs(v).sum()
     x = project_l1(v, C, seed=seed)
     tol = 1e-12 * max(np.abs(v).max(), 1e-300)
     assert np.abs(x).sum() <= C * (1 + 1e-12) + v.size * tol + 1e-300     # (|v| - theta: eps |v| each)
-    assert_allclose(x, project_l1_sort(v, C) if C > 0 else 0.0, atol=10 * tol)
+    assert_allclose(x, project_l1_sort(v, C) if C > 0 else 0.0, atol=l1_atol * tol)
     a = np.abs(v)
     theta = kernels.project_l1_inplace(a, C, seed) if np.abs(v).sum() > C else 0.0
     if np.abs(v).sum() > C:
@@ -431,6 +429,34 @@ def test_l1_and_l2_projections(kernels, v, scale, fraction, seed):
     assert_allclose(project_l1_columns(W, C), np.column_stack([x, x[::-1]]), atol=10 * tol)
     assert_allclose(project_l2_columns(W, C2), np.column_stack([project_l2(W[:, j], C2) for j in range(2)]),
                     atol=tol)
+    return x, C
+
+
+@examples(60)
+@given(v=hnp.arrays(np.float64, st.integers(1, 6), elements=ENTRY), scale=st.sampled_from(SCALES),
+       fraction=FRACTIONS, seed=SEEDS)
+def test_l1_and_l2_projections(kernels, v, scale, fraction, seed):
+    check_l1_and_l2_projections(kernels, v * scale, fraction, seed, l1_atol=10)
+
+
+def test_l1_and_l2_projections_at_fixed_sizes_and_known_answers(kernels):
+    """The same checks on vectors of up to 1001 entries (l1 to 1e-12 |v|_inf, the radius met to 1e-12), and
+    the projections known by hand."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 100, 1001):
+        for _ in range(5):
+            v = rng.normal(size=n) * 10.0 ** rng.uniform(-3, 3)
+            x, C = check_l1_and_l2_projections(kernels, v, 0.3, n, l1_atol=1)
+            assert np.abs(x).sum() == pytest.approx(C, rel=1e-12)
+    v = np.array([3.0, -4.0])
+    assert_allclose(project_l2(v, 1.0), [0.6, -0.8])
+    assert_array_equal(project_l2(v, 10.0), v)
+    ties = np.array([1.0, 1.0, 1.0, -1.0])
+    assert_allclose(project_l1(ties, 2.0), [0.5, 0.5, 0.5, -0.5])
+    W = rng.normal(size=(6, 3))
+    assert_allclose(project_l1_columns(W, 1.0), np.column_stack([project_l1_sort(W[:, j], 1.0) for j in range(3)]),
+                    atol=1e-12)
+    assert_allclose(np.linalg.norm(project_l2_columns(W, 0.5), axis=0), np.minimum(np.linalg.norm(W, axis=0), 0.5))
 
 
 def test_l1_kernel_rejects_what_it_cannot_project(kernels):

@@ -260,6 +260,7 @@ def changed(rows, **arrays):
     return Rows(**fields)
 
 
+@pytest.mark.smoke
 def test_rows_take_their_arrays_by_name_only():
     rows = TaskBlock(0, "t", 2, 0, sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2)).rows
     with pytest.raises(TypeError):
@@ -345,6 +346,7 @@ def test_row_kernels_check_the_row_structure(kernels, online_kernels):
     assert_array_equal(gloss, 0.0)
 
 
+@pytest.mark.smoke
 def test_ids_are_the_kernels_enums():
     """Loss, update and norm ids are defined once, in the compiled modules; Python uses those."""
     from hpcmtl import _online, _sdca, online_rules
@@ -607,6 +609,7 @@ def test_implicit_centering_edges(kernels):
     del rng
 
 
+@pytest.mark.smoke
 def test_augmented_rows_add_one_entry_a_row():
     X = sp.csr_matrix(np.array([[0.0, 2.0], [0.0, 0.0], [1.0, 0.0]]))
     blk = TaskBlock(0, "t", 3, 0, X, np.ones(3)).augmented(4.0)

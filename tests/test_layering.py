@@ -120,6 +120,7 @@ def test_every_module_has_a_layer():
     assert not missing, f"place these modules in tests/test_layering.py LAYERS (and docs/architecture.md): {missing}"
 
 
+@pytest.mark.smoke
 def test_no_module_imports_a_module_above_it():
     wrong = []
     for me, targets in sorted(graph().items()):
@@ -132,6 +133,7 @@ def test_no_module_imports_a_module_above_it():
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.smoke
 def test_import_graph_has_no_cycle():
     edges = graph()
     state = {}

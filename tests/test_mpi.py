@@ -1,4 +1,4 @@
-"""Real mpiexec runs: same bits at any rank count, split tasks, failing together, School."""
+"""Real mpiexec runs: split tasks, failing together, School (the same bits at any rank count: test_rank_counts.py)."""
 import json
 import os
 
@@ -25,31 +25,6 @@ def synth(tmp_path_factory):
 def train_args(tr, out, *extra):
     return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam", "1e-2",
             "--tol", "1e-5", "--outer", "3", "--quiet", "--force", *extra]
-
-
-def test_bitwise_identical_models_for_1_2_3_5_ranks(synth, tmp_path):
-    tr, _ = synth
-    models = {}
-    for p in (1, 2, 3, 5):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(train_args(tr, out), n_ranks=p, timeout=240)
-        assert r.returncode == 0, r.stderr
-        res = store.read_result(out)
-        assert res["n_ranks"] == p
-        models[p] = res
-    ref = models[1]
-    assert ref["history"]["rel_gap"][-1] <= 1e-5
-    for p in (2, 3, 5):
-        assert models[p]["model"]["W"].tobytes() == ref["model"]["W"].tobytes(), f"W differs at P={p}"
-        assert models[p]["model"]["Sigma"].tobytes() == ref["model"]["Sigma"].tobytes(), f"Sigma differs at P={p}"
-        assert np.array_equal(models[p]["history"]["primal"], ref["history"]["primal"])
-    # bytes per round under the default aggregation (hinge: box momentum): delta b up and w down, 2 * 8 * d * m,
-    # and the momentum direction's b where it differs from the server's dP (at most whole: 3 * 8 * d * m), plus
-    # per-task scalars (9), the direction's header and control messages
-    h = models[5]["history"]
-    per_round = np.diff(h["bytes"]) / np.diff(h["round"])
-    d, m = 100, 16
-    assert 2 * 8 * d * m <= np.median(per_round) <= 1.05 * 8 * (3 * d + 10) * m
 
 
 def test_split_tasks_reach_the_same_optimum(synth, tmp_path):
@@ -117,6 +92,7 @@ def test_option_errors_exit_2(synth, tmp_path):
     assert r.stderr.count("hpcmtl: error") == 1
 
 
+@pytest.mark.shared_data
 def test_school_end_to_end_on_3_ranks(shared_data, tmp_path):
     full, tr, te = tmp_path / "school.h5", tmp_path / "tr.h5", tmp_path / "te.h5"
     assert run_hpcmtl(["data", "convert", "--format", "malsar", os.path.join(shared_data, "school.mat"), full]).returncode == 0

@@ -88,6 +88,7 @@ def test_implicit_l2_with_equal_norms_is_eq_28():
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.smoke
 def test_one_task_is_passive_aggressive_pa1():
     for norm in ("linf", "l1", "l2"):
         for loss, sq, C in ((0.3, 2.0, 1.0), (2.5, 0.5, 1.0), (1.0, 1.0, 0.01)):
@@ -336,6 +337,7 @@ def test_learner_replays_fig_1(update, norm, kw):
         assert model.n_rounds_ == 300
 
 
+@pytest.mark.smoke
 def test_sparse_and_dense_give_the_same_bits():
     rng = np.random.default_rng(14)
     X = rng.normal(size=(500, 40)) * (rng.uniform(size=(500, 40)) < 0.2)

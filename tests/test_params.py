@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
                               "Got 'sfe' instead. Did you mean 'safe'?"),
     (dict(C=0), "The 'C' parameter of DMTRL must be > 0 or 'auto'. Got 0 instead."),
 ])
+@pytest.mark.smoke
 def test_one_message_style(values, message):
     with pytest.raises(InputError) as exc:
         validate(values, "DMTRL")
@@ -60,13 +61,14 @@ def test_configs_and_estimators_read_the_table():
         GraphMTL(kernel="poly", degree=2.5).fit(X, y)
 
 
+@pytest.mark.smoke
 def test_the_table_knows_every_choice_the_methods_accept():
-    from hpcmtl import dmtrl, joint_sparse, losses, online_rules
-    assert params.RELATIONSHIPS == dmtrl.RELATIONSHIPS and params.AGGREGATIONS == dmtrl.AGGREGATIONS
-    assert params.LOCAL_SOLVERS == dmtrl.LOCAL_SOLVERS
-    assert params.PROJECTIONS == tuple(joint_sparse.PROJECTIONS)
-    assert tuple(online_rules.UPDATES) == params.UPDATES and online_rules.NORMS is params.NORMS
-    assert PARAMS["loss"].constraint == tuple(losses.LOSSES)
+    """The choices the table offers are the ones the methods implement, where a method names them itself
+    (dmtrl's RELATIONSHIPS / AGGREGATIONS / LOCAL_SOLVERS, online_rules.NORMS and the loss names are the
+    table's own tuples, re-exported: nothing to compare there)."""
+    from hpcmtl import joint_sparse, online_rules
+    assert params.PROJECTIONS == tuple(joint_sparse.PROJECTIONS)        # the projection functions by name
+    assert set(online_rules._UPDATE_IDS) == set(params.UPDATES)         # the kernel's update ids by name
 
 
 def test_command_line_defaults_types_and_choices_come_from_the_table():
@@ -123,6 +125,7 @@ def test_no_module_imports_the_command_line():
                 assert not (node.level == 0 and module.startswith("hpcmtl.cli")), path.name
 
 
+@pytest.mark.smoke
 def test_every_estimator_keeps_its_init_arguments_as_given():
     """scikit-learn's contract: __init__ stores each argument unchanged under its own name (clone relies on it)."""
     import inspect

@@ -1,4 +1,5 @@
-"""lam chosen by validation in one job (issue 15 part 2): the split, warm starts, the refit, P-invariance, errors."""
+"""lam chosen by validation in one job (issue 15 part 2): the split, warm starts, the refit, errors (P-invariance:
+test_rank_counts.py)."""
 import numpy as np
 import pytest
 
@@ -140,35 +141,11 @@ def test_unconverged_point_is_stored_and_named():
 
 
 # ---------------------------------------------------------------------------
-# the command line under mpiexec: same bits at P = 1, 2, 3; the same split with --split-tasks; errors
+# the command line under mpiexec: the edge warning, errors
 # ---------------------------------------------------------------------------
 def path_args(tr, out, *extra):
     return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam-grid", "1e-3:1e-1:3",
             "--tol", "1e-5", "--outer", "2", "--force", *extra]
-
-
-@pytest.mark.mpi
-def test_path_is_bitwise_identical_at_1_2_3_ranks_and_splits_alike_with_split_tasks(synth, tmp_path):
-    tr, te = synth
-    results = {}
-    for p in (1, 2, 3):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(path_args(tr, out, "--quiet", "--cv", "3", "--test", te), n_ranks=p, timeout=300)
-        assert r.returncode == 0, r.stderr
-        results[p] = store.read_result(out)
-    ref = results[1]
-    assert ref["path"]["fold_scores"].shape == (3, 3) and ref["config"]["selection"]["cv"] == 3
-    for p in (2, 3):
-        for group, key in (("model", "W"), ("model", "Sigma"), ("path", "validation_score"),
-                           ("path", "fold_scores"), ("path", "rounds"), ("history", "primal")):
-            assert results[p][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P={p}"
-        assert results[p]["config"]["selection"] == ref["config"]["selection"]
-    split = tmp_path / "split.h5"
-    r = run_hpcmtl(path_args(tr, split, "--quiet", "--cv", "3", "--split-tasks"), n_ranks=3, timeout=300)
-    assert r.returncode == 0, r.stderr
-    s = store.read_result(split)
-    assert s["config"]["selection"]["split_digest"] == ref["config"]["selection"]["split_digest"]
-    assert s["config"]["selection"]["chosen_lam"] == ref["config"]["selection"]["chosen_lam"]
 
 
 @pytest.mark.mpi
@@ -301,32 +278,6 @@ def test_dmtrlcv_follows_the_estimator_contract():
         check("DMTRLCV", DMTRLCV(lams=[1e-2, 1e-1], loss="squared", fit_intercept=False))
 
 
-@pytest.mark.mpi
-def test_graph_alpha_grid_chosen_by_cv_at_1_and_2_ranks(tmp_path):
-    from hpcmtl.task_graph import graph_adjacency, task_kernel
-    months = tmp_path / "months.h5"
-    assert run_hpcmtl(["data", "synth", "seasonal", months, "--scale", "0.3"]).returncode == 0
-    results = []
-    for p in (1, 2):
-        out = tmp_path / f"g{p}.h5"
-        r = run_hpcmtl(["train", "graph", "--graph", "cycle", "--alpha", "1,0.01,0.1", "--lam", "1e-3", "--train",
-                        months, "--out", out, "--loss", "squared", "--cv", "3", "--no-intercept", "--quiet"], n_ranks=p, timeout=300)
-        assert r.returncode == 0, r.stderr
-        results.append(store.read_result(out))
-    a, b = results
-    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
-    assert a["path"]["validation_score"].tobytes() == b["path"]["validation_score"].tobytes()
-    sel = a["config"]["selection"]
-    assert list(a["path"]["alpha"]) == [1.0, 0.1, 0.01] and np.all(a["path"]["lam"] == 1e-3)
-    assert np.all(np.isfinite(a["path"]["validation_score"]))
-    assert sel["parameter"] == "alpha"
-    assert sel["chosen_alpha"] == a["path"]["alpha"][np.argmin(a["path"]["validation_score"])]
-    names = a["model"]["task_names"]
-    expected = dmtrl.check_sigma(task_kernel(graph_adjacency("cycle", names), sel["chosen_alpha"], True, names),
-                                 len(names))
-    assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel
-
-
 @pytest.mark.filterwarnings("ignore:the chosen lam 0.01 is the smallest")
 def test_squared_intercept_folds_are_centered_on_their_training_rows():
     """Each fold's validation score with the squared loss's intercept equals that of scikit-learn's per-task
@@ -365,34 +316,6 @@ def test_squared_intercept_folds_are_centered_on_their_training_rows():
     single = DMTRL(lam=model.lam_, relationship="identity", tol=1e-12, max_rounds=20000, loss="squared").fit(X, y, tasks)
     assert np.allclose(model.intercept_, single.intercept_, rtol=1e-6, atol=1e-6)
     assert np.all(np.abs(model.intercept_ - (25.0 + 3.0 * np.arange(m))) < 5.0)
-
-
-@pytest.mark.mpi
-def test_squared_intercept_path_on_csr_tasks_is_bitwise_identical_at_1_and_2_ranks(tmp_path):
-    """Fold means streamed per rank in fixed chunks and fold order: the same bits at any rank count; with
-    --split-tasks (a task's blocks on several ranks, each centered on the fold's means) the same choice."""
-    import scipy.sparse as sp
-    rng = np.random.default_rng(4)
-    Xs = [sp.random(n, 40, density=0.15, random_state=rng, format="csr") for n in (40, 55, 30)]
-    ys = [np.asarray(X @ rng.normal(size=40)).ravel() + 10.0 * (i + 1) + 0.1 * rng.normal(size=X.shape[0])
-          for i, X in enumerate(Xs)]
-    tr = tmp_path / "csr.h5"
-    store.write_tasks(tr, Xs, ys)
-    results = {}
-    for p, extra in ((1, ()), (2, ()), (3, ("--split-tasks",))):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(["train", "stl", "--train", tr, "--out", out, "--loss", "squared", "--lam", "1e-2,1e-1",
-                        "--cv", "3", "--tol", "1e-9", "--quiet", *extra], n_ranks=p, timeout=300)
-        assert r.returncode == 0, r.stderr
-        results[p] = store.read_result(out)
-    ref = results[1]
-    assert ref["config"]["fit_intercept"] and np.all(ref["path"]["converged"] == 1)
-    for group, key in (("model", "W"), ("model", "intercept"), ("path", "fold_scores")):
-        assert results[2][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P=2"
-    split = results[3]
-    assert split["config"]["selection"]["chosen_lam"] == ref["config"]["selection"]["chosen_lam"]
-    assert np.allclose(split["path"]["fold_scores"], ref["path"]["fold_scores"], rtol=1e-4, atol=0)
-    assert np.allclose(split["model"]["intercept"], ref["model"]["intercept"], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("sparse", [False, True])

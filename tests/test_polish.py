@@ -11,8 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import assert_bitwise_at_rank_counts, assert_certified_ascent, assert_resume_is_bitwise, \
-    learned_hinge_args, run_hpcmtl
+from conftest import assert_certified_ascent, run_hpcmtl
 from test_interior import one_large_feature_tasks, raw_tasks
 
 from hpcmtl import _sdca, dmtrl, store
@@ -342,7 +341,7 @@ def test_corrections_near_the_end_certify_w_steps_in_fewer_rounds(monkeypatch):
     assert with_near.n_rounds < every_inside.n_rounds, (with_near.n_rounds, every_inside.n_rounds)
 
 
-# -- the CLI: a W-step that stalls for good, every rank count, killed and resumed ------------------------------
+# -- the CLI: a W-step that stalls for good ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
     directory = tmp_path_factory.mktemp("margin_correction_rows")
@@ -370,35 +369,6 @@ def test_a_w_step_that_stalls_for_good_says_more_rounds_will_not_help(scaled, tm
     assert r.returncode == 0, r.stderr
     assert "(raise --max-rounds; the model of this step is not certified)" in r.stderr
     assert "more rounds will not help" not in r.stderr
-
-
-@pytest.mark.mpi
-def test_corrected_w_steps_are_bitwise_at_1_2_3_5_ranks_and_resume_bitwise(scaled, tmp_path):
-    def args(out, *extra):
-        return learned_hinge_args(str(scaled / "all.h5"), str(out), "1e-2", "3", *extra)
-    ref = assert_bitwise_at_rank_counts(args, tmp_path)
-    steps = ref["wsteps"]
-    assert ref["model"]["converged"] == 1 and steps["converged"].all()
-    first = int(steps["round"][0])
-    assert 1 < first <= 10                  # W-step 1 (local rounds) certifies by its correction
-    # killed in W-step 1 before its correction: resumed at another rank count, the same correction, bitwise
-    out = tmp_path / "r.h5"
-    assert_resume_is_bitwise(args(out, "--checkpoint-every", "1"), out, ref, first - 1, first - 2)
-
-
-@pytest.mark.mpi
-def test_corrections_of_sparse_rows_are_bitwise_at_1_2_3_5_ranks(tmp_path):
-    """Synthetic 2 at 30 % of its rows with the values below 1.5 in magnitude dropped (13 % of them stay),
-    stored as CSR, 3 W-steps: the third's corrections go through the free rows' Gram matrix
-    (min_norm_through_gram; 62 of them at P = 1), and every rank count gives the same bits."""
-    import scipy.sparse as sp
-    from hpcmtl import synthetic
-    (Xs, ys, names), _, _ = synthetic.dmtrl(2, 0, 0.3)
-    Xs = [sp.csr_matrix(np.where(np.abs(X) >= 1.5, X, 0.0)) for X in Xs]
-    store.write_tasks(tmp_path / "sparse.h5", Xs, ys, names=names)
-    data = str(tmp_path / "sparse.h5")
-    ref = assert_bitwise_at_rank_counts(lambda out: learned_hinge_args(data, str(out), "1e-3", "3"), tmp_path)
-    assert ref["model"]["converged"] == 1 and ref["wsteps"]["converged"].all()
 
 
 def test_a_least_squares_without_a_finite_answer_gives_no_correction(monkeypatch):

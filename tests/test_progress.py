@@ -14,6 +14,7 @@ def rows(n):
              "rel_gap": 10.0 ** -r, "seconds": 0.1 * r, "bytes": 1000 * r} for r in range(1, n + 1)]
 
 
+@pytest.mark.smoke
 def test_terminal_gets_one_live_line_with_a_bar():
     out = io.StringIO()
     p = Progress("info", tol=1e-6, stream=out, tty=True)

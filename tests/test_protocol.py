@@ -5,13 +5,14 @@ import pytest
 from hpcmtl import engine
 from hpcmtl.dmtrl import DMTRLCommand, LocalBlocks
 from hpcmtl.checkpoint import BlockState
-from hpcmtl.engine import Control, Down, EngineCommand, Up
-from hpcmtl.joint_sparse import JointSparseCommand, LocalGradients
-from hpcmtl.online import LocalColumns, OnlineCommand
+from hpcmtl.engine import Control, Down, Up
+from hpcmtl.joint_sparse import LocalGradients
+from hpcmtl.online import LocalColumns
 
 LOCALS = (LocalBlocks, LocalGradients, LocalColumns)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("local", LOCALS)
 def test_every_command_has_a_computation_and_unique_id(local):
     ids = [int(c) for enum_ in local.COMMANDS for c in enum_]
@@ -25,16 +26,6 @@ def test_every_command_has_a_computation_and_unique_id(local):
                 assert "width" in cmd.fields, cmd          # the receiving ranks size their buffer from it
             if cmd.up_if is not None:
                 assert cmd.up_if in cmd.fields
-
-
-def test_command_ids_are_the_historical_ones():
-    # 10-13: local rounds (diagonal Sigma); 14-19, 20 and 22: the exchange on supports (sparse blocks); 23-24:
-    # the box momentum's direction where it differs from the server's dP; 25-30: interior-point W-steps; 36
-    # (31-35 are the online method's): the margin correction of stalled box-loss W-steps
-    assert [int(c) for c in DMTRLCommand] == list(range(1, 21)) + list(range(22, 31)) + [36]
-    assert [int(c) for c in JointSparseCommand] == [21]
-    assert [int(c) for c in OnlineCommand] == [31, 32, 33, 34, 35]
-    assert int(EngineCommand.TEST) == 100
 
 
 def test_control_fields_by_name():

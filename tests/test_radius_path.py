@@ -1,5 +1,6 @@
 """Joint-sparse's radius chosen by validation in one job (issue 15 part 2, paper 002): each fold's path scored
-against separate fits, the refit, the same bits at P = 1 and 2, the edge warning, errors."""
+against separate fits, the refit, errors (the same bits at P = 1 and 2 and the edge warning:
+test_rank_counts.py)."""
 import numpy as np
 import pytest
 
@@ -60,40 +61,6 @@ def js_file(tmp_path):
     store.write_tasks(tr, Xs, ys)
     store.write_tasks(te, test[0], test[1])
     return tr, te
-
-
-@pytest.mark.mpi
-def test_radius_by_cv_is_bitwise_identical_at_1_and_2_ranks_and_says_when_at_an_edge(js_file, tmp_path):
-    tr, te = js_file
-    results = {}
-    for p in (1, 2):
-        out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(["train", "l1inf", "--train", tr, "--test", te, "--out", out, "--path", "0.5,2,8",
-                        "--eta0", "20", "--max-rounds", "40", "--cv", "3", "--log-level", "warning"], n_ranks=p,
-                       timeout=300)
-        assert r.returncode == 0, r.stderr
-        results[p] = (r.stderr, store.read_result(out))
-    stderr, ref = results[1]
-    for group, key in (("model", "W"), ("model", "intercept"), ("path", "fold_scores"), ("path", "selected")):
-        assert results[2][1][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P=2"
-    sel = ref["config"]["selection"]
-    scores = ref["path"]["validation_score"]
-    assert np.all(np.isfinite(scores)) and sel["chosen_index"] == int(np.argmin(scores))
-    assert sel["parameter"] == "radius" and sel["cv"] == 3 and ref["config"]["radius"] == sel["chosen_radius"]
-    assert ref["test"]["summary"]["pooled_error_rate"] < 0.5
-    at_edge = sel["chosen_index"] in (0, 2)
-    assert (len(sel["warnings"]) == 1) == at_edge
-    assert stderr.count("hpcmtl: warning: the chosen radius") == int(at_edge)
-    # two points: the chosen one is an edge whatever it is, and the warning names it and its end
-    out = tmp_path / "edge.h5"
-    r = run_hpcmtl(["train", "l1inf", "--train", tr, "--out", out, "--path", "1e-3,4", "--eta0", "20",
-                    "--max-rounds", "20", "--validation-fraction", "0.3", "--quiet"], n_ranks=2, timeout=300)
-    assert r.returncode == 0, r.stderr
-    sel = store.read_result(out)["config"]["selection"]
-    end = "smallest" if sel["chosen_radius"] == 1e-3 else "largest"
-    text = f"the chosen radius {sel['chosen_radius']:.4g} is the {end} of the grid (0.001 .. 4)"
-    assert sel["warnings"] and sel["warnings"][0].startswith(text)
-    assert r.stderr.count(f"hpcmtl: warning: {text}") == 1
 
 
 @pytest.mark.mpi

@@ -19,6 +19,7 @@ def tour_commands():
     return [line for line in block.splitlines() if not line.startswith("source ")]
 
 
+@pytest.mark.shared_data
 def test_readme_tour_runs(tmp_path, shared_data):
     script = "\n".join(tour_commands()).replace("../shared/data", SHARED_DATA)
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])

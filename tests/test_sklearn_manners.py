@@ -111,6 +111,7 @@ def stacked(Xs, ys):
     return np.vstack(Xs), np.concatenate(ys), tasks
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("negative, positive", [(0, 1), (1, 2), ("ham", "spam"), (-1.0, 1.0)])
 def test_any_two_labels_give_the_model_of_minus_one_plus_one(negative, positive):
     Xs, ys = random_tasks(seed=3, loss="hinge")
@@ -154,6 +155,7 @@ def test_label_errors_name_the_problem():
 # ---------------------------------------------------------------------------
 # NotFittedError, GraphMTL's max_rounds, a single task without ids
 # ---------------------------------------------------------------------------
+@pytest.mark.smoke
 @pytest.mark.parametrize("estimator", [DMTRL(), JointSparseMTL(), GraphMTL(), GraphMTL(exact=False),
                                        OnlineMultitask(), OnlineECOC()], ids=lambda e: repr(e))
 def test_predict_before_fit_raises_not_fitted(estimator):

@@ -11,7 +11,6 @@ broken check would replace the link in tmp_path, never /dev/null.
 import os
 import socket
 import stat
-import sys
 
 import h5py
 import pytest

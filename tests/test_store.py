@@ -24,6 +24,7 @@ def small(sparse=False):
     return Xs, ys
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("sparse", [False, True])
 def test_round_trip(tmp_path, sparse):
     Xs, ys = small(sparse)
@@ -64,6 +65,7 @@ def test_metadata_is_read_without_task_data(tmp_path):
     ("X", np.inf, r"task 'task1' \(#1\): field 'X': contains NaN or Inf"),
     ("y", np.nan, r"task 'task1' \(#1\): field 'y': contains NaN or Inf"),
 ])
+@pytest.mark.smoke
 def test_non_finite_values_are_refused_on_write(tmp_path, field, value, message):
     Xs, ys = small()
     (Xs if field == "X" else ys)[1][0] = value if field == "y" else np.full(5, value)
@@ -160,6 +162,7 @@ def test_existing_output_is_refused_without_force(tmp_path):
         store.write_tasks(tmp_path / "no" / "dir" / "t.h5", Xs, ys)
 
 
+@pytest.mark.smoke
 def test_failed_write_leaves_nothing_under_the_final_name(tmp_path):
     path = tmp_path / "t.h5"
     with pytest.raises(RuntimeError):
@@ -189,6 +192,7 @@ def test_killed_writer_leaves_no_file_under_the_final_name(tmp_path):
     assert leftovers and all(name.startswith(".big.h5.") for name in leftovers)
 
 
+@pytest.mark.smoke
 def test_result_file_layout(tmp_path):
     path = tmp_path / "r.h5"
     hist = {"round": np.arange(3), "gap": np.ones(3)}

@@ -12,6 +12,7 @@ from conftest import run_hpcmtl
 NAMES = [f"t{i}" for i in range(6)]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("name", ["cycle", "chain", "complete", "star", "grid 2x3", "grid:3x2", "empty"])
 def test_kernel_is_positive_definite_with_unit_diagonal(name):
     K = task_kernel(topology(name, 6), 0.1)
