@@ -113,7 +113,9 @@ if __name__ == "__main__":
     cluster = connect()
     assert isinstance(cluster, MPICluster)
     moved = exercise(cluster)
-    print(f"rank {cluster.rank} of {cluster.size}: ok ({moved} bytes)", flush=True)
+    import os, sys        # one file a rank: the launcher interleaves the ranks' stdout, even within a line
+    with open(os.path.join(sys.argv[1], f"rank-{cluster.rank}.txt"), "w") as f:
+        f.write(f"rank {cluster.rank} of {cluster.size}: ok ({moved} bytes)\n")
 '''
 
 
@@ -232,8 +234,8 @@ def test_the_serial_backend_never_imports_mpi4py():
 def test_every_collective_under_mpiexec(tmp_path, n_ranks):
     script = tmp_path / "exercise.py"
     script.write_text(EXERCISE)
-    r = subprocess.run([mpiexec_path(), "-n", str(n_ranks), sys.executable, str(script)], capture_output=True,
-                       text=True, timeout=180, cwd=ROOT)
+    r = subprocess.run([mpiexec_path(), "-n", str(n_ranks), sys.executable, str(script), str(tmp_path)],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = sorted(line for line in r.stdout.splitlines() if ": ok (" in line)
+    lines = sorted(p.read_text().strip() for p in tmp_path.glob("rank-*.txt"))
     assert [line.split(":")[0] for line in lines] == [f"rank {k} of {n_ranks}" for k in range(n_ranks)], r.stdout
