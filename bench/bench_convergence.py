@@ -30,14 +30,14 @@ stalled box-loss W-steps (dmtrl.margin_correction), P = 3, medians of 3 (safe: 1
 rounds, 7.6 -> 4.0 s (safe 8,465 rounds, 74.6 s: 38.7x rounds, 18.5x seconds), syn2 778 -> 287 rounds,
 10.7 -> 4.9 s (safe 19,899 rounds, 165 s: 69x, 33.5x); small, small-raw, mnist and mds unchanged (mnist 71
 rounds, 8.3 s against safe 875 rounds: 12.3x, 8.5x; mds 212 rounds, 1.9 s against 2,521: 11.9x, 6.0x).
-Without the corrections that cost more than a few passes (dmtrl.POLISH_FLOPS_PER_VALUE: on MDS's 10,000 sparse
+Without the corrections that cost more than a few passes (dmtrl.margin.MARGIN_FLOPS_PER_VALUE: on MDS's 10,000 sparse
 features they cost 10 % of the run and helped no W-step), P = 3, medians of 3 (safe: 1 run): mds 212 rounds,
 1.78 s against 2,521 rounds, 12.07 s (11.9x, 6.8x); mnist 71 rounds, 9.60 s against 875 rounds, 84.0 s (12.3x,
-8.7x).  With the corrections in every round within dmtrl.POLISH_NEAR = 30 times --tol, per-task scales and
+8.7x).  With the corrections in every round within dmtrl.margin.MARGIN_NEAR = 30 times --tol, per-task scales and
 sparse rows through the free rows' Gram matrix, P = 3, medians of 3 (mnist's safe: 1 run), the safe rho
 measured in the same run: mds 139 rounds, 1.61 s against 2,521 rounds, 13.55 s (18.1x, 8.4x; before, that
 day: 212 rounds, 2.37 s against 19.31 s, 8.1x); mnist 33 rounds, 5.23 s against 875 rounds, 65.5 s (26.5x,
-12.5x).  POLISH_NEAR = 100 (a correction in twice as many rounds): mds 138 rounds, 2.01 s against 15.78 s
+12.5x).  MARGIN_NEAR = 100 (a correction in twice as many rounds): mds 138 rounds, 2.01 s against 15.78 s
 (7.8x), mnist 30 rounds, 5.76 s against 75.4 s (13.1x).  P = 1 rounds: syn1 219 -> 185, syn2 287 -> 254;
 small and small-raw unchanged (their exact local solvers leave no lag between the primal and the dual).
 With the corrections pinning only rows whose coordinate Newton step stays inside (0, 1)

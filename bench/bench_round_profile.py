@@ -46,7 +46,7 @@ def category(filename, function):
             return "server"
         # a feature's module holds both halves: the worker half's methods by their names
         worker = ("LocalBlocks", "trial", "sdca", "local", "apply", "from_", "dense_rows", "support_values",
-                  "objective_terms", "box_direction", "conjugate", "exact_step", "full_w", "spread", "get_", "set_")
+                  "objective_terms", "box_direction", "conjugate", "exact_step", "full_w", "on_all_features", "get_", "set_")
         return "worker" if function.startswith(worker) or function in ("reset_shrinking", "start_local") \
             else "server"
     if base in ("engine.py", "taskdata.py"):

@@ -23,7 +23,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from . import _sdca
-from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, alternate, block_seed, check_sigma,
+from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, block_seed, check_sigma, outer_loop,
                     omega_step, primal_dual)
 from .engine import check_finite_rows, check_scale, intercept_mode, split_intercept, with_intercept
 from .features import rff_map
@@ -79,7 +79,7 @@ class _Centralized:
 
     def omega(self):
         self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
-        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer_state.p)
+        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer_state.outer)
         self.WT = self.Sigma @ self.BT / self.config.lam
 
     def result(self, converged, method):
@@ -119,7 +119,7 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=Non
                     return row, True
         return row, False
 
-    converged = alternate(config, w_step, state.omega, state.outer_state, warn)
+    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn)
     return state.result(converged, "ssdca")
 
 
@@ -156,5 +156,5 @@ def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None, w
             progress(row)
         return row, True
 
-    converged = alternate(config, w_step, state.omega, state.outer_state, warn)
+    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn)
     return state.result(converged, "mtrl-central")

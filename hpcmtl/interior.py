@@ -48,7 +48,7 @@ from . import _blockops
 
 START_FEATURES = 64     # d: a W-step under a coupled Sigma starts with these rounds (each task's d x d G_i travels
                         # every round: d (d + 1) / 2 numbers, at most 33 d here)
-MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (dmtrl.IPM_AFTER_STALL); there
+MAX_FEATURES = 256      # d: a W-step whose other rounds stalled turns to them (dmtrl.interior_rounds.INTERIOR_AFTER_STALL); there
                         # d (d + 1) / 2 numbers a task and round are the price of a certificate the O(d) rounds
                         # do not reach (raw features far above 1: 6 tasks of 800-2,500 rows, 100 features, 10 of
                         # them on scales up to 7,000, hinge, lam 1e-2: 500 rounds and 594 s left the first W-step

@@ -93,8 +93,6 @@ from .steps import (BETA_CAP, COUPLED_PASSES_MAX, UNCOUPLED_PASSES, StepSolver, 
 from .supports import SupportLayout, exchange_index  # noqa: F401
 from .worker import LocalBlocks, block_seed, box_local_step  # noqa: F401
 
-alternate = outer_loop      # the former name (hpcmtl/baselines.py imports it)
-
 
 def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=None, progress=None,
           checkpointer=None, resume=None, warn=None, make_local=None, server_class=None):

@@ -23,11 +23,6 @@ class OuterState:
         self.previous = previous
         self.wsteps = list(wsteps or [])     # dicts: outer, round (last), rel_gap, converged
 
-    @property
-    def p(self):
-        """The former name of :attr:`outer` (hpcmtl/baselines.py still reads it)."""
-        return self.outer
-
     def wstep_arrays(self):
         keys = ("outer", "round", "rel_gap", "converged")
         return {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
