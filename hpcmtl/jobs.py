@@ -73,7 +73,7 @@ _OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)")
 
 def _methods(template: str = ""):
     """The methods a template may run: those whose ``train METHOD`` takes every option its command line passes."""
-    from .params import TRAIN_METHODS, train_options_of
+    from .methods import TRAIN_METHODS, train_options_of
     available = templates()
     if template not in available:
         return TRAIN_METHODS

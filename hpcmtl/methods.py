@@ -14,10 +14,10 @@
   :func:`estimator_class` (a training job does not import scikit-learn).
 
 So ``hpcmtl train METHOD`` is a lookup (:func:`hpcmtl.cli.train.cmd_train`), and a new method
-is its own module plus one row here, plus its name, help and option groups in
-:mod:`hpcmtl.params`: the command line's option table lives below this layer (the
-configs validate against it), so the names are declared there (``TRAIN_METHODS``) and this
-table is the behaviour under them; importing this module checks the two agree.
+is its own module plus this file: its name and one-line help (:data:`METHOD_HELP`), the option
+groups it takes (:func:`train_option_groups`: every ``hpcmtl train`` option once, its value rules
+from :data:`hpcmtl.params.PARAMS`, which every config and estimator validates against too) and its
+row in :data:`METHODS`; importing this module checks that the rows and the names agree.
 """
 from __future__ import annotations
 
@@ -28,7 +28,161 @@ from typing import Callable
 
 from .errors import InputError
 from .metrics import evaluate_arrays
-from .params import DISTRIBUTED_SDCA, TRAIN_METHODS
+from .params import (NONNEGATIVE_INT, POSITIVE, Interval, log_grid_type, number_list_type, number_type,  # noqa: F401
+                     option_keywords)
+from .progress import DEFAULT_SECONDS
+
+# ---------------------------------------------------------------------------
+# hpcmtl train: every option once, in groups; each method's sub-parser takes the groups it reads
+# ---------------------------------------------------------------------------
+# the methods, in the order the command line lists them: the names and help here (the option groups below read
+# them), the behaviour of each in METHODS (one row a method, checked to agree with these names)
+METHOD_HELP = {
+    "dmtrl": "distributed multi-task relationship learning (paper 001)",
+    "stl": "single-task learning: every task alone (Sigma = identity), same engine",
+    "fixed": "a fixed task covariance (--sigma), same engine",
+    "graph": "a task-graph kernel as the fixed covariance (paper 003), same engine",
+    "ssdca": "centralized baseline: single-machine SDCA over all tasks (rank 0)",
+    "mtrl-central": "centralized baseline: exact MTRL for the squared loss, SSDCA otherwise (rank 0)",
+    "l1inf": "joint feature selection under an l1,inf ball (paper 002)",
+    "online": "online multitask learning from a stream (paper 004)",
+}
+TRAIN_METHODS = tuple(METHOD_HELP)
+TASK_METHODS = tuple(m for m in TRAIN_METHODS if m != "online")                 # read --train (online: --stream)
+DISTRIBUTED_SDCA = ("dmtrl", "stl", "fixed", "graph")                           # DMTRL's engine under mpiexec
+SDCA_METHODS = DISTRIBUTED_SDCA + ("ssdca", "mtrl-central")                     # + the centralized baselines
+CHECKPOINTED = DISTRIBUTED_SDCA + ("l1inf", "online")
+METHOD_DEFAULTS = {m: {"max_rounds": 500} for m in SDCA_METHODS} | {"l1inf": {"max_rounds": 200}}
+
+
+def train_option_groups():
+    """(title, methods, [(flags, argparse keywords), ...]) of ``hpcmtl train``: each option once.
+
+    A hyper-parameter's keywords come from :data:`PARAMS` (:func:`option_keywords`); the
+    keywords written here are what the command line does differently (a required value
+    has no default, ``--loss`` is checked by the config, ``--C`` is read as text).
+    ``methods`` narrows an option to some of its group's methods, ``help_for`` gives a
+    method its own help text.
+    """
+    def param(flag, **given):
+        return (flag,), option_keywords(flag.lstrip("-").replace("-", "_"), flag, **given)
+
+    return [
+        ("data and output", TRAIN_METHODS, [
+            (("--train",), dict(metavar="TRAIN.h5", methods=TASK_METHODS, help="the task dataset (required)")),
+            (("--stream",), dict(metavar="STREAM.h5", methods=("online",),
+                                 help="the stream, read in chunks of rounds (required)")),
+            (("--out",), dict(required=True, metavar="RESULT.h5", help="the result file")),
+            (("--test",), dict(metavar="TEST.h5", help="test tasks for the final model",
+                               help_for={"online": "a test stream for the final model"})),
+            (("--force",), dict(action="store_true", help="overwrite an existing result file")),
+        ]),
+        ("loss and features", TASK_METHODS, [
+            param("--loss", choices=None),
+            param("--gamma"),
+            param("--max-rounds", default=None, help_for={"l1inf": "subgradient steps per radius"}),
+            param("--seed"),
+            param("--rff-dim"),
+            param("--rff-gamma"),
+            param("--split-tasks", methods=DISTRIBUTED_SDCA + ("l1inf",)),
+            param("--float32", methods=DISTRIBUTED_SDCA),
+            param("--positive-label", metavar="LABEL", default=None),
+            (("--no-intercept",), dict(action="store_true", help="no per-task intercept (fit_intercept=False)")),
+            param("--intercept-scaling", methods=SDCA_METHODS),
+        ]),
+        ("dual coordinate ascent", SDCA_METHODS, [
+            param("--lam", default=None, type=number_list_type("--lam", POSITIVE),
+                  help="regularization (required), or a comma-separated grid chosen by validation",
+                  help_for={"ssdca": "regularization (required)", "mtrl-central": "regularization (required)"}),
+            param("--tol"),
+            param("--local-iters"),
+            param("--local-steps"),
+            param("--gap-every"),
+            (("--no-shrinking",), dict(action="store_true",
+                                       help="visit every coordinate in every pass (hinge losses)")),
+            param("--outer"),
+            param("--outer-tol", type=float),          # its range is the config's check, as it always was
+            (("--sigma",), dict(metavar="SIGMA", methods=("fixed", "ssdca", "mtrl-central"),
+                                help="the task covariance, from a result file (/model/Sigma) or a .npy file "
+                                     "(required for fixed)")),
+        ]),
+        ("lam (l1inf: the radius) chosen by validation (one job, warm-started)",
+         DISTRIBUTED_SDCA + ("l1inf",), [
+            (("--lam-grid",), dict(metavar="LO:HI:COUNT", type=log_grid_type("--lam-grid"), methods=DISTRIBUTED_SDCA,
+                                   help="a log-spaced grid of lam, e.g. 1e-5:1:13 (instead of --lam)")),
+            param("--validation-fraction"),
+            param("--cv", metavar="K"),
+            param("--metric"),
+            (("--no-warm-start",), dict(action="store_true", methods=DISTRIBUTED_SDCA,
+                                        help="solve every grid point from zero (for comparisons)")),
+        ]),
+        ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
+            param("--aggregation"),
+            param("--eta"),
+            param("--exchange"),
+            param("--local-solver"),
+        ]),
+        ("task graph", ("graph",), [
+            (("--graph",), dict(help="a task graph (cycle, chain, complete, star, 'grid RxC', empty) or an "
+                                     "edge-list CSV (task_a,task_b,weight) (required)")),
+            (("--alpha",), dict(type=number_list_type("--alpha", Interval(float)), default=2.0 ** -8,
+                                help="diagonal alpha of L + alpha I, or a comma-separated grid chosen by validation "
+                                     "(at one --lam)")),
+            (("--unnormalized",), dict(action="store_true", help="keep (L + alpha I)^-1 without unit diagonal")),
+        ]),
+        ("l1,inf ball", ("l1inf",), [
+            param("--radius", default=None),
+            (("--path",), dict(metavar="C1,C2,...", help="a regularization path, each radius warm-started from "
+                                                         "the previous solution")),
+            param("--projection"),
+            param("--eta0"),
+            param("--intercept-eta0"),
+        ]),
+        ("online rule", ("online",), [
+            param("--update"),
+            param("--norm"),
+            param("--r"),
+            param("--p", type=float),                  # p >= 1 is checked by the online rule
+            param("--C", type=None, default="1.0"),    # a number or 'auto', read by online_config
+            param("--R"),
+            (("--code",), dict(help="an output code over a single-label stream's classes: exhaustive, "
+                                    "one-vs-rest, random:K[:SEED] or a .npy matrix")),
+            param("--block-rounds"),
+            param("--chunk-rounds"),
+        ]),
+        ("checkpoints", CHECKPOINTED, [
+            (("--checkpoint",), dict(metavar="PATH", help="checkpoint file (none: OUT.checkpoint.h5; always "
+                                                          "written when SIGTERM, SIGUSR1 or SIGINT arrives)")),
+            (("--checkpoint-every",), dict(type=number_type("--checkpoint-every", NONNEGATIVE_INT), default=0,
+                                           metavar="N", help="also write a checkpoint every N rounds (0: never)")),
+            (("--checkpoint-seconds",), dict(type=number_type("--checkpoint-seconds", POSITIVE), default=None,
+                                             metavar="S", help="also write a checkpoint every S seconds")),
+            (("--resume",), dict(action="store_true", help="continue from the checkpoint")),
+        ]),
+        ("logging", TRAIN_METHODS, [
+            (("--quiet",), dict(action="store_true",
+                                 help="same as --log-level error (a run that did not converge still says so)")),
+            (("--log-level",), dict(choices=("debug", "info", "warning", "error"), default="info",
+                                    help="info: progress and summary; warning: summary only; error: errors only")),
+            (("--progress-seconds",), dict(type=float, default=DEFAULT_SECONDS, metavar="S",
+                                           help="in a log (not a terminal) print at most one progress line every "
+                                                "S seconds, plus the last line of every outer step; 0 prints every "
+                                                "round")),
+        ]),
+    ]
+
+
+def train_options_of(method):
+    """{option string: (flags, argparse keywords)} of the options ``train METHOD`` takes."""
+    out = {}
+    for _, methods, options in train_option_groups():
+        for flags, kw in options:
+            if method in kw.get("methods", methods) and method in methods:
+                own = {k: v for k, v in kw.items() if k not in ("methods", "help_for")}
+                own["help"] = kw.get("help_for", {}).get(method, kw.get("help"))
+                out[flags[0]] = (flags, own)
+    return out
+
 
 
 @dataclass
@@ -448,9 +602,8 @@ METHODS = {m.name: m for m in (
     Method("online", None, None, train_online, write_online, ("OnlineMultitask", {}), stream=True),
 )}
 
-if tuple(METHODS) != TRAIN_METHODS:             # the names are hpcmtl.params's (the option table's)
-    raise RuntimeError(f"hpcmtl.methods.METHODS {tuple(METHODS)} differ from hpcmtl.params.TRAIN_METHODS "
-                       f"{TRAIN_METHODS}")
+if tuple(METHODS) != TRAIN_METHODS:             # one row a method, in the command line's order
+    raise RuntimeError(f"hpcmtl.methods.METHODS {tuple(METHODS)} differ from TRAIN_METHODS {TRAIN_METHODS}")
 
 
 def method(name) -> Method:

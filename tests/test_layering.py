@@ -306,8 +306,9 @@ def test_selection_searches_plug_into_one_driver():
 
 def test_every_train_method_has_one_row_in_the_method_table():
     """`hpcmtl train METHOD` is a lookup: the table's names are the command line's, in its order."""
-    from hpcmtl import methods, params
-    assert tuple(methods.METHODS) == params.TRAIN_METHODS
+    from hpcmtl import methods
+    assert tuple(methods.METHODS) == tuple(methods.METHOD_HELP) == methods.TRAIN_METHODS
     for name, row in methods.METHODS.items():
         assert row.name == name and callable(row.train) and callable(row.write)
-        assert (row.selection is not None) == (name in params.SDCA_METHODS + ("l1inf",))
+        assert (row.selection is not None) == (name in methods.SDCA_METHODS + ("l1inf",))
+        assert methods.train_options_of(name), name          # every method takes options of the table

@@ -72,9 +72,10 @@ def test_the_table_knows_every_choice_the_methods_accept():
 
 
 def test_command_line_defaults_types_and_choices_come_from_the_table():
+    from hpcmtl import methods
     own = {}
-    for method in params.TRAIN_METHODS:
-        own.update(params.train_options_of(method))
+    for method in methods.TRAIN_METHODS:
+        own.update(methods.train_options_of(method))
     written_here = {"--lam": None, "--max-rounds": None, "--radius": None, "--C": "1.0"}
     for flag, (_, kw) in own.items():
         name = flag.lstrip("-").replace("-", "_")

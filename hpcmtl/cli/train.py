@@ -7,7 +7,7 @@ import os
 
 from .. import __version__
 from ..errors import InputError
-from ..params import (METHOD_DEFAULTS, METHOD_HELP, TRAIN_METHODS, train_option_groups,  # noqa: F401
+from ..methods import (METHOD_DEFAULTS, METHOD_HELP, TRAIN_METHODS, train_option_groups,  # noqa: F401
                       train_options_of)
 from . import Parser, _all_options
 from .evaluate import open_test_stream
