@@ -407,6 +407,17 @@ def all_finite(values) -> bool:
     return all(np.isfinite(flat[s:s + FINITE_CHUNK_VALUES]).all() for s in range(0, flat.size, FINITE_CHUNK_VALUES))
 
 
+def check_name(name, where):
+    """A task name is one printable line (it appears in messages, tables and file listings): a line break
+    would forge a second ``hpcmtl: error:`` line and an escape sequence would reach the terminal."""
+    name = str(name)
+    if not name:
+        raise InputError(f"{where}: empty task name")
+    if not name.isprintable():
+        raise InputError(f"{where}: task name {name!r} holds a line break or control character")
+    return name
+
+
 def check_task(path, i, name, X, y, n_features):
     """Refuse task ``i`` (``name``) of ``path`` in one line unless ``X`` (n x d, d = ``n_features`` when given)
     and ``y`` (n,) are non-empty, match in shape and hold only finite values.

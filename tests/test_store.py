@@ -266,3 +266,24 @@ def test_float64_rows_read_as_float32_equal_the_rounded_block(tmp_path, constant
             source.read_block(0, 2000, 3500, float32=True, **options)
         with pytest.raises(InputError, match="field 'X': contains NaN or Inf"):
             source.read_block(0, 3500, 5000, float32=True, **options)
+
+
+@pytest.mark.parametrize("name", ["ok\nhpcmtl: error: forged", "\x1b[2Jwiped", "tab\there", ""])
+def test_task_names_read_from_a_file_are_one_printable_line(tmp_path, name):
+    """A name with a line break forged a second 'hpcmtl: error:' line and escape sequences reached the terminal:
+    names read from a task file get the converters' check (issue 40, item 16)."""
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, [np.ones((2, 2)), np.ones((3, 2))], [np.ones(2), -np.ones(3)], names=["a", "b"])
+    with h5py.File(path, "r+") as f:
+        table = f["task_table"][()]
+        table["name"][1] = name.encode()
+        del f["task_table"]
+        f["task_table"] = table
+    with pytest.raises(InputError, match=r"'task_table' row 1: (empty task name|task name .* holds a line break)"):
+        store.TaskFile(path)
+    r = subprocess.run([sys.executable, "-m", "hpcmtl", "data", "info", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "\x1b" not in r.stderr, r.stderr
+    assert r.stderr.startswith("hpcmtl: error: ") and "forged" not in r.stderr.split("\n", 1)[1]
+    with pytest.raises(InputError, match="task #0"):
+        store.write_tasks(tmp_path / "u.h5", [np.ones((2, 2))], [np.ones(2)], names=[name or "\n"])

@@ -13,6 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError
+from ..taskdata import check_name  # noqa: F401 - the formats' name check is the task files' (hpcmtl.taskdata)
 
 
 def require_path(path):
@@ -112,16 +113,6 @@ def check_tasks(Xs, ys, locate, labels=None):
             labels.check_binary(y, lambda r, i=i: locate(i, "y", r))
         out.append(y)
     return out
-
-
-def check_name(name, where):
-    """A task name is one printable line (it appears in messages, tables and file listings)."""
-    name = str(name)
-    if not name:
-        raise InputError(f"{where}: empty task name")
-    if not name.isprintable():
-        raise InputError(f"{where}: task name {name!r} holds a line break or control character")
-    return name
 
 
 def locate_in(source, names):

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError
-from ..taskdata import (FLOAT32_CHUNK_VALUES, TaskBlock, all_finite, check_task, float32_overflow,
+from ..taskdata import (FLOAT32_CHUNK_VALUES, TaskBlock, all_finite, check_name, check_task, float32_overflow,
                         float32_overflow_error, task_means as _task_means)
 from .atomic import atomic_h5
 from .fingerprints import MASK64, fingerprint_hex, fingerprint_rows
@@ -67,6 +67,8 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
     names = [str(n) for n in (names if names is not None else [f"task{i}" for i in range(len(Xs))])]
     if len(names) != len(Xs):
         raise InputError(f"{path}: {len(names)} task names for {len(Xs)} tasks")
+    for i, name in enumerate(names):
+        check_name(name, f"{path}: task #{i}")
     dup = duplicate_name(names)
     if dup:
         raise InputError(f"{path}: task name '{dup[0]}' is used by tasks #{dup[1]} and #{dup[2]} "
@@ -159,6 +161,12 @@ class TaskFile(OpenFile):
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             self.close()
             raise InputError(f"{self.path}: '{_TABLE}' needs the columns name, n_samples and nnz ({exc})") from None
+        try:                 # names reach messages and tables: one printable line each, as converters check
+            for i, name in enumerate(self.names):
+                check_name(name, f"{self.path}: '{_TABLE}' row {i}")
+        except InputError:
+            self.close()
+            raise
         dup = duplicate_name(self.names)
         if dup:
             self.close()
