@@ -125,6 +125,11 @@ def read_compatible(path, config, source, sigma=None) -> dict:
     if ck["counters"].get("sigma_signature") != sigma_signature(sigma):
         raise InputError(f"{path}: cannot resume: the fixed task covariance differs from the checkpoint's")
     saved, now_read = ck.get("fingerprints"), getattr(source, "content_fingerprints", None)
+    if now_read and not saved:      # nothing to compare with: the data may have changed, so refuse
+        why = ("its /fingerprints group is missing" if ck.get("checkpoint_version", 1) >= 2 else
+               "it was written by an hpcmtl without content fingerprints")
+        raise InputError(f"{path}: cannot resume: {why}, so nothing shows that {source.path} holds the data the "
+                         f"checkpoint was written for; start again without --resume")
     if saved and now_read:
         for i, name in enumerate(source.names):
             if name in saved and now_read.get(name) is not None and saved[name] != now_read[name]:

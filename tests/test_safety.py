@@ -271,6 +271,34 @@ def test_resume_refuses_training_data_whose_labels_changed(train_copy, tmp_path,
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("written_before_versions", [False, True], ids=["group-removed", "old-checkpoint"])
+def test_resume_refuses_a_checkpoint_without_fingerprints(train_copy, tmp_path, written_before_versions):
+    """A checkpoint without /fingerprints (its group deleted, or an old file) resumed on changed data: the
+    ambiguous case is refused, naming why (issue 40, item 22)."""
+    out = tmp_path / "r.h5"
+    args = ["train", "dmtrl", "--train", train_copy, "--out", out, "--checkpoint-every", "3"] + FAST
+    assert run_hpcmtl(args, n_ranks=2).returncode == 0
+    os.remove(out)
+    ck = str(out) + ".checkpoint.h5"
+    assert store.read_checkpoint(ck)["checkpoint_version"] == 2
+    with h5py.File(ck, "a") as f:
+        del f["fingerprints"]
+        if written_before_versions:
+            del f.attrs["checkpoint_version"]
+    flip_label(train_copy, 5)
+    r = run_hpcmtl(args + ["--resume"], n_ranks=2, timeout=60)
+    line = one_error_line(r)
+    assert r.returncode == 2, r.stderr
+    why = ("it was written by an hpcmtl without content fingerprints" if written_before_versions
+           else "its /fingerprints group is missing")
+    assert f"cannot resume: {why}" in line and "start again without --resume" in line, line
+    assert not out.exists()
+    with h5py.File(ck, "a") as f:
+        f.attrs["checkpoint_version"] = 7
+    r = run_hpcmtl(args + ["--resume"], n_ranks=2, timeout=60)
+    assert r.returncode == 2 and "attribute 'checkpoint_version' is 7" in one_error_line(r)
+
+
 def test_resume_verifies_a_task_split_over_ranks(tmp_path):
     rng = np.random.default_rng(3)
     Xs = [rng.normal(size=(n, 4)) for n in (120, 10, 10)]

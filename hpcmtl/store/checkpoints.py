@@ -20,6 +20,10 @@ from .atomic import atomic_h5
 from .hdf5 import CHECKPOINT_FORMAT, FORMAT_VERSION, open_read
 
 _FINGERPRINTS = "fingerprints"
+# the checkpoint layout's own version (root attribute ``checkpoint_version``): 2 since checkpoints always carry
+# the training data's content fingerprints when the data has them; absent (1): written before that, when a
+# checkpoint without /fingerprints could be either an old file or one whose group was removed
+CHECKPOINT_VERSION = 2
 
 
 def _text(value) -> str:
@@ -38,6 +42,7 @@ def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: d
     with atomic_h5(path, force=True, what="checkpoint") as f:
         f.attrs["format"] = CHECKPOINT_FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["checkpoint_version"] = CHECKPOINT_VERSION
         f.attrs["config"] = json.dumps(config, sort_keys=True)
         f.attrs["counters"] = json.dumps(counters, sort_keys=True)
         g = f.create_group("state")
@@ -57,11 +62,20 @@ def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: d
             g.create_dataset("value", data=np.array(list(fingerprints.values()), dtype=h5py.string_dtype()))
 
 
+def _version(path, value) -> int:
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= CHECKPOINT_VERSION:
+        raise InputError(f"{path}: attribute 'checkpoint_version' is {value!r}, this hpcmtl reads 1 to "
+                         f"{CHECKPOINT_VERSION}")
+    return value
+
+
 def read_checkpoint(path) -> dict:
     with open_read(path, CHECKPOINT_FORMAT) as f:
         try:
             return {
                 "path": os.fspath(path),
+                "checkpoint_version": _version(path, f.attrs.get("checkpoint_version", 1)),
                 "config": json.loads(f.attrs["config"]),
                 "counters": json.loads(f.attrs["counters"]),
                 "arrays": {k: v[()] for k, v in f["state"].items()},
