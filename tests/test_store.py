@@ -287,3 +287,29 @@ def test_task_names_read_from_a_file_are_one_printable_line(tmp_path, name):
     assert r.stderr.startswith("hpcmtl: error: ") and "forged" not in r.stderr.split("\n", 1)[1]
     with pytest.raises(InputError, match="task #0"):
         store.write_tasks(tmp_path / "u.h5", [np.ones((2, 2))], [np.ones(2)], names=[name or "\n"])
+
+
+@pytest.mark.parametrize("attr,value", [("n_features", 0), ("n_features", 6.7), ("n_tasks", "three"),
+                                        ("n_features", True), ("n_tasks", -1)])
+def test_task_file_counts_are_integers_of_at_least_one(tmp_path, attr, value):
+    """n_features 6.7 was truncated to 6, 0 features trained, 'three' gave a traceback (issue 40, 13/15/17)."""
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, [np.ones((2, 2))], [np.ones(2)])
+    with h5py.File(path, "r+") as f:
+        f.attrs[attr] = value
+    with pytest.raises(InputError, match=f"attribute '{attr}' is .*expected an integer >= 1"):
+        store.TaskFile(path)
+    r = subprocess.run([sys.executable, "-m", "hpcmtl", "data", "info", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"attribute '{attr}'" in r.stderr, r.stderr
+
+
+def test_data_info_on_infinite_labels_prints_no_warning(tmp_path):
+    path = tmp_path / "t.h5"
+    store.write_tasks(path, [np.ones((2, 2)), np.ones((3, 2))], [np.ones(2), np.array([1.0, 2.0, 3.0])])
+    with h5py.File(path, "r+") as f:
+        f["tasks/000001/y"][0] = np.inf                # a label no converter would write
+    r = subprocess.run([sys.executable, "-W", "error", "-m", "hpcmtl", "data", "info", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "y mean inf" in r.stdout

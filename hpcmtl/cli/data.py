@@ -108,7 +108,7 @@ def cmd_data(args):
                   f"{info['storage']} {info['dtype']}, {info['n_samples']} samples, density {info['density']:.4g}")
             for t in info["tasks"]:
                 extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
-                         else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}")
+                         else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}" if "y_mean" in t else "no rows")
                 print(f"  {t['name']:>20s}  n={t['n_samples']:<8d} nnz={t['nnz']:<10d} {extra}")
         return 0
     if args.data_command == "split":

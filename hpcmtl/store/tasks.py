@@ -135,8 +135,8 @@ class TaskFile(OpenFile):
         self._f = open_read(self.path, TASKS_FORMAT, rdcc_nbytes=0)
         f = self._f
         try:
-            self.n_tasks = int(f.attrs["n_tasks"])
-            self.n_features = int(f.attrs["n_features"])
+            self.n_tasks = self._count(f.attrs["n_tasks"], "n_tasks")
+            self.n_features = self._count(f.attrs["n_features"], "n_features")
             storage = f.attrs["storage"]
             self.storage = storage.decode() if isinstance(storage, bytes) else str(storage)
             table = f[_TABLE][()]
@@ -317,6 +317,14 @@ class TaskFile(OpenFile):
         """{task index: (start, stop, x_sum, y_sum) list} of the rows read so far (see :func:`combine_fingerprints`)."""
         return {i: [(a, b, xs, ys) for (a, b), (xs, ys) in parts.items()] for i, parts in self.read_parts.items()}
 
+    def _count(self, value, name) -> int:
+        """A root attribute that counts (tasks, features): an integer >= 1 (6.7, 'three', 0, True are refused)."""
+        value = value.item() if isinstance(value, np.generic) else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.close()
+            raise InputError(f"{self.path}: attribute '{name}' is {value!r}, expected an integer >= 1")
+        return value
+
     def read_task(self, i: int) -> TaskBlock:
         return self.read_block(i)
 
@@ -333,11 +341,12 @@ class TaskFile(OpenFile):
             g = self._f.get(_task_group(i))
             if g is not None and "y" in g:
                 y = g["y"][()]
-                if np.all((y == 1) | (y == -1)):
+                if y.size and np.all((y == 1) | (y == -1)):
                     entry["positive_fraction"] = float(np.mean(y == 1))
-                else:
-                    entry["y_mean"] = float(np.mean(y))
-                    entry["y_std"] = float(np.std(y))
+                elif y.size:
+                    with np.errstate(all="ignore"):         # inf labels: the figures say inf / nan, no warning
+                        entry["y_mean"] = float(np.mean(y))
+                        entry["y_std"] = float(np.std(y))
             tasks.append(entry)
         total = int(self.n_samples.sum())
         density = float(self.nnz.sum()) / max(1, total * self.n_features)
