@@ -420,8 +420,8 @@ class LocalBase:
 
     def test_metrics(self, ctrl, inputs):
         """TEST: {task: (labels, scores)} of the test rows of this rank's first block of each task.  The server
-        computes the metrics (:meth:`ServerBase.test_metrics`): a worker never imports scikit-learn (about
-        59 MB a rank, issue 14)."""
+        computes the metrics (:meth:`ServerBase.test_metrics`): a worker never imports scikit-learn (tens of MB a
+        rank)."""
         local = {}
         for k, blk in enumerate(self.blocks):
             test = self.test_blocks.get(blk.task)

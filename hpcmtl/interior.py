@@ -1,4 +1,4 @@
-"""Interior-point W-steps: the coupled hinge (smoothed hinge) dual under a learned Sigma (issue 13).
+"""Interior-point W-steps: the coupled hinge (smoothed hinge) dual under a learned Sigma .
 
 The W-step's dual in ``x = y o alpha`` (every task's block of coordinates in [0, 1])
 is the box QP ``max_x sum_i (1/n_i) sum_j (x_ij - gamma x_ij^2 / 2) - tr(B Sigma B^T) / (2 lam)``
@@ -27,12 +27,8 @@ One iteration is one round of exchanges, the server never sees a row:
 
 So a round moves ``d (d + 1) / 2 + O(d)`` numbers a task: this solver is for small d
 (``START_FEATURES`` at the start of a coupled W-step, ``MAX_FEATURES`` after a stall) and a small server
-system (``MAX_WIDTH`` = d m under a coupled Sigma; a diagonal one gives m systems of d x d).  Measured on 29
-hinge tasks of 30-50 rows, raw features (the issue's shape), lam 1e-4: 20-28 rounds a
-W-step, every one of 10 W-steps certified to 1e-6, where the 'qp' rounds left 9 of 10
-at relative gaps 3.5e-3 to 0.25 after 500 rounds each; at lam 1e-5 to 1e-7 the same
-(without the floor and the refinements the Newton steps' rounding stopped them near
-relative gaps of 1e-5 from lam 1e-5 down).
+system (``MAX_WIDTH`` = d m under a coupled Sigma; a diagonal one gives m systems of d x d).  What they
+cost and reach on small raw-feature tasks is in docs/dmtrl-notes.md.
 
 The arithmetic here is per block and per server step, with no MPI and no files
 (:mod:`hpcmtl.dmtrl` wires it into rounds).  Everything is deterministic: the same

@@ -193,7 +193,7 @@ def multilabel_stream(seed: int = 0, n_rounds: int = 20000, d: int = 2000, k: in
 
 def sparse_vocabulary(seed: int = 0, m: int = 15, d: int = 152543, vocabulary: int = 20000,
                       n_per_task: int = 400, words: int = 150, zipf: float = 1.01, test_fraction: float = 0.25):
-    """Sparse tasks that each touch only their own vocabulary (a spam-filtering shape, issue 14).
+    """Sparse tasks that each touch only their own vocabulary (a spam-filtering shape).
 
     ``d`` features ranked by a global Zipf popularity; each task draws a
     vocabulary of ``vocabulary`` distinct features from that ranking (so

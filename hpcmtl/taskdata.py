@@ -97,7 +97,7 @@ class TaskBlock:
 
     @property
     def support(self) -> np.ndarray:
-        """Sorted int64 ids of the features the block's rows can touch (issue 14): a CSR block's column
+        """Sorted int64 ids of the features the block's rows can touch: a CSR block's column
         indices, with its implicit centering's mean (the whole task's features) and the augmented constant
         column (a non-zero of every row); every feature for dense rows.  ``X^T v`` is zero outside it, and
         the block's scores read ``w`` only on it."""
@@ -210,7 +210,7 @@ class TaskBlock:
                          mu=self.mu, center=self.center)
 
     def on_features(self, ids: np.ndarray) -> "TaskBlock":
-        """The same CSR block with its columns renumbered ``0 .. len(ids) - 1`` (issue 14): column ``ids[c]``
+        """The same CSR block with its columns renumbered ``0 .. len(ids) - 1``: column ``ids[c]``
         becomes c.  ``ids`` (sorted) must hold :attr:`support`, so nothing is lost: scores, ``X^T v``, norms,
         ``mu`` and the intercept read only those features.  A worker that exchanges the block on its support
         computes on this one: its w and delta b have ``len(ids)`` entries instead of d."""

@@ -1,4 +1,4 @@
-"""Where the DMTRL server keeps its per-task d-vectors (B, W, the momentum dP) and its algebra on them (issue 14).
+"""Where the DMTRL server keeps its per-task d-vectors (B, W, the momentum dP) and its algebra on them.
 
 One small interface, two implementations, chosen once a run from the task supports
 (:func:`support_algebra_pays`, the same at every rank count and with split tasks):
