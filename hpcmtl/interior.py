@@ -1,4 +1,4 @@
-"""Interior-point W-steps: the coupled hinge (smoothed hinge) dual under a learned Sigma .
+"""Interior-point W-steps: the coupled hinge (smoothed hinge) dual under a learned Sigma.
 
 The W-step's dual in ``x = y o alpha`` (every task's block of coordinates in [0, 1])
 is the box QP ``max_x sum_i (1/n_i) sum_j (x_ij - gamma x_ij^2 / 2) - tr(B Sigma B^T) / (2 lam)``
