@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..taskdata import check_task
 from .atomic import (TEMPORARY_EXTRA, WriteError, atomic_h5, atomic_output, check_outputs, check_writable,
-                     output_target, remove_stale_temporaries, same_file, write_error)
+                     lock_path, output_locks, output_target, remove_stale_temporaries, same_file, write_error)
 from .checkpoints import read_checkpoint, write_checkpoint
 from .fingerprints import combine_fingerprints, fingerprint_hex, fingerprint_rows
 from .hdf5 import (CHECKPOINT_FORMAT, FORMAT_VERSION, RESULT_FORMAT, STREAM_FORMAT, TASKS_FORMAT, duplicate_name,
@@ -34,7 +34,7 @@ __all__ = [
     "TASKS_FORMAT", "RESULT_FORMAT", "CHECKPOINT_FORMAT", "STREAM_FORMAT", "FORMAT_VERSION", "FEATURE_DTYPES",
     "file_format", "is_hdf5", "list_datasets", "duplicate_name",
     "WriteError", "write_error", "remove_stale_temporaries", "atomic_h5", "atomic_output", "check_writable",
-    "same_file", "check_outputs", "output_target", "TEMPORARY_EXTRA",
+    "same_file", "check_outputs", "output_target", "output_locks", "lock_path", "TEMPORARY_EXTRA",
     "fingerprint_rows", "fingerprint_hex", "combine_fingerprints",
     "check_task", "write_tasks", "TaskFile", "read_all_tasks",
     "write_result", "read_result",

@@ -163,6 +163,8 @@ def remove_stale_temporaries(path) -> list:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)    # fails while its writer lives
+            if not _same_inode(fd, full):                      # renamed into place meanwhile: not ours to remove
+                continue
             os.unlink(full)
             removed.append(name)
         except OSError:
@@ -170,6 +172,90 @@ def remove_stale_temporaries(path) -> list:
         finally:
             os.close(fd)
     return removed
+
+
+def _same_inode(fd: int, path: str) -> bool:
+    """Whether the open file ``fd`` is still the file named ``path``."""
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def lock_path(path) -> str:
+    """The lock file of an output: ``.NAME.lock`` beside the file that writing ``path`` replaces."""
+    target = output_target(path)
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+    return os.path.join(directory, "." + os.path.basename(target) + ".lock")
+
+
+_HELD: dict = {}      # lock file -> [fd, holders]: the output locks this process holds
+
+
+def _acquire(lock: str, path: str) -> None:
+    if lock in _HELD:
+        _HELD[lock][1] += 1
+        return
+    for _ in range(100):        # the holder removes the file as it lets go: lock the file the name now holds
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                         0o666)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InputError(f"{path}: cannot write output: cannot create its lock file {lock} "
+                             f"({reason[:1].lower() + reason[1:]})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"{path}: another hpcmtl job is writing this output (it holds {lock}): "
+                             f"refusing to start a second writer") from None
+        except OSError:          # no locks on this file system: nothing to hold
+            os.close(fd)
+            return
+        if _same_inode(fd, lock):
+            _HELD[lock] = [fd, 1]
+            return
+        os.close(fd)
+    raise InputError(f"{path}: cannot lock the output ({lock} keeps changing)")
+
+
+def _release(lock: str) -> None:
+    held = _HELD.get(lock)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        del _HELD[lock]
+        with contextlib.suppress(OSError):
+            os.unlink(lock)             # while still locked: a waiting job then locks a fresh file
+        os.close(held[0])
+
+
+@contextlib.contextmanager
+def output_locks(paths):
+    """Hold the lock of every output in ``paths`` (None skipped) for the ``with`` block: one writer an output.
+
+    Each output's lock is an exclusive ``flock`` on ``.NAME.lock`` beside it,
+    taken without waiting: an output another live process holds is refused
+    with a one-line :class:`InputError`.  The file is removed when the lock
+    is let go; one left by a killed job holds no lock (``flock`` locks die
+    with their process), so it never blocks a later job.  Re-entrant within
+    a process; where the file system has no locks, nothing is held.
+    """
+    taken = []
+    try:
+        for path in paths:
+            if path is None:
+                continue
+            lock = lock_path(path)
+            _acquire(lock, os.fspath(path))
+            taken.append(lock)
+        yield
+    finally:
+        for lock in reversed(taken):
+            _release(lock)
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -240,31 +326,37 @@ def atomic_h5(path: str, force: bool = True, what: str = "output file"):
     """
     path = os.fspath(path)
     check_writable(path, force)
-    target = output_target(path)
-    fd, tmp = _new_temporary(target, what)
-    raw = _GuardedFile(fd)
-    try:
-        with h5py.File(raw, "w") as f:
-            yield f
-        raw.sync()
-        with contextlib.suppress(OSError):
-            os.fchmod(raw.fd, _finished_mode())     # mkstemp creates 0600; finished files follow the umask
-        raw.close()
-        if raw.error is not None:
-            raise write_error(what, path, raw.error)
-        if output_target(path) != target:          # changed while we wrote (a link re-pointed, a FIFO made)
-            raise InputError(f"{path}: output changed while it was written: refusing to replace it")
+    with output_locks([path]):
+        target = output_target(path)
+        fd, tmp = _new_temporary(target, what)
+        raw = _GuardedFile(fd)
+        keep = -1                  # a second descriptor of the temporary: its lock lasts until after the rename
         try:
-            os.replace(tmp, target)
-        except OSError as exc:
-            raise write_error(what, path, exc) from None
-    except BaseException as exc:
-        raw.close()
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if raw.error is not None and isinstance(exc, Exception) and not isinstance(exc, WriteError):
-            raise write_error(what, path, raw.error) from None     # the failed write is the cause
-        raise
+            with h5py.File(raw, "w") as f:
+                yield f
+            raw.sync()
+            with contextlib.suppress(OSError):
+                os.fchmod(raw.fd, _finished_mode())     # mkstemp creates 0600; finished files follow the umask
+            keep = os.dup(raw.fd)
+            raw.close()
+            if raw.error is not None:
+                raise write_error(what, path, raw.error)
+            if output_target(path) != target:          # changed while we wrote (a link re-pointed, a FIFO made)
+                raise InputError(f"{path}: output changed while it was written: refusing to replace it")
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise write_error(what, path, exc) from None
+        except BaseException as exc:
+            raw.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if raw.error is not None and isinstance(exc, Exception) and not isinstance(exc, WriteError):
+                raise write_error(what, path, raw.error) from None     # the failed write is the cause
+            raise
+        finally:
+            if keep >= 0:
+                os.close(keep)
 
 
 @contextlib.contextmanager
@@ -276,27 +368,28 @@ def atomic_output(path, what: str = "output file"):
     one-line :class:`WriteError` and nothing is left under either name.
     """
     path = os.fspath(path)
-    target = output_target(path)
-    fd, tmp = _new_temporary(target, what)
-    lock = _GuardedFile(fd)                 # holds the lock; the writer opens the path itself
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, _finished_mode())
-        if output_target(path) != target:
-            raise InputError(f"{path}: output changed while it was written: refusing to replace it")
-        os.replace(tmp, target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise write_error(what, path, exc) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    finally:
-        lock.close()
+    with output_locks([path]):
+        target = output_target(path)
+        fd, tmp = _new_temporary(target, what)
+        lock = _GuardedFile(fd)                 # holds the lock; the writer opens the path itself
+        try:
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, _finished_mode())
+            if output_target(path) != target:
+                raise InputError(f"{path}: output changed while it was written: refusing to replace it")
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise write_error(what, path, exc) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            lock.close()                        # after the rename: never taken for an orphan before it
 
 
 def check_writable(path: str, force: bool) -> None:
