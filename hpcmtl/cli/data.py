@@ -90,7 +90,14 @@ def add_parser(sub):
 
 def cmd_data(args):
     from .. import store
-    store.check_outputs(*data_paths(args))          # before any work: no output may be an input
+    outputs, inputs = data_paths(args)
+    store.check_outputs(outputs, inputs)            # before any work: no output may be an input
+    with store.output_locks([path for _, path, _ in outputs]):      # and no other live job writes one
+        return _run_data_command(args)
+
+
+def _run_data_command(args):
+    from .. import store
     if args.data_command == "info":
         stream = store.file_format(args.input) == store.STREAM_FORMAT
         with (store.StreamFile if stream else store.TaskFile)(args.input) as f:
@@ -125,13 +132,9 @@ def cmd_data(args):
 def data_paths(args):
     """(outputs, inputs) of an ``hpcmtl data`` command (files inside an input directory count as inputs)."""
     force = getattr(args, "force", False)
-    if args.data_command == "convert":
-        inputs = []
-        for path in args.inputs:
-            inputs.append(("input", path))
-            if os.path.isdir(path):
-                with os.scandir(path) as entries:
-                    inputs += [("input", e.path) for e in entries if e.is_file()]
+    if args.data_command == "convert":       # every file the format reads, at any depth under a directory
+        spec = formats.get_format(args.format)
+        inputs = [("input", path) for path in spec.input_files(args.inputs, spec.resolve(vars(args)))]
         return [("output", args.output, force), ("--test-out", args.test_out, force)], inputs
     if args.data_command == "split":
         return [("train output", args.train, force), ("test output", args.test, force)], [("input", args.input)]

@@ -21,6 +21,7 @@ its import at the end of this file).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -80,6 +81,11 @@ class FormatSpec:
         ``--test-out`` also works with ``--stream``.
     help
         A line for ``--format``'s help, when the name does not say enough.
+    inputs(paths, options) -> list of paths
+        Every file the readers open for these input paths (the paths
+        themselves need not be listed), so that no output replaces one
+        (:meth:`input_files`); None: every file under a directory input, at
+        any depth (:func:`~hpcmtl.formats.checks.files_under`).
     """
 
     name: str
@@ -93,6 +99,13 @@ class FormatSpec:
     test_out: Optional[str] = None
     stream_test_out: bool = False
     help: str = ""
+    inputs: Optional[Callable] = None
+
+    def input_files(self, paths, options):
+        """The input paths and every file the readers open for them (files that do not exist are left out)."""
+        from .checks import files_under
+        listed = self.inputs(paths, options) if self.inputs is not None else files_under(paths)
+        return list(dict.fromkeys(list(paths) + [f for f in listed if os.path.isfile(f)]))
 
     def defaults(self):
         """``{option name: default}``."""

@@ -22,6 +22,16 @@ def require_path(path):
         raise InputError(f"{path}: no such file or directory")
 
 
+def files_under(paths) -> list:
+    """Every regular file under the directories among ``paths``, at any depth (the default input listing)."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            for root, _, names in os.walk(path):
+                found += [os.path.join(root, n) for n in sorted(names)]
+    return found
+
+
 def require_file(path):
     """``path`` is an existing regular file (not a directory)."""
     require_path(path)

@@ -129,8 +129,21 @@ def from_mds(paths, n_features=N_FEATURES, labels=None):
 
 
 
+def mds_inputs(paths, options=None) -> list:
+    """The review files :func:`from_mds` reads for ``paths`` (as it finds the domains)."""
+    domains = []
+    for p in paths:
+        try:
+            parent = os.path.isdir(p) and not any(f.endswith(".review") for f in os.listdir(p))
+            domains += ([os.path.join(p, s) for s in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, s))]
+                        if parent else [p])
+        except OSError:
+            continue
+    return [os.path.join(d, f) for d in domains for f in ("positive.review", "negative.review")]
+
+
 register_format(FormatSpec(
-    name="mds",
+    name="mds", inputs=mds_inputs,
     read=lambda inputs, options, labels, report, test=False: (from_mds(inputs, options["n_features"], labels), None),
     stream=one_stream(lambda inputs, options, labels, report: tasks_as_stream(*from_mds(inputs, options["n_features"],
                                                                                         labels))),

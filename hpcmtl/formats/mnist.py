@@ -93,8 +93,15 @@ def _read(inputs, options, labels, report, test=False):
     return train, None
 
 
+def mnist_inputs(paths, options=None) -> list:
+    """The IDX files read for ``paths``: a directory's training and t10k files, or the pair itself."""
+    if len(paths) == 1 and os.path.isdir(paths[0]):
+        return [os.path.join(paths[0], f) for f in TRAIN_FILES + TEST_FILES]
+    return list(paths)
+
+
 register_format(FormatSpec(
-    name="mnist", read=_read,
+    name="mnist", read=_read, inputs=mnist_inputs,
     stream=one_stream(lambda inputs, options, labels, report: tasks_as_stream(*from_mnist(inputs, options["seed"],
                                                                                           labels))),
     options=(Option("seed", SEED, "the negatives drawn"),), test_out="a directory"))

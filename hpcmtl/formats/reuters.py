@@ -164,8 +164,17 @@ def _streams(inputs, options, label_map, report, test=False):
         yield stream(Xte, reuters_labels(test_docs, topics), topics, "ModApte TEST", split="test")
 
 
+def reuters_inputs(paths, options=None) -> list:
+    """The ``reut2-NNN.sgm`` files :func:`read_reuters` reads from the directory ``paths[0]``."""
+    try:
+        return [os.path.join(p, f) for p in paths[:1] for f in sorted(os.listdir(p))
+                if re.fullmatch(r"reut2-\d{3}\.sgm", f)]
+    except OSError:
+        return []
+
+
 register_format(FormatSpec(
-    name="reuters", read=_read, stream=_streams, one_input=True, test_out="", stream_test_out=True,
+    name="reuters", read=_read, inputs=reuters_inputs, stream=_streams, one_input=True, test_out="", stream_test_out=True,
     options=(Option("online", False, "--stream: one stream of every ModApte document in original order, hashed "
                                      "log-count features (paper 004)"),
              Option("single_label", None, "--online: only documents whose one topic is among the N most frequent"),
