@@ -107,18 +107,45 @@ class Checkpointer:
         self.written += 1
 
 
-def read_compatible(path, config, source, sigma=None) -> dict:
-    """Read a checkpoint and refuse it, naming the mismatch, if it belongs to another run."""
-    ck = store.read_checkpoint(path)
-    now = config.to_dict()
+def config_mismatch(ck: dict, now: dict) -> str | None:
+    """The first setting of :data:`MUST_MATCH` that differs between a checkpoint and ``now`` (None: all match)."""
     for key in MUST_MATCH:
         # a setting the method has, missing from an older checkpoint: what runs did before it existed
         saved = ck["config"].get(key, OLD_DEFAULTS.get(key) if key in now else None)
         if key in ("intercept_scaling", "intercept_eta0") and not now.get("fit_intercept"):
             continue                                   # no intercept: its settings are not used
         if saved != now.get(key):
-            raise InputError(f"{path}: cannot resume: '{key}' is {saved!r} in the checkpoint "
-                             f"but {now.get(key)!r} now")
+            return f"'{key}' is {saved!r} in the checkpoint but {now.get(key)!r} now"
+    return None
+
+
+def foreign_checkpoint(path, method: str, config=None) -> str | None:
+    """Why the existing file ``path`` is not a checkpoint of this command (None: it is one).
+
+    A checkpoint of this command is an ``hpcmtl-checkpoint`` of the same
+    method whose settings that must match to resume (:func:`config_mismatch`)
+    equal ``config``'s (only the method is compared when ``config`` is None,
+    for a method whose config settles while it loads).  Training data is not
+    compared: that needs the data read, and is checked on ``--resume``.
+    """
+    try:
+        ck = store.read_checkpoint(path)
+    except InputError as exc:
+        return str(exc).removeprefix(f"{os.fspath(path)}: ")
+    except Exception:             # a damaged file is not ours: any reading error means "not a checkpoint"
+        return "not a readable hpcmtl checkpoint"
+    saved = ck["config"].get("method") if isinstance(ck.get("config"), dict) else None
+    if saved != method:
+        return f"a checkpoint of method {saved!r}, not {method!r}"
+    return config_mismatch(ck, config.to_dict()) if config is not None else None
+
+
+def read_compatible(path, config, source, sigma=None) -> dict:
+    """Read a checkpoint and refuse it, naming the mismatch, if it belongs to another run."""
+    ck = store.read_checkpoint(path)
+    mismatch = config_mismatch(ck, config.to_dict())
+    if mismatch is not None:
+        raise InputError(f"{path}: cannot resume: {mismatch}")
     if ck["counters"].get("data_signature") != data_signature(source):
         raise InputError(f"{path}: cannot resume: the checkpoint was written for other training data "
                          f"({ck['counters'].get('train')}), not {source.path}")

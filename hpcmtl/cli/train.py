@@ -3,7 +3,9 @@ table (:data:`hpcmtl.methods.METHODS`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 
 from .. import __version__
 from ..errors import InputError
@@ -146,16 +148,47 @@ def cmd_train(args, cluster):
     config = row.config(args) if row.config is not None else None       # identical on every rank
     selection = row.selection(args, config) if row.selection is not None else None
     checkpoint = args.checkpoint or args.out + ".checkpoint.h5"
-    error = None
+    error = note = None
+    locks = contextlib.ExitStack()
     try:                                            # before any work; every rank fails together
         store.check_outputs(*train_paths(args, checkpoint))
         if args.resume and not os.path.exists(checkpoint):
             raise InputError(f"{checkpoint}: no checkpoint to resume from")
+        note = check_checkpoint_path(args, checkpoint, config)
+        if cluster.is_server:                       # rank 0 writes both: one live job an output
+            locks.enter_context(store.output_locks([args.out, checkpoint]))
     except InputError as exc:
         error = str(exc)
-    cluster.agree(error)
-    run = Run(args, cluster, signals, checkpoint, __version__, config, selection, open_test_stream=open_test_stream)
-    result = row.train(run)
-    if result is None:
+    try:
+        cluster.agree(error)
+        if note and cluster.is_server and args.log_level != "error":
+            print(f"hpcmtl: note: {note}", file=sys.stderr, flush=True)
+        run = Run(args, cluster, signals, checkpoint, __version__, config, selection,
+                  open_test_stream=open_test_stream)
+        result = row.train(run)
+        if result is None:
+            return None
+        return row.write(run, result)
+    finally:
+        locks.close()
+
+
+def check_checkpoint_path(args, checkpoint, config) -> str | None:
+    """Refuse replacing a file at the checkpoint path that is not a checkpoint of this command without --force.
+
+    A new run (no ``--resume``) over a checkpoint of the same command
+    (:func:`hpcmtl.checkpoint.foreign_checkpoint`) replaces it when it writes
+    one, without ``--force``: the returned note says so.  Nothing is checked
+    for a method that writes no checkpoint.
+    """
+    from ..checkpoint import foreign_checkpoint
+    from ..methods import CHECKPOINTED
+    if args.resume or args.method not in CHECKPOINTED or not os.path.lexists(checkpoint):
         return None
-    return row.write(run, result)
+    why = foreign_checkpoint(checkpoint, getattr(config, "method", args.method), config)
+    if why is None:
+        return f"replacing the checkpoint of an earlier run: {checkpoint} (use --resume to continue it)"
+    if not args.force:
+        raise InputError(f"{checkpoint}: exists and is not a checkpoint of this command ({why}): refusing to "
+                         f"replace it (use --force to overwrite)")
+    return f"replacing {checkpoint} (--force): {why}"
