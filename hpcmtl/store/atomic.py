@@ -19,6 +19,12 @@ or a directory is refused, with or without ``--force``, since renaming a
 temporary onto it would replace a device node (as root: ``/dev/null``) or
 leave a pipe's reader waiting; a symbolic link is written through to the
 regular file it names, which keeps the link, and a dangling link is refused.
+
+One live writer an output: :func:`output_locks` holds an exclusive ``flock``
+on ``.NAME.lock`` beside each output (the commands for their whole run, the
+writers here for the write), so a second job on the same output is refused
+with one line instead of racing the first; a temporary stays locked until
+after its rename, so no other job's cleanup takes it for an orphan.
 """
 from __future__ import annotations
 
