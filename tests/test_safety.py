@@ -510,8 +510,10 @@ def test_a_live_writers_temporary_is_kept(tmp_path):
     out = tmp_path / "r.h5"
     proc = kill_a_writer(out)                    # alive, holding the lock on its temporary
     try:
-        (live,) = os.listdir(tmp_path)
-        assert store.remove_stale_temporaries(out) == [] and os.listdir(tmp_path) == [live]
+        # its temporary and the output's lock file (.r.h5.lock, held while it writes)
+        (live,) = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+        assert sorted(os.listdir(tmp_path)) == sorted([live, ".r.h5.lock"])
+        assert store.remove_stale_temporaries(out) == [] and sorted(os.listdir(tmp_path)) == sorted([live, ".r.h5.lock"])
     finally:
         proc.communicate("go\n", timeout=30)     # it finishes and renames its file into place
     assert proc.returncode == 0 and os.listdir(tmp_path) == ["r.h5"]
