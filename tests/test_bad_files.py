@@ -108,8 +108,8 @@ def svmlight_case(text, *options):
 
 def idx_case(base, tmp_path):
     images = tmp_path / "images.idx"
-    images.write_bytes(struct.pack(">HBB", 0, 8, 3) + struct.pack(">III", 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1)
-                       + bytes(16))
+    # 4 x 2^16 dimensions: 2^64 values, 0 in int64 arithmetic (the size of the empty payload)
+    images.write_bytes(struct.pack(">HBB", 0, 8, 4) + struct.pack(">IIII", *[2 ** 16] * 4))
     labels = tmp_path / "labels.idx.gz"
     with gzip.open(labels, "wb") as f:
         f.write(struct.pack(">HBB", 0, 8, 1) + struct.pack(">I", 2) + bytes(2))
