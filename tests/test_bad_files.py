@@ -128,6 +128,23 @@ def wide_tasks_case(n_ranks):
     return build
 
 
+def sparse_tasks_claiming_2_to_the_40_features(base, tmp_path):
+    Xs = [sp.csr_matrix(np.eye(2, 5)), sp.csr_matrix(np.eye(2, 5)[::-1])]
+    store.write_tasks(tmp_path / "t40.h5", Xs, [np.array([1.0, -1.0])] * 2)
+    with h5py.File(tmp_path / "t40.h5", "r+") as f:
+        f.attrs["n_features"] = 2 ** 40
+    out = tmp_path / "w.h5"
+    return ["train", "dmtrl", "--train", tmp_path / "t40.h5", "--out", out, "--lam", "0.1", "--quiet"], out
+
+
+def online_case(edit):
+    def build(base, tmp_path):
+        out = tmp_path / "o.h5"
+        return ["train", "online", "--stream", copy_and_edit(base, tmp_path, "s.h5", edit), "--out", out,
+                "--quiet"], out
+    return build
+
+
 def rff_huge(f):
     cfg = json.loads(f.attrs["config"])
     cfg.update(rff_dim=1_000_000_000, rff_gamma=1.0)
@@ -160,6 +177,7 @@ CASES = {
     "stream-Y-complex": stream_case(lambda f: replace(f, "Y", np.ones((20, 2)) + 1j)),
     "stream-X-complex": stream_case(lambda f: replace(f, "X/data", f["X/data"][()] + 1j)),
     "stream-indices-float": stream_case(lambda f: replace(f, "X/indices", f["X/indices"][()] + 0.5)),
+    "stream-n-features-2-to-the-40": online_case(lambda f: f.attrs.__setitem__("n_features", 2 ** 40)),
     # converters
     "svmlight-index-beyond-int64": svmlight_case("1 qid:1 1:1\n-1 qid:2 99999999999999999999:1\n"),
     "svmlight-index-beyond-int32": svmlight_case("1 qid:1 1:1\n-1 qid:2 3000000000:1\n"),
@@ -182,6 +200,7 @@ CASES = {
         f, "state/Sigma", np.full(f["state/Sigma"].shape, np.nan))),
     # sizes: refused before the allocation (serial, and every rank under mpiexec)
     "tasks-too-wide-for-memory": wide_tasks_case(None),
+    "tasks-n-features-2-to-the-40": sparse_tasks_claiming_2_to_the_40_features,
 }
 MPI_CASES = {"tasks-too-wide-for-memory-mpi2": wide_tasks_case(2)}
 

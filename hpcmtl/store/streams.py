@@ -15,6 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError
+from ..memory import check_columns
 from .atomic import atomic_h5
 from .hdf5 import FORMAT_VERSION, STREAM_FORMAT, TRUTH, OpenFile, duplicate_name, open_read, write_array
 
@@ -122,6 +123,7 @@ class StreamFile(OpenFile):
         self.n_labels = self._count("n_labels")
         if self.n_features < 1:
             raise InputError(f"{self.path}: attribute 'n_features' must be an integer >= 1, got {self.n_features}")
+        check_columns(self.n_features, self.path)            # the kernels' int32 columns, before any d-array
         data = self._dataset("X/data", "biuf", "real numbers")
         indices = self._dataset("X/indices", "iu", "integers")
         indptr = self._dataset("X/indptr", "iu", "integers")
