@@ -40,6 +40,7 @@ from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED
                       fault_point, plan_blocks)
 from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
+from .memory import check_columns, check_fits, dense_bytes
 from .losses import get_loss, signed_labels
 from .metrics import summarize, task_metrics
 from .taskdata import float32_overflow, float32_overflow_error
@@ -203,8 +204,15 @@ def load_blocks(cluster, source, config, test_source=None, prepare=True):
         cluster = planned_for(cluster, source, config)
     error = None
     mine, tests = [], {}
-    phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
+    phi = None
     try:
+        # before any array proportional to d, m or rff_dim: refuse what cannot fit (one line on every rank)
+        check_columns(source.n_features, source.path)
+        check_fits(dense_bytes(source.n_features, source.n_tasks, config.rff_dim or 0,
+                               rows=sum(b.stop - b.start for b in cluster.my_blocks)),
+                   f"{source.path}: {source.n_tasks} tasks of {source.n_features} features"
+                   + (f" (rff_dim {config.rff_dim})" if config.rff_dim else ""))
+        phi = rff_map(source.n_features, config.rff_dim, config.rff_gamma, config.seed) if config.rff_dim else None
         if test_source is not None:
             if test_source.n_features != source.n_features:
                 raise InputError(f"{test_source.path}: has {test_source.n_features} features, "

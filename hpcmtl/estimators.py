@@ -17,6 +17,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from . import _online
 from .errors import InputError
 from .losses import LOSSES
+from .memory import check_columns
 from .metrics import RunningMetrics
 from .online_rules import make_rule
 from .output_codes import get_code, hamming_decode
@@ -142,6 +143,7 @@ class _MultiTaskLinear(BaseEstimator):
             ids = np.unique(tasks)
             Xs = [X[tasks == t] for t in ids]
             ys = [y[tasks == t] for t in ids]
+        check_columns(Xs[0].shape[1], f"{owner}: X")          # before the kernels (int32 columns) or any d-array
         if self._is_classifier():
             self.task_classes_, ys = two_class_labels(ys, owner)
             self.classes_ = self.task_classes_[0]

@@ -312,8 +312,18 @@ def read_sigma(path):
     if path.endswith(".npy"):
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
-        return np.load(path, allow_pickle=False)
-    return store.read_result(path)["model"]["Sigma"]
+        try:
+            Sigma = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:      # a pickle, a truncated or garbage file
+            raise InputError(f"{path}: not a NumPy .npy array of numbers ({exc})") from None
+        if not isinstance(Sigma, np.ndarray) or Sigma.dtype.kind not in "biuf" or Sigma.ndim != 2:
+            raise InputError(f"{path}: --sigma must be a 2-D array of real numbers (m x m)")
+        return Sigma
+    model = store.read_result(path)["model"]
+    if "Sigma" not in model:
+        raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
+                         f"learns one, or a .npy file")
+    return model["Sigma"]
 
 
 def online_config(args):

@@ -22,7 +22,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
 LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
     ("foundations", {"errors", "_rows", "_sdca", "_blockops", "_projections", "_box_qp", "_online", "features",
-                     "progress"}),
+                     "progress", "memory"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
               "online_rules", "output_codes", "interior"}),
     # the only modules that talk to MPI and to HDF5

@@ -77,6 +77,32 @@ def metrics_text(metrics):
     return "\n".join(lines)
 
 
+def config_count(result, key, path, default=0) -> int:
+    """An integer >= 0 of a result's config (``rff_dim``, ``n_features``), or a one-line InputError."""
+    value = result["config"].get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{path}: config '{key}' must be an integer >= 0, got {value!r}")
+    return value
+
+
+def check_model_memory(result, n_features, n_rows, path):
+    """Refuse (one line) a model whose feature map or arrays cannot fit in this node's memory, before allocating."""
+    from ..memory import check_fits, dense_bytes
+    W = result["model"]["W"]
+    rff_dim = config_count(result, "rff_dim", path)
+    n_features = config_count(result, "n_features", path, default=n_features)
+    if rff_dim:
+        gamma = result["config"].get("rff_gamma")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma < float("inf"):
+            raise InputError(f"{path}: config 'rff_gamma' must be a number > 0 (the model has random features), "
+                             f"got {gamma!r}")
+        config_count(result, "seed", path)
+    check_fits(dense_bytes(n_features, W.shape[1], rff_dim, rows=n_rows, copies=1),
+               f"evaluating {path} ({n_features} features" + (f", rff_dim {rff_dim})" if rff_dim else ")"))
+
+
 def cmd_evaluate(args):
     from .. import store
     result = store.read_result(args.result)
@@ -93,6 +119,7 @@ def cmd_evaluate(args):
             raise InputError(f"{args.test}: is an online stream, but {args.result} is a '{method}' result: evaluate "
                              f"it on a task dataset ('{store.TASKS_FORMAT}')")
         with store.TaskFile(args.test) as test_source:
+            check_model_memory(result, test_source.n_features, max(test_source.n_samples, default=0), args.result)
             metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
                                       result["model"].get("task_names"), args.result,
                                       result["model"].get("intercept"))

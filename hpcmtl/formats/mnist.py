@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 
@@ -37,7 +38,7 @@ def read_idx(path):
         raise InputError(f"{path}: too short for the {ndim} dimensions its header announces")
     shape = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
+    if data.size != math.prod(shape):                 # Python integers: a header's huge dimensions cannot wrap
         raise InputError(f"{path}: header says {shape}, file holds {data.size} values")
     return data.reshape(shape)
 

@@ -12,6 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError
+from ..memory import MAX_COLUMNS
 from . import FormatSpec, Option, register_format
 from .checks import Labeled, check_tasks, file_names, require_file
 from .inspect import map_hint_cells, q
@@ -61,6 +62,8 @@ def _svmlight_problem(words, one_based, n_features, multilabel=False):
         if int(index) <= previous:
             return f"feature index {index} is not above the previous one (indices must be sorted and unique)"
         previous = int(index)
+        if int(index) - one_based >= MAX_COLUMNS:
+            return f"feature index {index} is beyond the largest supported column ({MAX_COLUMNS}, 2^31 - 1)"
         if number(value) is None:
             return f"feature {index}: {value!r} is not a finite number"
         if n_features is not None and int(index) - one_based >= n_features:
@@ -105,9 +108,11 @@ def from_svmlight(paths, n_features=None, labels=None):
             X, y, qid = load_svmlight_file(paths[0], n_features=n_features, query_id=True, dtype=np.float64)
         else:
             loaded = load_svmlight_files(paths, n_features=n_features, dtype=np.float64)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, OverflowError, UnicodeDecodeError) as exc:
         raise _svmlight_error(paths, n_features, exc) from None
     pairs = [(X, y)] if len(paths) == 1 else list(zip(loaded[0::2], loaded[1::2]))
+    if pairs[0][0].shape[1] > MAX_COLUMNS:                 # before any array of that width is made
+        raise _svmlight_error(paths, n_features, f"{pairs[0][0].shape[1]} features")
     if not all(np.isfinite(X.data).all() and np.isfinite(y).all() for X, y in pairs):
         raise _svmlight_error(paths, n_features, "NaN or Inf")
     if len(paths) == 1:
@@ -144,8 +149,10 @@ def _svmlight_labeled(path, n_features=None):
     require_file(path)
     try:
         X, y, qid = load_svmlight_file(path, n_features=n_features, query_id=True, multilabel=True, dtype=np.float64)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, OverflowError, UnicodeDecodeError) as exc:
         raise _svmlight_error([path], n_features, exc, multilabel=True) from None
+    if X.shape[1] > MAX_COLUMNS:
+        raise _svmlight_error([path], n_features, f"{X.shape[1]} features", multilabel=True)
     if not np.isfinite(X.data).all() or not all(np.isfinite(v) for t in y for v in t):
         raise _svmlight_error([path], n_features, "NaN or Inf", multilabel=True)
     if X.shape[0] == 0:

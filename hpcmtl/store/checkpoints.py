@@ -70,21 +70,73 @@ def _version(path, value) -> int:
     return value
 
 
+def _json(path, f, name) -> dict:
+    raw = f.attrs[name]
+    try:
+        value = json.loads(_text(raw))
+    except ValueError as exc:
+        raise InputError(f"{path}: attribute '{name}' is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: attribute '{name}' must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+# the server arrays that must be finite (the model and the task covariance); history columns may hold inf
+FINITE_STATE = ("BT", "Sigma", "W", "b", "rho")
+
+
+def _real(path, field, dataset, shape=None, kinds="biuf", finite=True):
+    """A dataset's real values (of ``shape`` when given; ``finite``: no NaN or Inf), or a one-line InputError."""
+    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in kinds:
+        raise InputError(f"{path}: field '{field}' must be an array of {'integers' if kinds == 'iu' else 'numbers'}")
+    value = dataset[()]
+    if shape is not None and np.shape(value) != shape:
+        raise InputError(f"{path}: field '{field}' has shape {np.shape(value)}, expected {shape}")
+    if finite and value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+        raise InputError(f"{path}: field '{field}' has NaN or Inf")
+    return value
+
+
+def _block(path, name, h) -> dict:
+    """One block's state, validated: alpha (finite) and order (rows of the block) of stop - start entries each."""
+    head = {}
+    for k in ("task", "part", "start", "stop"):
+        v = h.attrs[k]
+        v = v.item() if isinstance(v, np.generic) else v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"{path}: block '{name}': attribute '{k}' must be an integer >= 0, got {v!r}")
+        head[k] = v
+    n = head["stop"] - head["start"]
+    if n < 0:
+        raise InputError(f"{path}: block '{name}': stop {head['stop']} is below start {head['start']}")
+    where = f"blocks/{name}"
+    out = dict(head, alpha=_real(path, f"{where}/alpha", h["alpha"], (n,)),
+               order=_real(path, f"{where}/order", h["order"], (n,), kinds="iu"),
+               shrink=_real(path, f"{where}/shrink", h["shrink"], finite=False))
+    if out["shrink"].ndim != 1:
+        raise InputError(f"{path}: field '{where}/shrink' must be 1-D, has shape {out['shrink'].shape}")
+    if n and (out["order"].min() < 0 or out["order"].max() >= n):
+        raise InputError(f"{path}: field '{where}/order' holds a row outside the block's 0..{n - 1}")
+    return out
+
+
 def read_checkpoint(path) -> dict:
+    """A checkpoint as plain values, validated by type and shape (one-line InputErrors, never a traceback)."""
     with open_read(path, CHECKPOINT_FORMAT) as f:
         try:
             return {
                 "path": os.fspath(path),
                 "checkpoint_version": _version(path, f.attrs.get("checkpoint_version", 1)),
-                "config": json.loads(f.attrs["config"]),
-                "counters": json.loads(f.attrs["counters"]),
-                "arrays": {k: v[()] for k, v in f["state"].items()},
-                "blocks": [dict({k: int(h.attrs[k]) for k in ("task", "part", "start", "stop")},
-                                alpha=h["alpha"][()], order=h["order"][()], shrink=h["shrink"][()])
-                           for h in f["blocks"].values()],
+                "config": _json(path, f, "config"),
+                "counters": _json(path, f, "counters"),
+                "arrays": {k: _real(path, f"state/{k}", v, kinds="biufSO", finite=k in FINITE_STATE)
+                           for k, v in f["state"].items()},
+                "blocks": [_block(path, name, h) for name, h in f["blocks"].items()],
                 "fingerprints": ({_text(n): _text(v) for n, v in zip(f[_FINGERPRINTS]["name"][()],
                                                                      f[_FINGERPRINTS]["value"][()])}
                                  if _FINGERPRINTS in f else None),     # None: written before fingerprints
             }
         except KeyError as exc:
             raise InputError(f"{path}: incomplete checkpoint (missing {exc.args[0]})") from None
+        except (TypeError, AttributeError) as exc:         # a group where a dataset belongs, or the reverse
+            raise InputError(f"{path}: not a valid checkpoint ({exc})") from None

@@ -14,6 +14,7 @@ import json
 import h5py
 import numpy as np
 
+from ..errors import InputError
 from .atomic import atomic_h5
 from .hdf5 import FORMAT_VERSION, RESULT_FORMAT, open_read
 
@@ -65,28 +66,105 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
                 g.create_dataset(key, data=np.array(column, dtype=h5py.string_dtype()) if key == "name" else np.asarray(column))
 
 
+def _json_attr(f, path, name) -> dict:
+    """A JSON object root attribute, or a one-line InputError."""
+    if name not in f.attrs:
+        raise InputError(f"{path}: missing attribute '{name}' (not a complete result file)")
+    raw = f.attrs[name]
+    try:
+        value = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+    except ValueError as exc:
+        raise InputError(f"{path}: attribute '{name}' is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: attribute '{name}' must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _integer_attr(f, path, name) -> int:
+    value = f.attrs.get(name)
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{path}: attribute '{name}' must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _group(f, path, name):
+    if name not in f or not isinstance(f[name], h5py.Group):
+        raise InputError(f"{path}: missing group '/{name}' (not a complete result file)")
+    return f[name]
+
+
+def _numbers(path, field, dataset, ndim=None):
+    """A numeric (real) dataset's values, checked by type (and rank): a one-line InputError otherwise."""
+    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "biuf":
+        raise InputError(f"{path}: field '{field}' must be a real numeric array")
+    value = dataset[()]
+    if ndim is not None and np.ndim(value) != ndim:
+        raise InputError(f"{path}: field '{field}' must be {ndim}-D, has shape {np.shape(value)}")
+    return value
+
+
+# the model's numeric arrays: W (d x m), Sigma (m x m), intercept (m)
+MODEL_ARRAYS = ("W", "Sigma", "intercept")
+
+
+def _check_model(path, model: dict) -> None:
+    """W (d x m, finite), intercept (m, finite) and Sigma (m x m, finite) where present."""
+    W = model["W"]
+    if not np.all(np.isfinite(W)):
+        raise InputError(f"{path}: field 'model/W' has NaN or Inf")
+    m = W.shape[1]
+    for key, shape in (("intercept", (m,)), ("Sigma", (m, m))):
+        if key in model:
+            value = model[key]
+            if np.shape(value) != shape:
+                raise InputError(f"{path}: field 'model/{key}' has shape {np.shape(value)}, expected {shape} "
+                                 f"(model/W has {m} columns)")
+            if not np.all(np.isfinite(value)):
+                raise InputError(f"{path}: field 'model/{key}' has NaN or Inf")
+    names = model.get("task_names")
+    if names is not None and len(names) != m:
+        raise InputError(f"{path}: field 'model/task_names' has {len(names)} names, model/W has {m} columns")
+
+
 def read_result(path) -> dict:
-    """A result file as plain NumPy arrays and dicts."""
+    """A result file as plain NumPy arrays and dicts, validated by type and shape (one-line InputErrors)."""
     with open_read(path, RESULT_FORMAT) as f:
+        model, history = _group(f, path, "model"), _group(f, path, "history")
+        if "W" not in model:
+            raise InputError(f"{path}: missing field 'model/W'")
         out = {
-            "config": json.loads(f.attrs["config"]),
-            "hpcmtl_version": str(f.attrs["hpcmtl_version"]),
-            "n_ranks": int(f.attrs["n_ranks"]),
+            "config": _json_attr(f, path, "config"),
+            "hpcmtl_version": str(f.attrs.get("hpcmtl_version", "?")),
+            "n_ranks": _integer_attr(f, path, "n_ranks"),
             "model": {},
-            "history": {k: v[()] for k, v in f["history"].items()},
+            "history": {k: _numbers(path, f"history/{k}", v) for k, v in history.items()},
         }
-        for k, v in f["model"].items():
-            value = v[()]
-            if k == "task_names" or h5py.check_string_dtype(v.dtype) is not None:      # names: a list of str
+        for k, v in model.items():
+            if not isinstance(v, h5py.Dataset):
+                raise InputError(f"{path}: field 'model/{k}' must be a dataset, not a group")
+            if k in MODEL_ARRAYS:
+                value = _numbers(path, f"model/{k}", v, ndim=2 if k in ("W", "Sigma") else 1)
+            elif k == "task_names" or h5py.check_string_dtype(v.dtype) is not None:      # names: a list of str
+                value = v[()]
+                if np.ndim(value) != 1:
+                    raise InputError(f"{path}: field 'model/{k}' must be a 1-D list of names")
                 value = [s.decode() if isinstance(s, bytes) else str(s) for s in value]
+            else:
+                value = v[()]
             out["model"][k] = value
-        if "intercept" not in out["model"] and np.ndim(out["model"].get("W")) == 2:
+        if "intercept" not in out["model"]:
             out["model"]["intercept"] = np.zeros(out["model"]["W"].shape[1])   # written before intercepts existed
+        _check_model(path, out["model"])
         for name in f:
             if name not in ("model", "history", "test"):
-                out[name] = {k: v[()] for k, v in f[name].items()}
+                g = f[name]
+                if not isinstance(g, h5py.Group):
+                    raise InputError(f"{path}: '/{name}' must be a group")
+                out[name] = {k: v[()] for k, v in g.items() if isinstance(v, h5py.Dataset)}
         if "test" in f:
             from ..metrics import canonical_summary        # old files' metric names -> today's
-            out["test"] = {"summary": canonical_summary(json.loads(f["test"].attrs["summary"])),
-                           "tasks": {k: v[()] for k, v in f["test"].items()}}
+            test = _group(f, path, "test")
+            out["test"] = {"summary": canonical_summary(_json_attr(test, path, "summary")),
+                           "tasks": {k: v[()] for k, v in test.items() if isinstance(v, h5py.Dataset)}}
     return out

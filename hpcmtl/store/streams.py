@@ -15,6 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError
+from ..memory import check_columns
 from .atomic import atomic_h5
 from .hdf5 import FORMAT_VERSION, STREAM_FORMAT, TRUTH, OpenFile, duplicate_name, open_read, write_array
 
@@ -91,27 +92,56 @@ class StreamFile(OpenFile):
     def __init__(self, path):
         self.path = os.fspath(path)
         self._f = open_read(self.path, STREAM_FORMAT)
-        self.n_rounds = int(self._f.attrs["n_rounds"])
-        self.n_features = int(self._f.attrs["n_features"])
-        self.n_labels = int(self._f.attrs["n_labels"])
-        self.label_names = [s.decode() if isinstance(s, bytes) else str(s) for s in self._f["label_names"][()]]
-        f = self._f
         try:
-            g = f["X"]
-            self.nnz = int(g["indptr"][-1]) if g["indptr"].shape[0] else 0
-            ok = (g["indptr"].shape == (self.n_rounds + 1,) and f["Y"].shape == (self.n_rounds, self.n_labels)
-                  and g["data"].shape[0] >= self.nnz and g["indices"].shape[0] >= self.nnz)
-        except KeyError as exc:
+            self._validate()
+        except BaseException:
             self.close()
-            raise InputError(f"{self.path}: missing {exc.args[0]!s} (datasets X/data, X/indices, X/indptr and Y "
-                             f"are required)") from None
+            raise
+
+    def _count(self, name) -> int:
+        value = self._f.attrs.get(name)
+        value = value.item() if isinstance(value, np.generic) else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{self.path}: attribute '{name}' must be an integer >= 0, got {value!r}")
+        return value
+
+    def _dataset(self, name, kinds, what):
+        obj = self._f.get(name)
+        if isinstance(obj, h5py.Group):
+            raise InputError(f"{self.path}: '{name}' is a group, expected a dataset")
+        if not isinstance(obj, h5py.Dataset):
+            raise InputError(f"{self.path}: missing dataset '{name}' (datasets X/data, X/indices, X/indptr, Y and "
+                             f"label_names are required)")
+        if kinds is not None and obj.dtype.kind not in kinds:
+            raise InputError(f"{self.path}: field '{name}' must hold {what}, has type {obj.dtype}")
+        return obj
+
+    def _validate(self):
+        """Attributes and datasets by type and shape: one-line InputErrors, never a traceback."""
+        self.n_rounds = self._count("n_rounds")
+        self.n_features = self._count("n_features")
+        self.n_labels = self._count("n_labels")
+        if self.n_features < 1:
+            raise InputError(f"{self.path}: attribute 'n_features' must be an integer >= 1, got {self.n_features}")
+        check_columns(self.n_features, self.path)            # the kernels' int32 columns, before any d-array
+        data = self._dataset("X/data", "biuf", "real numbers")
+        indices = self._dataset("X/indices", "iu", "integers")
+        indptr = self._dataset("X/indptr", "iu", "integers")
+        Y = self._dataset("Y", "biuf", "real numbers (-1, 0, +1)")
+        names = self._dataset("label_names", None, "names")
+        if h5py.check_string_dtype(names.dtype) is None or names.ndim != 1:
+            raise InputError(f"{self.path}: field 'label_names' must be a 1-D list of strings")
+        self.label_names = [s.decode() if isinstance(s, bytes) else str(s) for s in names[()]]
+        if any(d.ndim != 1 for d in (data, indices, indptr)):
+            raise InputError(f"{self.path}: field 'X': data, indices and indptr must be 1-D")
+        self.nnz = int(indptr[-1]) if indptr.shape[0] else 0
+        ok = (indptr.shape == (self.n_rounds + 1,) and Y.shape == (self.n_rounds, self.n_labels)
+              and 0 <= self.nnz and data.shape[0] >= self.nnz and indices.shape[0] >= self.nnz)
         if not ok or len(self.label_names) != self.n_labels:
-            self.close()
             raise InputError(f"{self.path}: field 'X' or 'Y': shapes do not match n_rounds={self.n_rounds}, "
                              f"n_labels={self.n_labels}")
         dup = duplicate_name(self.label_names)
         if dup:
-            self.close()
             raise InputError(f"{self.path}: field 'label_names': label name '{dup[0]}' is used by labels #{dup[1]} "
                              f"and #{dup[2]} (label names must be unique)")
 
