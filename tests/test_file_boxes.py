@@ -125,19 +125,31 @@ def test_a_plain_task_file_and_links_inside_a_group_are_accepted(files, tmp_path
 
 
 @pytest.mark.parametrize("case", ["external storage", "external link", "soft link out", "virtual dataset",
-                                  "dangling soft link"])
+                                  "dangling soft link", "soft link cycle"])
 def test_open_read_refuses_a_file_reaching_outside_itself(files, tmp_path, case):
     def dangling(f):
         f[first_task(f) + "/z"] = h5py.SoftLink("missing")
+
+    def cycle(f):
+        f[first_task(f) + "/a"] = h5py.SoftLink("b")
+        f[first_task(f) + "/b"] = h5py.SoftLink("a")
     change = {"external storage": external_storage(files["secret"]),
               "external link": external_link(files["test"], "/" + "tasks"),
               "soft link out": soft_link_out_of_group, "virtual dataset": virtual_dataset(files["test"]),
-              "dangling soft link": dangling}[case]
+              "dangling soft link": dangling, "soft link cycle": cycle}[case]
     path = copy_with(files["train"], tmp_path / "bad.h5", change)
     with pytest.raises(InputError) as info:
         store.TaskFile(path)
     assert str(path) in str(info.value) and "/tasks/" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_names_read_from_the_file_cannot_forge_a_second_line(files, tmp_path):
+    def forged(f):
+        f["x\nhpcmtl: error: forged"] = h5py.ExternalLink("/etc/passwd\n\x1b[2J", "/")
+    path = copy_with(files["train"], tmp_path / "bad.h5", forged)
+    line = refused(["data", "info", path], [path, "external link", "\\n"])
+    assert "\x1b" not in line
 
 
 # --- every command that reads an HDF5 file ----------------------------------------------------------------

@@ -80,6 +80,12 @@ def _open(path: str, **options) -> h5py.File:
     return f
 
 
+def _shown(raw: bytes) -> str:
+    """A name read from a file, printable on one line (control characters escaped: no forged lines)."""
+    text = raw.decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def check_contained(f: h5py.File, path: str) -> None:
     """Refuse an HDF5 file that reaches outside itself, in one line naming ``path`` and the object.
 
@@ -93,27 +99,34 @@ def check_contained(f: h5py.File, path: str) -> None:
     def refuse(name, what):
         raise InputError(f"{path}: object '{name}' {what}: refusing a file that reaches outside itself")
 
+    def resolves(target):
+        try:
+            h5py.h5o.open(f.id, target.encode())   # follows soft links all the way (metadata only)
+            return True
+        except Exception:                          # missing, a missing group on the way, a cycle of soft links
+            return False
+
     def visit(gid, prefix):
         names = []
         gid.links.iterate(names.append)
         for raw in names:
-            name = prefix + raw.decode("utf-8", "replace")
+            name = prefix + _shown(raw)
             info = gid.links.get_info(raw)
             if info.type == h5py.h5l.TYPE_SOFT:
-                target = gid.links.get_val(raw).decode("utf-8", "replace")
+                target = _shown(gid.links.get_val(raw))
                 here = prefix.rstrip("/") or "/"
                 resolved = posixpath.normpath(posixpath.join(here, target)).replace("//", "/")
                 if here != "/" and not resolved.startswith(here + "/"):
                     refuse(name, f"is a soft link to '{target}', outside its group '{here}'")
-                if resolved != "/" and not f.id.links.exists(resolved.encode()):
-                    refuse(name, f"is a soft link to '{target}', which does not exist")
+                if resolved != "/" and not resolves(resolved):
+                    refuse(name, f"is a soft link to '{target}', which leads to no object")
                 continue                           # its target is visited where it lives
             if info.type != h5py.h5l.TYPE_HARD:
                 shown = "a user-defined link"
                 if info.type == h5py.h5l.TYPE_EXTERNAL:
                     shown = "an external link"
                     with contextlib.suppress(Exception):
-                        target_file, target_obj = (v.decode("utf-8", "replace") for v in gid.links.get_val(raw))
+                        target_file, target_obj = (_shown(v) for v in gid.links.get_val(raw))
                         shown += f" to {target_file}:{target_obj}"
                 refuse(name, f"is {shown}")
             obj = h5py.h5o.open(gid, raw)
@@ -128,7 +141,7 @@ def check_contained(f: h5py.File, path: str) -> None:
                 if plist.get_layout() == h5py.h5d.VIRTUAL:
                     refuse(name, "is a virtual dataset (its data lives in other files)")
                 if plist.get_external_count() > 0:
-                    shown = plist.get_external(0)[0].decode("utf-8", "replace")
+                    shown = _shown(plist.get_external(0)[0])
                     refuse(name, f"keeps its data in an external file ({shown})")
 
     visit(f.id, "/")
@@ -147,6 +160,7 @@ def check_input(path) -> None:
 
 
 def open_read(path: str, expected_format: str, **options) -> h5py.File:
+    """``path`` opened read-only: a regular file, kept inside itself, of ``expected_format`` and this version."""
     path = os.fspath(path)
     f = _open(path, **options)
     fmt = f.attrs.get("format")
