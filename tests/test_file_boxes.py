@@ -264,9 +264,17 @@ def test_a_fifo_inside_an_input_directory_is_refused(tmp_path):
 # --- every rank exits ---------------------------------------------------------------------------------------
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("case", ["external storage on a FIFO", "external link", "FIFO input"])
+@pytest.mark.parametrize("case", ["external storage on a FIFO", "external link", "FIFO input", "checkpoint"])
 def test_every_rank_exits_under_mpiexec(files, tmp_path, case):
-    if case == "FIFO input":
+    extra = []
+    if case == "checkpoint":                  # read when resuming, not by the output checks
+        checkpoint = tmp_path / "c.h5"
+        with h5py.File(checkpoint, "w") as f:
+            f.attrs["format"] = store.CHECKPOINT_FORMAT
+            f.attrs["format_version"] = store.FORMAT_VERSION
+            f["state"] = h5py.ExternalLink(os.path.abspath(files["train"]), "/")
+        path, extra, needles = files["train"], ["--checkpoint", checkpoint, "--resume"], [checkpoint, "external link"]
+    elif case == "FIFO input":
         path = tmp_path / "pipe"
         os.mkfifo(path)
         needles = [path, "FIFO"]
@@ -278,5 +286,5 @@ def test_every_rank_exits_under_mpiexec(files, tmp_path, case):
         path = copy_with(files["train"], tmp_path / "bad.h5", external_storage(tmp_path / "pipe"))
         needles = [path, "external file"]
     out = tmp_path / "r.h5"
-    refused(["train", "dmtrl", "--train", path, "--out", out] + FAST, needles, n_ranks=2)
+    refused(["train", "dmtrl", "--train", path, "--out", out] + extra + FAST, needles, n_ranks=2)
     assert not out.exists()
