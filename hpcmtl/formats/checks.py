@@ -8,6 +8,7 @@ A reader returns a *source*: ``('tasks', Xs, ys, names, locate)`` or
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,10 +17,29 @@ from ..errors import InputError
 from ..taskdata import check_name  # noqa: F401 - the formats' name check is the task files' (hpcmtl.taskdata)
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _mode(path, missing):
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: {missing}") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _refuse_special(path, mode):
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise InputError(f"{path}: is {kind}, not a regular file: refusing to read it")
+
+
 def require_path(path):
-    """``path`` exists (a file or a directory)."""
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file or directory")
+    """``path`` is a directory or a regular file (through links), by ``os.stat``: a FIFO is never opened."""
+    mode = _mode(path, "no such file or directory")
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        _refuse_special(path, mode)
 
 
 def files_under(paths) -> list:
@@ -33,10 +53,17 @@ def files_under(paths) -> list:
 
 
 def require_file(path):
-    """``path`` is an existing regular file (not a directory)."""
-    require_path(path)
-    if os.path.isdir(path):
+    """``path`` is an existing regular file (through links), by ``os.stat`` before anything opens it.
+
+    A directory, FIFO, socket or device is refused in one line: reading a FIFO
+    would block every rank until some writer came.  A format reading files
+    inside a directory calls this for every file it reads there.
+    """
+    mode = _mode(path, "no such file or directory")
+    if stat.S_ISDIR(mode):
         raise InputError(f"{path}: is a directory, expected a file")
+    if not stat.S_ISREG(mode):
+        _refuse_special(path, mode)
 
 
 def numeric_array(a, at):

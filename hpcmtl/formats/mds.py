@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError
 from . import FormatSpec, Option, register_format
-from .checks import check_tasks, locate_in, require_path
+from .checks import check_tasks, locate_in, require_file, require_path
 from .streams import one_stream, tasks_as_stream
 
 N_FEATURES = 10000          # the hashing dimension
@@ -26,7 +26,7 @@ def _field(block, name):
 
 def read_reviews(path):
     """``(texts, ratings)`` of a ``sorted_data`` pseudo-XML review file (latin-1)."""
-    require_path(path)
+    require_file(path)
     with open(path, encoding="latin-1") as f:
         text = f.read()
     texts, ratings = [], []
@@ -43,7 +43,7 @@ def read_reviews(path):
 
 def read_processed(path):
     """``(token-count dicts, labels)`` of a ``processed_acl`` file (``word:count ... #label#:positive``)."""
-    require_path(path)
+    require_file(path)
     docs, labels = [], []
     with open(path, encoding="latin-1") as f:
         for line_no, line in enumerate(f, start=1):
@@ -96,6 +96,7 @@ def from_mds(paths, n_features=N_FEATURES, labels=None):
             fpath = os.path.join(domain, fname)
             if not os.path.exists(fpath):
                 raise InputError(f"{domain}: file '{fname}' is missing")
+            require_file(fpath)
             with open(fpath, encoding="latin-1") as f:
                 head = f.read(200)
             if "<review>" in head:

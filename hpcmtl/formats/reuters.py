@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError
 from . import FormatSpec, Option, Stream, register_format
-from .checks import check_tasks, locate_in, require_path
+from .checks import check_tasks, locate_in, require_file, require_path
 from .labels import label_rule
 from .streams import map_stream_labels
 
@@ -37,6 +37,8 @@ def read_reuters(directory):
     if not files:
         raise InputError(f"{directory}: no reut2-NNN.sgm files")
     train, test = [], []
+    for fname in files:
+        require_file(os.path.join(directory, fname))          # every file read in the directory: regular
     for fname in files:
         with open(os.path.join(directory, fname), encoding="latin-1") as f:
             content = f.read()

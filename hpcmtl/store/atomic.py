@@ -40,6 +40,7 @@ import tempfile
 import h5py
 
 from ..errors import InputError
+from .hdf5 import check_input
 
 
 class WriteError(InputError):
@@ -451,11 +452,15 @@ def check_outputs(outputs, inputs=()) -> None:
     ``outputs``: ``(label, path, force)``; ``inputs``: ``(label, path)``
     (None paths are skipped).  Like ``cp a a``, an output that resolves to an
     input (same path, a symbolic link, a hard link) is refused whether or not
-    ``force`` is given; then each output must be a writable file name
+    ``force`` is given, and so is an HDF5 input that links to or stores its
+    data in another file (:func:`~hpcmtl.store.hdf5.check_input`: an output
+    could be that file); then each output must be a writable file name
     (:func:`check_writable`).  One-line :class:`InputError` naming both paths.
     """
     outputs = [(label, os.fspath(p), force) for label, p, force in outputs if p is not None]
     inputs = [(label, os.fspath(p)) for label, p in inputs if p is not None]
+    for _, in_path in inputs:       # an HDF5 input linking to another file is refused: no output is a link target
+        check_input(in_path)
     for k, (label, path, _) in enumerate(outputs):
         for in_label, in_path in inputs:
             how = same_file(path, in_path)
