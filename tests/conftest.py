@@ -34,6 +34,20 @@ def mpiexec_path():
     return here if os.path.exists(here) else "mpiexec"
 
 
+def one_error_line(r):
+    """The one non-blank line a refused command writes to stderr (fails the test if there are more or none)."""
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def file_digest(path):
+    """SHA-256 of a file's bytes: an input that must come out of a refused command unchanged."""
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def run_hpcmtl(args, n_ranks=None, timeout=180, cwd=None, env=None):
     """Run ``[mpiexec -n K] python -m hpcmtl ARGS`` as a real subprocess."""
     cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]

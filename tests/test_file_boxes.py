@@ -8,7 +8,6 @@ regular file, checked before it is opened, so a FIFO never blocks a rank.
 Each case: exit 2, one line naming the file and the object, nothing written,
 the input unchanged, every process gone within a timeout.
 """
-import hashlib
 import os
 import shutil
 import subprocess
@@ -20,20 +19,10 @@ import pytest
 from hpcmtl import store
 from hpcmtl.errors import InputError
 
-from conftest import run_hpcmtl
+from conftest import file_digest, one_error_line, run_hpcmtl
 
 FAST = ["--lam", "1e-2", "--max-rounds", "3", "--outer", "1", "--quiet", "--local-steps", "1"]
 TIMEOUT = 60            # a blocked command would run into it; every case here ends in seconds
-
-
-def digest(path):
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def one_error_line(r):
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 def refused(args, needles, n_ranks=None):
@@ -156,10 +145,10 @@ def test_names_read_from_the_file_cannot_forge_a_second_line(files, tmp_path):
 
 def test_training_on_external_raw_storage_is_refused(files, tmp_path):
     path = copy_with(files["train"], tmp_path / "bad.h5", external_storage(files["secret"]))
-    before, out = digest(path), tmp_path / "r.h5"
+    before, out = file_digest(path), tmp_path / "r.h5"
     refused(["train", "dmtrl", "--train", path, "--out", out] + FAST,
             [path, "external file", files["secret"]])
-    assert not out.exists() and digest(path) == before
+    assert not out.exists() and file_digest(path) == before
     assert [n for n in os.listdir(tmp_path) if n != "bad.h5"] == []
 
 
@@ -175,9 +164,9 @@ def test_convert_force_never_overwrites_an_external_links_target(files, tmp_path
     target = tmp_path / "target.h5"
     shutil.copy(files["test"], target)
     path = copy_with(files["train"], tmp_path / "bad.h5", external_link(target, "/tasks"))
-    before = digest(target)
+    before = file_digest(target)
     refused(["data", "convert", "--format", "tasks", path, target, "--force"], [path, "external link", target])
-    assert digest(target) == before
+    assert file_digest(target) == before
     refused(["train", "dmtrl", "--train", path, "--out", tmp_path / "r.h5"] + FAST, [path, "external link"])
     assert not (tmp_path / "r.h5").exists()
 
@@ -217,11 +206,11 @@ def test_results_streams_and_checkpoints_are_checked(files, tmp_path):
         f.attrs["format"] = store.CHECKPOINT_FORMAT
         f.attrs["format_version"] = store.FORMAT_VERSION
         f["state"] = h5py.ExternalLink(os.path.abspath(files["train"]), "/")
-    before = digest(checkpoint)
+    before = file_digest(checkpoint)
     out = tmp_path / "out.h5"
     refused(["train", "dmtrl", "--train", files["train"], "--out", out, "--checkpoint", checkpoint, "--resume"]
             + FAST, [checkpoint, "external link"])
-    assert digest(checkpoint) == before and not out.exists()
+    assert file_digest(checkpoint) == before and not out.exists()
 
 
 # --- FIFOs: never opened ----------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ multi-rank cases, a real full disk (a small tmpfs; ``mount`` needs root) and a
 real file size limit (RLIMIT_FSIZE with SIGXFSZ ignored, available anywhere).
 """
 import contextlib
-import hashlib
 import json
 import os
 import resource
@@ -23,21 +22,11 @@ from hpcmtl import store
 from hpcmtl.errors import InputError
 from hpcmtl.progress import fields
 
-from conftest import mpiexec_path, random_tasks, run_hpcmtl, run_hpcmtl_timed
+from conftest import file_digest, mpiexec_path, one_error_line, random_tasks, run_hpcmtl, run_hpcmtl_timed
 
 pytestmark = pytest.mark.mpi
 
 FAST = ["--lam", "1e-2", "--max-rounds", "3", "--outer", "1", "--quiet", "--local-steps", "1"]   # running at round 3
-
-
-def digest(path):
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def one_error_line(r):
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 def no_temporaries(directory):
@@ -147,7 +136,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(data, tmp_path, c
     test.write_bytes(te.read_bytes())
     cases = {name: (cmd, named) for name, cmd, named in output_cases(tmp_path, train, test)}
     cmd, named = cases[case]
-    before = {p: digest(p) for p in tmp_path.rglob("*") if p.is_file()}
+    before = {p: file_digest(p) for p in tmp_path.rglob("*") if p.is_file()}
     listing = sorted(str(p) for p in tmp_path.rglob("*"))
     r = run_hpcmtl(cmd)
     line = one_error_line(r)
@@ -156,17 +145,17 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(data, tmp_path, c
     for path in named:
         assert str(path) in line, line
     assert "round" not in r.stdout                          # refused before any work
-    assert {p: digest(p) for p in before} == before           # every file as it was ...
+    assert {p: file_digest(p) for p in before} == before           # every file as it was ...
     assert sorted(str(p) for p in tmp_path.rglob("*")) == listing     # ... and nothing new
 
 
 def test_an_output_that_is_an_input_is_refused_on_every_rank(train_copy, tmp_path):
-    before = digest(train_copy)
+    before = file_digest(train_copy)
     r, after_report = run_hpcmtl_timed(["train", "dmtrl", "--train", train_copy, "--out", train_copy, "--force"]
                                        + FAST, n_ranks=3, report="hpcmtl: error", timeout=120)
     assert r.returncode == 2 and after_report is not None and after_report < 10, (r.returncode, after_report)
     assert f"--out {train_copy} is the same file as --train {train_copy}" in one_error_line(r)
-    assert digest(train_copy) == before
+    assert file_digest(train_copy) == before
 
 
 # --- content fingerprints ------------------------------------------------------------------------

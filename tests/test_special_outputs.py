@@ -18,15 +18,9 @@ import pytest
 from hpcmtl import store
 from hpcmtl.errors import InputError
 
-from conftest import run_hpcmtl
+from conftest import one_error_line, run_hpcmtl
 
 SYNTH = ["data", "synth", "dmtrl1", "--scale", "0.01"]
-
-
-def one_error_line(r):
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 def make_fifo(path):
