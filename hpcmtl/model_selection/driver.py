@@ -23,6 +23,7 @@ planned cluster (``cluster.planned(plan)``), never set on the shared one.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,9 +61,9 @@ class Split:
                 if self.selection.validation_fraction is not None else {"cv": self.n_folds})
 
 
-class Search:
+class Search(abc.ABC):
     """The per-method hooks of :func:`cross_validate` (the defaults: nothing to prepare, blocks loaded
-    prepared, no training-row means)."""
+    prepared, no training-row means); a method's search gives the three abstract ones."""
 
     def prepare(self, source):
         pass
@@ -81,14 +82,17 @@ class Search:
         """This rank's tasks' training-row means of every fold (centered fits), else None."""
         return None
 
+    @abc.abstractmethod
     def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
-        raise NotImplementedError
+        """One fold's fits over the grid on the fold's planned cluster; fills its row of ``table``."""
 
+    @abc.abstractmethod
     def refit(self, split, chosen):
-        raise NotImplementedError
+        """The refit at the chosen grid point on every training row."""
 
+    @abc.abstractmethod
     def finish(self, split, result, chosen, table):
-        raise NotImplementedError
+        """The result of the path: the refit's result with the path record."""
 
 
 def edge_warning(name, grid, chosen):
