@@ -23,6 +23,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from . import _sdca
+from .dmtrl.joint import block_joint_terms, joint_step
 from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, block_seed, check_sigma, outer_loop,
                     omega_step, primal_dual)
 from .engine import check_finite_rows, check_scale, intercept_mode, split_intercept, with_intercept
@@ -61,6 +62,7 @@ class _Centralized:
         self.alpha = np.zeros(int(self.offsets[-1]))
         self.history = GapHistory()
         self.outer_state = OuterState()
+        self.next_wt = None
         self.t0 = time.perf_counter()
         self.round = 0
 
@@ -77,8 +79,22 @@ class _Centralized:
         primal, dual = primal_dual(terms[:, 0], terms[:, 1], self.n, self.BT, self.WT, cfg.lam)
         return self.history.record(self.round, outer, primal, dual, time.perf_counter() - self.t0, 0)
 
+    def certify(self):
+        """The joint certificate and the prox step of :mod:`hpcmtl.dmtrl.joint`, every task here."""
+        cfg = self.config
+
+        def evaluate(wts):
+            rows = np.array([block_joint_terms(b, self.alpha_of(i), [wt[i] for wt in wts], self.loss, cfg.gamma)
+                             for i, b in enumerate(self.blocks)])
+            return rows[:, :-1], float(np.max(rows[:, -1]))
+
+        out, self.next_wt = joint_step(self.outer_state, cfg.loss, cfg.lam, cfg.eig_floor, self.n, self.WT, self.BT, evaluate)
+        return out
+
     def omega(self):
-        self.Sigma = omega_step(self.WT.T, self.config.eig_floor)
+        W = self.WT.T if self.next_wt is None else self.next_wt.T     # the prox step's W when one was taken
+        self.next_wt = None
+        self.Sigma = omega_step(W, self.outer_state.floor or self.config.eig_floor)
         check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer_state.outer)
         self.WT = self.Sigma @ self.BT / self.config.lam
 
@@ -119,7 +135,7 @@ def ssdca(source, config: DMTRLConfig, sigma_fixed=None, progress=None, warn=Non
                     return row, True
         return row, False
 
-    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn)
+    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn, state.certify)
     return state.result(converged, "ssdca")
 
 
@@ -156,5 +172,5 @@ def mtrl_central(source, config: DMTRLConfig, sigma_fixed=None, progress=None, w
             progress(row)
         return row, True
 
-    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn)
+    converged = outer_loop(config, w_step, state.omega, state.outer_state, warn, state.certify)
     return state.result(converged, "mtrl-central")

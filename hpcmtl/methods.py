@@ -532,12 +532,21 @@ def write_sdca(run, result):
     config = run.config
     h, steps = result.history, result.wsteps
     n_bad = int(len(steps["converged"]) - steps["converged"].sum()) if len(steps.get("converged", [])) else 0
+    joint = steps.get("joint_rel_gap")
+    joint_text = (f"; joint relative gap {float(joint[-1]):.3e} (--outer-tol {config.outer_tol:g}) after "
+                  f"{len(joint)} W-steps" if joint is not None and len(joint) else "")
     if result.converged:
-        summary = f"converged: every W-step certified, relative gap {h['rel_gap'][-1]:.3e}"
+        summary = f"converged: every W-step certified, relative gap {h['rel_gap'][-1]:.3e}" + (
+            joint_text.replace("; joint", "; the learned-Sigma optimum certified: joint") if joint_text else "")
     else:
-        summary = (f"NOT converged: {n_bad} of {len(steps['converged'])} W-steps reached max rounds "
-                   f"(worst relative gap {float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}); "
-                   f"last relative gap {h['rel_gap'][-1]:.3e}")
+        reasons = []
+        if n_bad:
+            reasons.append(f"{n_bad} of {len(steps['converged'])} W-steps reached max rounds (worst relative gap "
+                           f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g})")
+        if joint is not None and len(joint) and not float(joint[-1]) <= config.outer_tol:
+            reasons.append(f"the joint relative gap {float(joint[-1]):.3e} > --outer-tol {config.outer_tol:g}")
+        summary = (f"NOT converged: {'; '.join(reasons) or 'see the warnings'}; "
+                   f"last W-step relative gap {h['rel_gap'][-1]:.3e}")
     path = getattr(result, "path", None)
     if path is not None:
         name = result.selection["parameter"]
@@ -550,10 +559,15 @@ def write_sdca(run, result):
     for text in (result.selection["warnings"] if path is not None else ()):   # at every --log-level, like below
         print(f"hpcmtl: warning: {text}", file=sys.stderr, flush=True)
     if not result.converged:             # at every --log-level, --quiet included: the model is not certified
-        print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative gap "
-              f"{float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
-              f"raise --max-rounds, or rescale the features where a W-step's warning says its gap stalled",
-              file=sys.stderr, flush=True)
+        if n_bad:
+            print(f"hpcmtl: warning: {n_bad} of {len(steps['converged'])} W-steps ended unconverged (worst relative "
+                  f"gap {float(steps['rel_gap'].max()):.3e} > tol {config.tol:g}): the model is not certified; "
+                  f"raise --max-rounds, or rescale the features where a W-step's warning says its gap stalled",
+                  file=sys.stderr, flush=True)
+        if joint is not None and len(joint) and not float(joint[-1]) <= config.outer_tol:
+            print(f"hpcmtl: warning: the outer loop ended with the joint relative gap {float(joint[-1]):.3e} > "
+                  f"--outer-tol {config.outer_tol:g}: W is not certified as the optimum of the learned-Sigma "
+                  f"problem; raise --outer", file=sys.stderr, flush=True)
     return result
 
 

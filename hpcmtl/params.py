@@ -142,10 +142,12 @@ PARAMS = {
                                      "until its own gap is within tol (1: one a round, as an exchanged round)"),
     "gap_every": Param(COUNT, 1, "compute the duality gap every N rounds"),
     "shrinking": Param(bool, True, "liblinear-style shrinking of the local SDCA (hinge losses)"),
-    "outer": Param(COUNT, 10, "maximum Omega-steps + 1 (one W-step when Sigma is fixed)"),
-    "outer_tol": Param(Interval(float, 0, math.inf, "both"), 1e-5,
-                       "stop when the objective changes by at most this, relatively, between W-steps"),
-    "eig_floor": Param(POSITIVE, 1e-8, "eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest"),
+    "outer": Param(COUNT, 30, "maximum W-steps (Omega-steps + 1; one W-step when Sigma is fixed)"),
+    "outer_tol": Param(Interval(float, 0, math.inf, "both"), 1e-4,
+                       "learned Sigma: stop when the joint relative duality gap of the learned-Sigma problem "
+                       "(P(W) with the squared trace norm) is at most this: the optimum certified"),
+    "eig_floor": Param(POSITIVE, 1e-8, "eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest "
+                       "(the final floor: a larger one while the joint gap is open)"),
     "relationship": Param(RELATIONSHIPS, "learned", "the task covariance: learned, identity or fixed"),
     "local_solver": Param(LOCAL_SOLVERS, "auto",
                           "the local subproblems: sdca (paper 001's local SDCA), exact (squared loss: solved exactly), "

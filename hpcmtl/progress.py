@@ -121,6 +121,18 @@ class Progress:
         print(describe(row), file=self.stream, flush=True)
         self.pending = None
 
+    def outer_step(self, outer, joint):
+        """One line after each learned-Sigma W-step: the joint certificate (hpcmtl.dmtrl.joint)."""
+        if not self.show:
+            return
+        if self.tty:
+            self.stream.write("\n")
+        elif self.pending is not None:
+            self.print(self.pending)
+        print(f"outer {outer:2d}  joint primal {joint['joint_primal']:.10g}  joint dual {joint['joint_dual']:.10g}  "
+              f"joint_rel_gap {joint['joint_rel_gap']:.3e}  prox_step {joint['prox_step']:.3g}",
+              file=self.stream, flush=True)
+
     def close(self):
         """End the live line; in a log, print the last row if throttling held it back."""
         if not self.show:

@@ -312,3 +312,12 @@ def kernels(kernel_build):
 def online_kernels(kernel_build):
     """``hpcmtl._online`` (tau solvers, online rounds) of the build under test."""
     return kernel_build["_online"]
+
+
+def wsteps_certified(result):
+    """Every W-step of a run reached --tol (a TrainResult, a fitted estimator or a read result file's dict):
+    what `converged` meant before a learned Sigma also had to certify the joint gap (tests/test_joint.py)."""
+    steps = result["wsteps"] if isinstance(result, dict) else getattr(result, "wsteps", None)
+    if steps is None:
+        steps = result.wsteps_
+    return bool(len(steps["converged"]) and np.all(np.asarray(steps["converged"]) == 1))

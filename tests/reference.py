@@ -555,3 +555,44 @@ def box_qp_reference(A, g, upper, start=None, max_iter=60, rtol=1e-12):
             break
         x, best = trial, value
     return x
+
+
+def trace_norm_squared_prox(Z, t):
+    """``argmin_W ||W - Z||^2 / 2 + (t/2) ||W||_*^2`` by bisection on S = ||W||_* (the shrunk singular values
+    ``max(z - t S, 0)`` must sum to S): independent of the closed form in hpcmtl.dmtrl.joint."""
+    U, z, Vt = np.linalg.svd(Z, full_matrices=False)
+    lo, hi = 0.0, float(z.sum())
+    for _ in range(200):
+        S = 0.5 * (lo + hi)
+        if np.maximum(z - t * S, 0.0).sum() > S:
+            lo = S
+        else:
+            hi = S
+    return (U * np.maximum(z - t * 0.5 * (lo + hi), 0.0)) @ Vt
+
+
+def mtrl_squared_objective(W, Xs, ys, lam):
+    """MTRL's objective minimized over Sigma: ``sum_i ||X_i w_i - y_i||^2 / (2 n_i) + (lam/2) ||W||_*^2``."""
+    loss = sum(0.5 * np.sum((X @ W[:, i] - y) ** 2) / len(y) for i, (X, y) in enumerate(zip(Xs, ys)))
+    return loss + 0.5 * lam * np.linalg.svd(W, compute_uv=False).sum() ** 2
+
+
+def mtrl_squared_optimum(Xs, ys, lam, iters=20000, tol=1e-13):
+    """The global MTRL optimum (squared loss, no intercept) by accelerated proximal gradient (FISTA) on
+    :func:`mtrl_squared_objective`; slow and plain."""
+    d, m = Xs[0].shape[1], len(Xs)
+    step = 1.0 / max(np.linalg.norm(X, 2) ** 2 / len(X) for X in Xs)
+    W = np.zeros((d, m))
+    Y, t, last = W.copy(), 1.0, np.inf
+    for k in range(iters):
+        G = np.column_stack([X.T @ (X @ Y[:, i] - y) / len(y) for i, (X, y) in enumerate(zip(Xs, ys))])
+        W_next = trace_norm_squared_prox(Y - step * G, step * lam)
+        t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+        Y = W_next + (t - 1.0) / t_next * (W_next - W)
+        W, t = W_next, t_next
+        if k % 200 == 199:
+            value = mtrl_squared_objective(W, Xs, ys, lam)
+            if last - value <= tol * abs(value):
+                break
+            last = value
+    return W

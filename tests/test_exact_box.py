@@ -13,6 +13,7 @@ from hpcmtl.losses import LOSSES
 from hpcmtl.taskdata import TaskBlock
 
 from reference import local_dual_objective
+from conftest import wsteps_certified  # noqa: E402
 
 
 def raw_rows(rng, n, d, zero_row=False):
@@ -87,7 +88,7 @@ def test_raw_small_tasks_certify_in_a_few_rounds_where_local_sdca_stalls(loss):
     kw = dict(loss=loss, lam=1e-4, tol=1e-8, relationship="identity")
     exact = fit(Xs, ys, max_rounds=3, **kw)
     sdca = fit(Xs, ys, max_rounds=20, local_solver="sdca", **kw)
-    assert exact.converged and exact.n_rounds <= 3
+    assert wsteps_certified(exact) and exact.n_rounds <= 3
     assert not sdca.converged and sdca.history["rel_gap"][-1] > 1e-2
     gaps = []
     for r in (exact, sdca):

@@ -15,18 +15,31 @@ from ..errors import ConvergenceError
 from .config import DMTRLConvergenceWarning
 
 
-class OuterState:
-    """Where the outer loop is: the current outer step, the previous W-step's objective, each W-step's status."""
+# learned Sigma: joint-objective progress below this fraction of --outer-tol (relative) over a W-step, with no prox
+# step taken (hpcmtl.dmtrl.joint), ends the outer loop as stalled (with --outer-tol 0 the loop runs --outer W-steps)
+STALL_FRACTION = 1e-2
 
-    def __init__(self, outer=0, previous=None, wsteps=None):
+
+class OuterState:
+    """Where the outer loop is: the current outer step, the previous W-step's objective, each W-step's status,
+    the center of the next prox steps and the Omega-step's floor (learned Sigma, :mod:`.joint`)."""
+
+    KEYS = ("outer", "round", "rel_gap", "converged")
+    JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal")
+
+    def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None):
         self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
         self.previous = previous
-        self.wsteps = list(wsteps or [])     # dicts: outer, round (last), rel_gap, converged
+        self.wsteps = list(wsteps or [])     # dicts: KEYS, and JOINT_KEYS under a learned Sigma
+        self.prox_center = prox_center
+        self.floor = floor                   # the Omega-step's eigenvalue floor (None: --eig-floor)
 
     def wstep_arrays(self):
-        keys = ("outer", "round", "rel_gap", "converged")
-        return {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
-                for k in keys}
+        out = {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
+               for k in self.KEYS}
+        if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS):
+            out.update({k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64) for k in self.JOINT_KEYS})
+        return out
 
 
 def unconverged_message(step, config, stalled_since=None):
@@ -42,20 +55,36 @@ def unconverged_message(step, config, stalled_since=None):
             f"(hpcmtl data standardize) or raise --lam")
 
 
-def outer_loop(config, w_step, omega_update, state: OuterState | None = None, warn=None):
+def outer_not_certified_message(step, config, stalled=False):
+    """The warning of an outer loop that ended with the joint gap above --outer-tol."""
+    why = ("the joint objective stopped decreasing" if stalled else
+           f"--outer {config.outer} W-steps were taken")
+    return (f"the outer loop ended after W-step {step['outer'] + 1} ({why}) with the joint relative gap "
+            f"{step['joint_rel_gap']:.3e} > --outer-tol {config.outer_tol:g}: W is not certified as the optimum "
+            f"of the learned-Sigma problem (P(W) {step['joint_primal']:.10g}, lower bound {step['joint_dual']:.10g}); "
+            f"raise --outer")
+
+
+def outer_loop(config, w_step, omega_update, state: OuterState | None = None, warn=None, certify=None):
     """The outer loop of Algorithm 1, shared by DMTRL and the centralized baselines.
 
-    ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()``
-    replaces Sigma.  Stops after a W-step when relationships are not learned,
-    after ``config.outer`` W-steps, or when the objective changed by at most
-    ``outer_tol`` relative to the previous W-step.  Always ends on a W-step, so
-    the returned W is certified for the returned Sigma.  ``state`` lets a
-    resumed run continue where a checkpoint left the loop.  Every W-step's
-    status is kept in ``state.wsteps``; ``warn(message)`` hears of each one that
-    ended unconverged.  Returns True when every W-step converged.
+    ``w_step(p)`` returns ``(last history row, converged)``; ``omega_update()`` replaces Sigma;
+    ``certify()`` (learned Sigma) returns the joint certificate of the W-step just ended and prepares the
+    next Omega-step (:mod:`.joint`: the fields of ``OuterState.JOINT_KEYS``).  Stops after a W-step when
+    relationships are not learned (the W-step's gap is then the certificate); when learned, once the joint
+    relative gap is at most ``outer_tol`` (the optimum of the learned-Sigma problem certified), after
+    ``config.outer`` W-steps, or when the joint objective stalls (changed by less than
+    ``STALL_FRACTION * outer_tol`` relative with no prox step taken: more W-steps would not help).
+    Always ends on a W-step, so the returned W is certified for the returned Sigma.  ``state`` lets a
+    resumed run continue where a checkpoint left the loop.  Every W-step's status is kept in
+    ``state.wsteps``; ``warn(message)`` hears of each one that ended unconverged and of an outer loop that
+    ended above ``outer_tol``.  Returns True when every W-step converged and, when learned, the joint gap
+    is within ``outer_tol``.
     """
     state = state or OuterState()
     warn = warn if warn is not None else (lambda msg: warnings.warn(msg, DMTRLConvergenceWarning, stacklevel=3))
+    learned = config.relationship == "learned" and certify is not None
+    certified = not learned
     while state.outer < config.outer:
         row, converged = w_step(state.outer)
         objective = row["primal"]
@@ -66,13 +95,31 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
             warn(unconverged_message(step, config, row.get("stalled_since")))
         if not np.isfinite(objective):
             raise ConvergenceError(f"non-finite objective {objective} after W-step {state.outer + 1}")
-        if (config.relationship != "learned" or state.outer + 1 == config.outer or
-                (state.previous is not None and abs(objective - state.previous) <= config.outer_tol * abs(objective))):
+        if not learned:
+            if (config.relationship != "learned" or state.outer + 1 == config.outer or
+                    (state.previous is not None and
+                     abs(objective - state.previous) <= config.outer_tol * abs(objective))):
+                break
+            state.previous = objective
+            state.outer += 1
+            omega_update()
+            continue
+        step.update(certify())
+        for key in ("joint_primal", "joint_dual"):
+            if not np.isfinite(step[key]):
+                raise ConvergenceError(f"non-finite {key} {step[key]} after W-step {state.outer + 1}")
+        if step["joint_rel_gap"] <= config.outer_tol:
+            certified = True
             break
-        state.previous = objective
+        stalled = (config.outer_tol > 0 and step["prox_step"] == 0.0 and state.previous is not None and
+                   state.previous - step["joint_primal"] < STALL_FRACTION * config.outer_tol * abs(step["joint_primal"]))
+        if stalled or state.outer + 1 == config.outer:
+            warn(outer_not_certified_message(step, config, stalled))
+            break
+        state.previous = step["joint_primal"]
         state.outer += 1
         omega_update()
-    return all(w["converged"] for w in state.wsteps)
+    return all(w["converged"] for w in state.wsteps) and certified
 
 
 def primal_dual(loss_sums, conj_sums, n, BT, WT, lam):

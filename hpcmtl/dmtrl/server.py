@@ -16,6 +16,7 @@ from ..taskspace import DENSE
 from .commands import DMTRLCommand
 from .config import DMTRLConfig, uses_momentum
 from .interior_rounds import InteriorServer
+from .joint import JointServer
 from .local_rounds import LocalRoundServer
 from .margin import MarginServer
 from .momentum import MomentumServer
@@ -25,7 +26,8 @@ from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 
-class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, ServerBase):
+class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, JointServer,
+             ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
@@ -66,6 +68,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.init_local_rounds()
         self.init_interior_rounds()
         self.init_margin_corrections()
+        self.init_joint()
 
     @property
     def outer(self):
@@ -235,8 +238,12 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         return row, False
 
     def omega(self):
-        G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
-        self.Sigma = omega_from_gram(G, self.config.eig_floor)
+        if self.next_wt is not None:      # the prox step's W (hpcmtl.dmtrl.joint), else the W-step's own
+            G = self.next_wt @ self.next_wt.T
+            self.next_wt = None
+        else:
+            G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
+        self.Sigma = omega_from_gram(G, self.outer_state.floor or self.config.eig_floor)
         check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         if self.config.aggregation == "qp":
@@ -265,7 +272,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.restore(resume())        # read (and checked) on the server, workers already serving
         else:
             self.push_sigma()
-        converged = outer_loop(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn)
+        converged = outer_loop(self.config, lambda p: self.w_step(), self.omega, self.outer_state, self.warn,
+                               self.certify)
         if self.want_test or self.scores_off_supports:
             self.push_dense_w()
         if self.want_test:
@@ -288,6 +296,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
+                    "prox_center": self.outer_state.prox_center, "floor": self.outer_state.floor,
                     **self.momentum_counters(), **self.interior_counters()}
         return arrays, blocks, counters
 
@@ -317,7 +326,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.round, self.wstep_round = int(c["round"]), int(c["t"])
         self.restore_momentum_counters(c)
         self.restore_interior_counters(c)
-        self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []))
+        self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []), c.get("prox_center"),
+                                      c.get("floor"))
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])

@@ -14,6 +14,7 @@ from ..engine import EngineCommand, LocalBase, nan_fault
 from .commands import DMTRLCommand
 from .config import DMTRLConfig, uses_exact_box_solver, uses_exact_solver
 from .interior_rounds import InteriorBlocks
+from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
@@ -58,7 +59,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
     return y * beta - a
 
 
-class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks,
+class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
                   LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
@@ -75,7 +76,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
     (None: the block keeps all d columns).
     """
 
-    COMMANDS = (EngineCommand, DMTRLCommand)
+    COMMANDS = (EngineCommand, DMTRLCommand, JointCommand)
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None, consume=False):
         """``consume``: the caller hands ``blocks`` over (its list then holds this rank's blocks as computed

@@ -1,0 +1,136 @@
+"""The learned-Sigma problem's joint certificate and the outer loop that reaches its optimum (hpcmtl.dmtrl.joint)."""
+import numpy as np
+import pytest
+import scipy.linalg
+
+from hpcmtl.baselines import mtrl_central
+from hpcmtl.cluster import Cluster
+from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
+from hpcmtl.dmtrl.joint import DUAL_SCALES, choose, conjugate_at_scales, prox_trace_norm_squared
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.losses import conjugate_reference
+
+from reference import mtrl_squared_objective, mtrl_squared_optimum, trace_norm_squared_prox
+
+pytestmark = pytest.mark.filterwarnings("ignore::hpcmtl.dmtrl.DMTRLConvergenceWarning")
+
+
+def low_rank_tasks(m=40, d=8, n=25, rank=3, seed=0, loss="squared"):
+    """m > d tasks sharing a rank-3 task subspace: the alternating iteration's task subspace freezes here."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(d, rank)) @ rng.normal(size=(rank, m))
+    Xs = [rng.normal(size=(n, d)) for _ in range(m)]
+    ys = [X @ W[:, i] + 0.5 * rng.normal(size=n) for i, X in enumerate(Xs)]
+    return Xs, (ys if loss == "squared" else [np.where(y >= 0, 1.0, -1.0) for y in ys])
+
+
+@pytest.fixture(scope="module")
+def stalled_case():
+    Xs, ys = low_rank_tasks()
+    lam = 0.1
+    W_star = mtrl_squared_optimum(Xs, ys, lam)
+    return Xs, ys, lam, mtrl_squared_objective(W_star, Xs, ys, lam)
+
+
+@pytest.mark.parametrize("shape,t", [((8, 40), 0.3), ((30, 5), 2.0), ((6, 6), 1e-3), ((5, 9), 50.0)])
+def test_prox_of_the_squared_trace_norm_matches_bisection(shape, t):
+    Z = np.random.default_rng(1).normal(size=shape)
+    W, nuc = prox_trace_norm_squared(Z, t)
+    ref = trace_norm_squared_prox(Z, t)
+    assert np.all(np.isfinite(W))
+    np.testing.assert_allclose(W, ref, atol=1e-10 * np.abs(Z).max())
+    assert nuc == pytest.approx(np.linalg.svd(W, compute_uv=False).sum(), rel=1e-12, abs=1e-14)
+    value = lambda V: 0.5 * np.sum((V - Z) ** 2) + 0.5 * t * np.linalg.svd(V, compute_uv=False).sum() ** 2
+    rng = np.random.default_rng(2)
+    assert all(value(W) <= value(W + 1e-3 * rng.normal(size=shape)) for _ in range(20))
+
+
+def test_prox_of_zero_is_zero():
+    W, nuc = prox_trace_norm_squared(np.zeros((4, 7)), 1.0)
+    assert nuc == 0.0 and not W.any()
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge", "squared", "logistic"])
+def test_conjugate_at_scales_matches_the_reference(loss):
+    rng = np.random.default_rng(3)
+    y = np.where(rng.random(30) < 0.5, -1.0, 1.0) if loss != "squared" else rng.normal(size=30)
+    a = y * rng.uniform(0.0, 1.0, 30) if loss != "squared" else rng.normal(size=30)
+    got = conjugate_at_scales(loss, a, y, 0.7)
+    want = [np.sum(conjugate_reference(loss, s * a, y, 0.7)) for s in DUAL_SCALES]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_joint_dual_drops_scales_outside_the_box():
+    """Hinge: y s alpha must stay in [0, 1]; with max y alpha = 1 no scale above 1 may bound the optimum."""
+    n, m = np.array([2.0]), 1
+    conj = -DUAL_SCALES[None, :] * 10.0             # the hinge's linear conjugate: larger s, larger D
+    out = choose("hinge", np.array([0.0]), np.array([0.0]), np.zeros((m, 1)), conj, 1.0, n,
+                 np.zeros((m, 3)), 0.1)
+    assert out["dual_scale"] == 1.0 and out["joint_dual"] == pytest.approx(5.0)
+
+
+def alternating(Xs, ys, lam, steps):
+    """Paper 001's alternation, every W-step solved exactly (its dual's linear system): P(W) after each."""
+    n, d, m = len(ys[0]), Xs[0].shape[1], len(Xs)
+    X = scipy.linalg.block_diag(*Xs)
+    y = np.concatenate(ys)
+    Sigma, values = np.eye(m) / m, []
+    for _ in range(steps):
+        a = scipy.linalg.solve(np.eye(len(y)) + X @ np.kron(Sigma, np.eye(d)) @ X.T / (lam * n), y, assume_a="pos")
+        B = np.column_stack([Xi.T @ a[i * n:(i + 1) * n] / n for i, Xi in enumerate(Xs)])
+        W = B @ Sigma / lam
+        values.append(mtrl_squared_objective(W, Xs, ys, lam))
+        Sigma = omega_step(W)
+    return values
+
+
+def test_alternating_alone_stalls_on_this_case(stalled_case):
+    """The case the new outer step is for: W-steps alternating with the Omega-step stay far above P*."""
+    Xs, ys, lam, P_star = stalled_case
+    values = alternating(Xs, ys, lam, 30)
+    assert values[-1] > P_star * (1 + 1e-2)
+    assert abs(values[-1] - values[-10]) < 1e-6 * values[-1]          # stalled, not slow
+
+
+@pytest.mark.parametrize("solver", ["engine", "centralized"])
+def test_the_outer_loop_reaches_the_global_optimum_certified(stalled_case, solver):
+    Xs, ys, lam, P_star = stalled_case
+    config = DMTRLConfig(loss="squared", lam=lam, tol=1e-10, max_rounds=5000, outer=80, outer_tol=1e-6,
+                         fit_intercept=False)
+    source = MemoryTasks(Xs, ys)
+    result = (train(Cluster.serial(), source, config) if solver == "engine" else mtrl_central(source, config))
+    steps = result.wsteps
+    assert result.converged
+    P, D, gap = steps["joint_primal"][-1], steps["joint_dual"][-1], steps["joint_rel_gap"][-1]
+    assert np.isfinite(P) and np.isfinite(D)
+    assert gap <= 1e-6
+    assert D <= P_star * (1 + 1e-9) and P_star <= P * (1 + 1e-12)       # the certificate brackets P*
+    assert P == pytest.approx(P_star, rel=1e-6)
+    assert mtrl_squared_objective(result.W, Xs, ys, lam) == pytest.approx(P, rel=1e-9)   # P is the model's
+    assert np.all(np.diff(steps["joint_primal"]) <= 1e-9 * P)                          # never increases
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge", "logistic"])
+def test_the_joint_certificate_is_a_valid_bound_for_every_loss(loss):
+    """Weak duality for each loss: every recorded dual bound lies below every recorded primal value, and the
+    primal value is the model's own objective (the loss recomputed here)."""
+    Xs, ys = low_rank_tasks(m=12, d=5, n=20, loss=loss)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys),
+                   DMTRLConfig(loss=loss, lam=0.05, tol=1e-8, outer=6, outer_tol=1e-12, fit_intercept=False))
+    steps = result.wsteps
+    assert np.all(np.isfinite(steps["joint_dual"])) and np.all(np.isfinite(steps["joint_primal"]))
+    assert steps["joint_dual"].max() <= steps["joint_primal"].min()
+    assert np.all(np.diff(steps["joint_primal"]) <= 1e-9 * steps["joint_primal"][0])
+    assert not result.converged                         # outer_tol 1e-12 is not reached in 6 W-steps
+    z = [X @ result.W[:, i] for i, X in enumerate(Xs)]
+    from hpcmtl.losses import primal_reference
+    loss_sum = sum(np.mean(primal_reference(loss, zi, y)) for zi, y in zip(z, ys))
+    P = loss_sum + 0.5 * 0.05 * np.linalg.svd(result.W, compute_uv=False).sum() ** 2
+    assert steps["joint_primal"][-1] == pytest.approx(P, rel=1e-9)
+
+
+def test_a_fixed_sigma_keeps_its_w_step_certificate():
+    Xs, ys = low_rank_tasks(m=6, d=4, n=15)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys),
+                   DMTRLConfig(loss="squared", lam=0.1, relationship="identity", fit_intercept=False))
+    assert result.converged and "joint_rel_gap" not in result.wsteps and len(result.wsteps["outer"]) == 1
