@@ -107,7 +107,7 @@ def test_every_attribute_the_commands_read_is_set_for_every_method():
     args = parse(["train", "online", "--stream", "s.h5", "--out", "r.h5"])
     assert (args.train, args.sigma, args.lam, args.radius, args.graph) == (None, None, None, None, None)
     args = parse(["train", "dmtrl", "--train", "t.h5", "--out", "r.h5", "--lam", "1"])
-    assert (args.stream, args.code, args.C, args.max_rounds, args.outer) == (None, None, "1.0", 500, 10)
+    assert (args.stream, args.code, args.C, args.max_rounds, args.outer) == (None, None, "1.0", 500, 30)
 
 
 @pytest.mark.smoke

@@ -127,4 +127,5 @@ def test_quiet_still_says_when_the_model_is_not_certified(tmp_path):
                     "--local-steps", "1", "--local-solver", "sdca"])   # (exact steps certify the first W-step at once)
     assert r.returncode == 0 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "2 of 2 W-steps ended unconverged" in lines[0] and "not certified" in lines[0], r.stderr
+    assert len(lines) == 2 and "2 of 2 W-steps ended unconverged" in lines[0] and "not certified" in lines[0], r.stderr
+    assert "joint relative gap" in lines[1] and "> --outer-tol 0" in lines[1] and "not certified" in lines[1]

@@ -41,8 +41,8 @@ STEP_SPREAD = 4
 _NEAR_ONE = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3])
 DUAL_SCALES = np.unique(np.concatenate([[0.5, 1.0], 1.0 - _NEAR_ONE, 1.0 + _NEAR_ONE]))
 # the Omega-step's eigenvalue floor while the joint gap is open: FLOOR_PER_GAP times the joint relative gap,
-# at most FLOOR_START, never rising, never below --eig-floor
-FLOOR_START = 1e-2
+# at most FLOOR_START, never rising, never below --eig-floor (a larger start slows W-steps under the safe rule)
+FLOOR_START = 1e-3
 FLOOR_PER_GAP = 0.1
 
 
