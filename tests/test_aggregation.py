@@ -308,8 +308,8 @@ def test_checkpoint_resume_is_bitwise_with_the_aggregation_state(synth, tmp_path
     assert res["model"]["Sigma"].tobytes() == ref["model"]["Sigma"].tobytes()
     for key in ("round", "primal", "dual", "step", "rho"):
         assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
-    for key in ("outer", "round", "rel_gap", "converged"):
-        assert res["wsteps"][key].tobytes() == ref["wsteps"][key].tobytes(), key
+    for key in ("outer", "round", "rel_gap", "converged", "joint_primal", "joint_dual", "joint_rel_gap", "prox_step"):
+        assert res["wsteps"][key].tobytes() == ref["wsteps"][key].tobytes(), key     # joint: prox center, floor kept
     # another aggregation cannot continue this checkpoint
     r = run_hpcmtl(train_args(synth, out, "--aggregation", "safe", "--resume", *sdca), n_ranks=2)
     assert r.returncode == 2 and "'aggregation' is" in r.stderr
