@@ -212,8 +212,9 @@ class LamSearch(Search):
         warnings = []
         if not converged.all():
             bad = [f"{grid[g]:.4g}" for g in np.flatnonzero(converged == 0)]
-            warnings.append(f"{len(bad)} of {G} grid points had W-steps that ended unconverged ({name} "
-                            f"{', '.join(bad)}): their validation scores are not certified; raise --max-rounds")
+            warnings.append(f"{len(bad)} of {G} grid points had W-steps that ended unconverged or, with a learned "
+                            f"Sigma, a joint gap above --outer-tol ({name} {', '.join(bad)}): their validation "
+                            f"scores are not certified; raise --max-rounds (or --outer)")
         edge = edge_warning(name, grid, chosen)
         if edge is not None:
             warnings.append(edge)
