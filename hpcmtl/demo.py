@@ -42,7 +42,7 @@ def run_demo(out_dir: str, ranks: int = 5) -> int:
     subprocess.run(py + ["data", "synth", "dmtrl1", train, "--test", test, "--force"], check=True)
     mpiexec = find_mpiexec()
     runs = {}
-    settings = ["--loss", "logistic", "--lam", "1e-3", "--tol", "1e-6", "--outer", "10", "--quiet", "--force"]
+    settings = ["--loss", "logistic", "--lam", "1e-3", "--tol", "1e-6", "--quiet", "--force"]
     for k, method in enumerate(("stl", "dmtrl"), start=2):
         out = os.path.join(out_dir, f"{method}.h5")
         print(f"[{k}/3] {method}: mpiexec -n {ranks} hpcmtl train {method} ... (rank 0 server, "
