@@ -171,6 +171,12 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate):
     K = len(wts)
     out = choose(loss_name, steps, norms, sums[:, :K], sums[:, K:], box_max, n, BT, lam)
     best = out.pop("best")
+    # every earlier W-step's dual bound still bounds P*: the certificate keeps the best one
+    earlier = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
+    if earlier and max(earlier) > out["joint_dual"]:
+        out["joint_dual"] = max(earlier)
+        out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
+        out["joint_rel_gap"] = out["joint_gap"] / max(abs(out["joint_primal"]), 1e-300)
     outer_state.prox_center = out["prox_step"] if best > 0 else center / STEP_FACTOR ** 2
     outer_state.floor = float(np.clip(FLOOR_PER_GAP * out["joint_rel_gap"], eig_floor,
                                       min(FLOOR_START, outer_state.floor or FLOOR_START)))

@@ -15,9 +15,11 @@ from ..errors import ConvergenceError
 from .config import DMTRLConvergenceWarning
 
 
-# learned Sigma: joint-objective progress below this fraction of --outer-tol (relative) over a W-step, with no prox
-# step taken (hpcmtl.dmtrl.joint), ends the outer loop as stalled (with --outer-tol 0 the loop runs --outer W-steps)
-STALL_FRACTION = 1e-2
+# learned Sigma: a joint gap that shrank by less than STALL_SHRINK (a fraction of itself) over the last STALL_STEPS
+# W-steps, the last with no prox step taken (hpcmtl.dmtrl.joint), ends the outer loop as stalled (with --outer-tol 0
+# the loop runs --outer W-steps)
+STALL_SHRINK = 0.03
+STALL_STEPS = 3
 
 
 class OuterState:
@@ -57,7 +59,7 @@ def unconverged_message(step, config, stalled_since=None):
 
 def outer_not_certified_message(step, config, stalled=False):
     """The warning of an outer loop that ended with the joint gap above --outer-tol."""
-    why = ("the joint objective stopped decreasing" if stalled else
+    why = ("the joint gap stopped shrinking" if stalled else
            f"--outer {config.outer} W-steps were taken")
     return (f"the outer loop ended after W-step {step['outer'] + 1} ({why}) with the joint relative gap "
             f"{step['joint_rel_gap']:.3e} > --outer-tol {config.outer_tol:g}: W is not certified as the optimum "
@@ -73,8 +75,9 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
     next Omega-step (:mod:`.joint`: the fields of ``OuterState.JOINT_KEYS``).  Stops after a W-step when
     relationships are not learned (the W-step's gap is then the certificate); when learned, once the joint
     relative gap is at most ``outer_tol`` (the optimum of the learned-Sigma problem certified), after
-    ``config.outer`` W-steps, or when the joint objective stalls (changed by less than
-    ``STALL_FRACTION * outer_tol`` relative with no prox step taken: more W-steps would not help).
+    ``config.outer`` W-steps, or when the joint gap stalls (shrank by less than STALL_SHRINK of itself over
+    STALL_STEPS W-steps, no prox step taken: more W-steps would not help).  The joint dual kept is the best
+    of every W-step's (each bounds P*).
     Always ends on a W-step, so the returned W is certified for the returned Sigma.  ``state`` lets a
     resumed run continue where a checkpoint left the loop.  Every W-step's status is kept in
     ``state.wsteps``; ``warn(message)`` hears of each one that ended unconverged and of an outer loop that
@@ -111,8 +114,9 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
         if step["joint_rel_gap"] <= config.outer_tol:
             certified = True
             break
-        stalled = (config.outer_tol > 0 and step["prox_step"] == 0.0 and state.previous is not None and
-                   state.previous - step["joint_primal"] < STALL_FRACTION * config.outer_tol * abs(step["joint_primal"]))
+        gaps = [w["joint_rel_gap"] for w in state.wsteps if "joint_rel_gap" in w]
+        stalled = (config.outer_tol > 0 and step["prox_step"] == 0.0 and len(gaps) > STALL_STEPS and
+                   gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
         if stalled or state.outer + 1 == config.outer:
             warn(outer_not_certified_message(step, config, stalled))
             break
