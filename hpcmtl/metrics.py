@@ -21,7 +21,8 @@ means and ``rmse``, ``mse``, ``explained_variance`` for pooled values;
 Running metrics of a stream
 ---------------------------
 :class:`RunningMetrics` records, round by round, what an online learner suffers
-(global loss, tasks wrong, active tasks, multiclass error after Hamming decoding)
+(global loss, tasks wrong, active tasks, multiclass error after decoding: loss-based by default,
+Hamming as an option, :func:`hpcmtl.output_codes.decode`)
 and turns the counts into the ``inf_error_rate``, ``one_error_rate`` and
 ``multiclass_error_rate`` above (:func:`error_rates`), by the paper's rule that a
 margin of 0 is a mistake (:func:`mistakes`).
@@ -31,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InputError
-from .output_codes import hamming_decode
+from .output_codes import decode
 
 # per-task columns shown in tables, by kind
 TASK_COLUMNS = {"classification": ("error_rate", "auc"), "regression": ("rmse", "explained_variance")}
@@ -119,12 +120,13 @@ class RunningMetrics:
 
     A task is wrong on a round when ``y w . x <= 0`` (the paper's e_tj); dormant
     tasks are never wrong.  With a code, also the multiclass error after
-    Hamming decoding.
+    decoding with ``decoder`` (:func:`hpcmtl.output_codes.decode`).
     """
     COLUMNS = ("global_loss", "n_errors", "n_active", "multiclass_error")
 
-    def __init__(self):
+    def __init__(self, decoder="loss"):
         self.parts = {k: [] for k in self.COLUMNS}
+        self.decoder = decoder
 
     def add(self, Y, margins, global_loss, code=None, classes=None):
         wrong = mistakes(Y, margins)
@@ -132,7 +134,8 @@ class RunningMetrics:
         self.parts["n_errors"].append(wrong.sum(axis=1).astype(np.int32))
         self.parts["n_active"].append((Y != 0).sum(axis=1).astype(np.int32))
         if code is not None:
-            self.parts["multiclass_error"].append(multiclass_mistakes(margins, code, classes).astype(np.int8))
+            self.parts["multiclass_error"].append(
+                multiclass_mistakes(margins, code, classes, self.decoder).astype(np.int8))
 
     def extend(self, arrays):
         for k, v in arrays.items():
@@ -169,9 +172,9 @@ def mistakes(Y, margins):
     return (Y * margins <= 0) & (Y != 0)
 
 
-def multiclass_mistakes(margins, code, classes):
-    """Rounds whose Hamming-decoded class is not the true one (output codes)."""
-    return hamming_decode(margins, code) != classes
+def multiclass_mistakes(margins, code, classes, decoder="loss"):
+    """Rounds whose decoded class (:func:`hpcmtl.output_codes.decode`) is not the true one (output codes)."""
+    return decode(margins, code, decoder) != classes
 
 
 def error_rates(n_rounds, k, inf_errors, task_errors, multiclass_errors=None):
