@@ -124,23 +124,49 @@ class RunningMetrics:
     """
     COLUMNS = ("global_loss", "n_errors", "n_active", "multiclass_error")
 
+    # rounds of margins held before they are decoded at once: decoding has a fixed cost a call (~25 us) that the
+    # server would otherwise pay every block of 64 rounds (3 % of its rounds/s at k = 20)
+    DECODE_BATCH = 4096
+
     def __init__(self, decoder="loss"):
-        self.parts = {k: [] for k in self.COLUMNS}
+        self._parts = {k: [] for k in self.COLUMNS}
         self.decoder = decoder
+        self._pending = []                  # (margins, code, classes) not decoded yet, in round order
+        self._pending_rounds = 0
+
+    @property
+    def parts(self):
+        """Per-column lists of per-call arrays, every pending round decoded."""
+        self._decode_pending()
+        return self._parts
+
+    def _decode_pending(self):
+        if not self._pending:
+            return
+        code = self._pending[0][1]
+        margins = np.concatenate([m for m, _, _ in self._pending])
+        classes = np.concatenate([c for _, _, c in self._pending])
+        self._parts["multiclass_error"].append(multiclass_mistakes(margins, code, classes, self.decoder).astype(np.int8))
+        self._pending, self._pending_rounds = [], 0
 
     def add(self, Y, margins, global_loss, code=None, classes=None):
         wrong = mistakes(Y, margins)
-        self.parts["global_loss"].append(np.asarray(global_loss, dtype=np.float64).copy())
-        self.parts["n_errors"].append(wrong.sum(axis=1).astype(np.int32))
-        self.parts["n_active"].append((Y != 0).sum(axis=1).astype(np.int32))
+        self._parts["global_loss"].append(np.asarray(global_loss, dtype=np.float64).copy())
+        self._parts["n_errors"].append(wrong.sum(axis=1).astype(np.int32))
+        self._parts["n_active"].append((Y != 0).sum(axis=1).astype(np.int32))
         if code is not None:
-            self.parts["multiclass_error"].append(
-                multiclass_mistakes(margins, code, classes, self.decoder).astype(np.int8))
+            if self._pending and self._pending[0][1] is not code:
+                self._decode_pending()
+            self._pending.append((np.array(margins, dtype=np.float64), code, np.asarray(classes).copy()))
+            self._pending_rounds += len(margins)
+            if self._pending_rounds >= self.DECODE_BATCH:
+                self._decode_pending()
 
     def extend(self, arrays):
+        parts = self.parts
         for k, v in arrays.items():
-            if k in self.parts and len(v):
-                self.parts[k].append(np.asarray(v))
+            if k in parts and len(v):
+                parts[k].append(np.asarray(v))
 
     @property
     def n_rounds(self):

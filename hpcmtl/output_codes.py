@@ -129,8 +129,8 @@ def get_code(code, n_classes):
 
 
 def _hinge_gap(margins):
-    """``g(f) = [1 - f]_+ - [1 + f]_+``: what a +1 code entry costs beyond a -1 entry (strictly decreasing)."""
-    return np.maximum(0.0, 1.0 - margins) - np.maximum(0.0, 1.0 + margins)
+    """``g(f) = [1 - f]_+ - [1 + f]_+ = -f - clip(f, -1, 1)``: what a +1 code entry costs beyond a -1 entry."""
+    return -(margins + np.clip(margins, -1.0, 1.0))
 
 
 def _positive_part(M):
@@ -142,12 +142,20 @@ def _best(keys):
     """Per row, the index with the largest first key; ties go to the next key, then to the lowest index.
 
     ``keys``: (T x s scores, T x 1 tolerance) pairs: scores within the tolerance of a row's best tie.
+    Only the rows with a tie read the later keys (most rows have none: the decoders run every block).
     """
-    candidates = np.ones(keys[0][0].shape, dtype=bool)
-    for key, tol in keys:
-        masked = np.where(candidates, key, -np.inf)
-        candidates &= masked >= masked.max(axis=1, keepdims=True) - tol
-    return np.argmax(candidates, axis=1)
+    key, tol = keys[0]
+    best = np.argmax(key, axis=1)
+    candidates = key >= np.take_along_axis(key, best[:, None], axis=1) - tol
+    tied = np.flatnonzero(np.count_nonzero(candidates, axis=1) > 1)
+    if tied.size == 0:
+        return best
+    candidates = candidates[tied]
+    for key, tol in keys[1:]:
+        masked = np.where(candidates, key[tied], -np.inf)
+        candidates &= masked >= masked.max(axis=1, keepdims=True) - (tol if np.ndim(tol) == 0 else tol[tied])
+    best[tied] = np.argmax(candidates, axis=1)
+    return best
 
 
 def _check_decoder(decoder):
