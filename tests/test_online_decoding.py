@@ -227,3 +227,22 @@ def test_bad_scale_and_decoder_are_one_line_errors(tmp_path):
         r = run_hpcmtl(base + [flag, value])
         assert r.returncode == 2 and value in one_error_line(r)
     assert not (tmp_path / "r.h5").exists()
+
+
+def test_npz_class_names_become_the_streams_label_names(tmp_path):
+    rng = np.random.default_rng(13)
+    X = sp.random(40, 12, density=0.3, format="csr", random_state=3)
+    y = rng.integers(0, 3, size=40)
+    names = np.array(["alt.atheism", "comp.graphics", "sci.space"])
+    sp.save_npz(tmp_path / "news.npz", X)
+    np.savez(tmp_path / "news-labels.npz", y=y, target_names=names)
+    r = run_hpcmtl(["data", "convert", "--format", "npz", tmp_path / "news.npz", tmp_path / "news-labels.npz",
+                    tmp_path / "s.h5", "--stream"])
+    assert r.returncode == 0, r.stderr
+    with store.StreamFile(tmp_path / "s.h5") as s:
+        assert s.label_names == list(names)
+        _, Y = s.read_rounds(0, 40)
+    np.testing.assert_array_equal(np.argmax(Y == 1, axis=1), y)
+    np.savez(tmp_path / "dense.npz", X=X.toarray(), y=y, class_names=names[:2])
+    r = run_hpcmtl(["data", "convert", "--format", "npz", tmp_path / "dense.npz", tmp_path / "d.h5", "--stream"])
+    assert r.returncode == 2 and "array 'y', element" in one_error_line(r) and "has no name in 'class_names'" in r.stderr
