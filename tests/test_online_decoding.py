@@ -246,3 +246,14 @@ def test_npz_class_names_become_the_streams_label_names(tmp_path):
     np.savez(tmp_path / "dense.npz", X=X.toarray(), y=y, class_names=names[:2])
     r = run_hpcmtl(["data", "convert", "--format", "npz", tmp_path / "dense.npz", tmp_path / "d.h5", "--stream"])
     assert r.returncode == 2 and "array 'y', element" in one_error_line(r) and "has no name in 'class_names'" in r.stderr
+
+
+def test_a_checkpoint_resumes_only_under_its_scaling():
+    from hpcmtl.checkpoint import config_mismatch
+    from hpcmtl.online import OnlineConfig
+    now = OnlineConfig(scale="l2").to_dict()
+    saved = dict(now, scale="maxabs")
+    assert config_mismatch({"config": saved}, now) == "'scale' is 'maxabs' in the checkpoint but 'l2' now"
+    older = {k: v for k, v in now.items() if k != "scale"}       # written before --scale: the stored instances
+    assert config_mismatch({"config": older}, now) == "'scale' is 'none' in the checkpoint but 'l2' now"
+    assert config_mismatch({"config": older}, OnlineConfig().to_dict()) is None
