@@ -17,7 +17,8 @@ Both compare classes by what depends on the class only: every row pays
 ``[1 + f_j]_+`` on its -1 entries, so ``loss_c = sum_j [1 + f_j]_+ + sum_{j: M_cj = +1}
 g(f_j)`` with ``g(f) = [1 - f]_+ - [1 + f]_+`` strictly decreasing; the first sum
 is the same for every class and is left out of the comparison (one-vs-rest:
-``g(f_c)`` alone, so the largest margin wins with no rounding between classes).
+``g(f_c)`` alone, so the largest margin wins with no rounding between classes,
+up to the tie tolerance).
 Remaining ties (scores equal to within ``1e-9 sum_j |f_j|``, far above rounding)
 go to the larger ``sum_{j: M_cj = +1} f_j`` (the linear loss, same argument),
 then to the lowest class index.
