@@ -139,22 +139,25 @@ def _positive_part(M):
     return (np.asarray(M) == 1).astype(np.float64)
 
 
-def _best(keys):
-    """Per row, the index with the largest first key; ties go to the next key, then to the lowest index.
+def _best(F, keys):
+    """Per row of margins F, the class with the largest first key; ties go to the next key, then the lowest class.
 
-    ``keys``: (T x s scores, T x 1 tolerance) pairs: scores within the tolerance of a row's best tie.
-    Only the rows with a tie read the later keys (most rows have none: the decoders run every block).
+    ``keys``: ``(score(F) -> T x s, relative)`` pairs, larger is better; with ``relative`` scores within
+    ``TIE_TOLERANCE sum_j |f_j|`` of a row's best tie, else only equal ones.  The later keys are computed
+    on the tied rows only (few: the decoders run on every block, and each key is a T x K by K x s product).
     """
-    key, tol = keys[0]
+    score, relative = keys[0]
+    tol = TIE_TOLERANCE * np.abs(F).sum(axis=1, keepdims=True)
+    key = score(F)
     best = np.argmax(key, axis=1)
-    candidates = key >= np.take_along_axis(key, best[:, None], axis=1) - tol
+    candidates = key >= np.take_along_axis(key, best[:, None], axis=1) - (tol if relative else 0.0)
     tied = np.flatnonzero(np.count_nonzero(candidates, axis=1) > 1)
     if tied.size == 0:
         return best
-    candidates = candidates[tied]
-    for key, tol in keys[1:]:
-        masked = np.where(candidates, key[tied], -np.inf)
-        candidates &= masked >= masked.max(axis=1, keepdims=True) - (tol if np.ndim(tol) == 0 else tol[tied])
+    candidates, F, tol = candidates[tied], F[tied], tol[tied]
+    for score, relative in keys[1:]:
+        masked = np.where(candidates, score(F), -np.inf)
+        candidates &= masked >= masked.max(axis=1, keepdims=True) - (tol if relative else 0.0)
     best[tied] = np.argmax(candidates, axis=1)
     return best
 
@@ -189,16 +192,15 @@ def decode(margins, M, decoder="loss"):
     _check_decoder(decoder)
     F = np.atleast_2d(np.asarray(margins, dtype=np.float64))
     P = _positive_part(M)
-    loss = -(_hinge_gap(F) @ P.T)                    # the class-dependent part of -loss_c (exact for one-vs-rest)
-    linear = F @ P.T                                 # the linear loss's class-dependent part, the last tie-break
-    # Classes whose sums differ by rounding only are tied: |g(f)| <= 2 |f|, so a sum's rounding error is below
-    # K eps sum_j |f_j|, far under 1e-9 sum_j |f_j|.  Exact ties are common (symmetric codes after a few rounds),
-    # and margins computed by two paths (the distributed server, the estimator, CSR or dense X) then decode alike.
-    tol = TIE_TOLERANCE * np.abs(F).sum(axis=1, keepdims=True)
-    keys = [(loss, tol), (linear, tol)]
-    if decoder == "hamming":                         # -d_c = sum_{+1 entries} sign f_j - (K + sum_j sign f_j) / 2
-        keys.insert(0, (np.sign(F) @ P.T, 0.0))
-    return _best(keys)
+    # Each key is the class-dependent part of a score, larger is better.  Classes whose sums differ by rounding
+    # only are tied: |g(f)| <= 2 |f|, so a sum's rounding error is below K eps sum_j |f_j|, far under
+    # TIE_TOLERANCE sum_j |f_j|.  Exact ties are common (symmetric codes after a few rounds), and margins computed
+    # by two paths (the distributed server, the estimator, CSR or dense X) then decode alike.
+    keys = [(lambda G: -(_hinge_gap(G) @ P.T), True),    # -loss_c up to the round's constant (exact for OvR)
+            (lambda G: G @ P.T, True)]                   # the linear loss's class-dependent part
+    if decoder == "hamming":                             # -d_c = sum_{+1 entries} sign f_j - (K + sum_j sign f_j) / 2
+        keys.insert(0, (lambda G: np.sign(G) @ P.T, False))
+    return _best(F, keys)
 
 
 def hamming_decode(margins, M):
