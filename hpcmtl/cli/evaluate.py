@@ -22,7 +22,7 @@ def open_test_stream(path, model, model_path):
     training stream's fitted :class:`~hpcmtl.stream_scaling.StreamScaling`, applied to this one).  The
     stream must have the model's feature count and, without a code, the model's label
     names (in any order); with a code, one label a class of the code's rows (matched
-    by name when the result names its classes, so Hamming ties break as in training).
+    by name when the result names its classes, so ties between classes break as in training).
     One-line errors, before any rounds are read.
     """
     import numpy as np
