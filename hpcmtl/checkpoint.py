@@ -42,9 +42,11 @@ MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_it
               "intercept_eta0", "float32", "local_steps",
               # the labels' meaning (which class is +1) changes the data; the aggregation, the local solver and the
               # exchange change the iterates, so a resumed run would not be the uninterrupted one
-              "positive_label", "aggregation", "local_solver", "exchange")
+              "positive_label", "aggregation", "local_solver", "exchange",
+              # online: the stream's feature scaling changes the instances every round sees
+              "scale")
 # what a checkpoint written before a setting existed ran with (intercepts came later: none; one local step a round)
-OLD_DEFAULTS = {"fit_intercept": False, "float32": False, "local_steps": 1, "positive_label": None}
+OLD_DEFAULTS = {"fit_intercept": False, "float32": False, "local_steps": 1, "positive_label": None, "scale": "none"}
 
 
 def data_signature(source) -> str:

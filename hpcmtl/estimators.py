@@ -20,7 +20,7 @@ from .losses import LOSSES
 from .memory import check_columns
 from .metrics import RunningMetrics
 from .online_rules import make_rule
-from .output_codes import get_code, hamming_decode
+from .output_codes import DECODERS, class_scores, decode, get_code, rank_labels
 from .params import validate
 from .taskdata import MemoryTasks, rows_of      # MemoryTasks: also imported from here (hpcmtl.MemoryTasks, tests)
 
@@ -634,7 +634,7 @@ class OnlineMultitask(BaseEstimator):
         else:
             self.rule_ = self._rule(k, typical_round(Xc, Y))
             self.W_ = np.zeros((rows.n_features, k))
-            self.metrics_ = RunningMetrics()
+            self.metrics_ = self._new_metrics()
         return rows, Y, T, per_task
 
     def partial_fit(self, X, Y):
@@ -645,6 +645,9 @@ class OnlineMultitask(BaseEstimator):
             _online.online_rounds(rows, per_task, Y, self.W_, *self.rule_.args(), margins, gloss)
         self._record(Y, margins, gloss)
         return self
+
+    def _new_metrics(self):
+        return RunningMetrics()
 
     def _record(self, Y, margins, gloss):
         self.metrics_.add(Y, margins, gloss)
@@ -680,25 +683,43 @@ class OnlineMultitask(BaseEstimator):
         """+1 where the margin is positive, else -1."""
         return np.where(self.decision_function(X) > 0, 1.0, -1.0)
 
+    def rank(self, X):
+        """Each round's tasks (labels) from the largest margin to the smallest, ties to the lower index (T x k).
+
+        The ranking output of a multilabel stream (:func:`hpcmtl.output_codes.rank_labels`): a round
+        whose margins are all negative still has a first label.
+        """
+        return rank_labels(self.decision_function(X))
+
 
 class OnlineECOC(OnlineMultitask):
     """Multiclass online learning through an output code (paper 004, Sec. 8.2).
 
     The code's columns are the binary tasks, learned under the global norm
     (r-max by default: the paper recommends r slightly below half the code
-    distance); prediction is Hamming decoding.  ``code``: ``"exhaustive"`` (for
-    5 classes the paper's 5 x 15 matrix), ``"one-vs-rest"``, ``"random:K"``
-    or an (s x K) +-1 array.  ``partial_fit(X, classes)`` with classes in
-    0..n_classes-1.
+    distance).  ``code``: ``"auto"`` (the default code for n_classes,
+    :func:`hpcmtl.output_codes.auto_code`), ``"exhaustive"`` (for 5 classes the
+    paper's 5 x 15 matrix), ``"one-vs-rest"``, ``"random:K"`` or an (s x K) +-1
+    array.  ``decoder``: ``"loss"`` (loss-based decoding, the least summed hinge
+    loss) or ``"hamming"`` (:func:`hpcmtl.output_codes.decode`), used by
+    ``predict``, ``decision_function`` and the running multiclass error.
+    ``partial_fit(X, classes)`` with classes in 0..n_classes-1.
     """
 
-    def __init__(self, n_classes=5, code="exhaustive", update="implicit", norm="rmax", r=3, p=2.0, C=1.0,
-                 R=None):
+    def __init__(self, n_classes=5, code="auto", update="implicit", norm="rmax", r=3, p=2.0, C=1.0,
+                 R=None, decoder="loss"):
         super().__init__(update, norm, r, p, C, R)
         self.n_classes = n_classes
         self.code = code
+        self.decoder = decoder
+
+    def _new_metrics(self):
+        return RunningMetrics(self.decoder)
 
     def partial_fit(self, X, classes):
+        if self.decoder not in DECODERS:
+            raise InputError(f"The 'decoder' parameter of OnlineECOC must be one of {', '.join(DECODERS)}. "
+                             f"Got {self.decoder!r} instead.")
         if not hasattr(self, "code_"):
             self.code_ = get_code(self.code, self.n_classes)
         classes = np.asarray(classes).reshape(-1)
@@ -714,6 +735,16 @@ class OnlineECOC(OnlineMultitask):
         self.__dict__.pop("code_", None)
         return super().fit(X, classes)
 
+    def code_margins(self, X):
+        """The code columns' margins ``w_j . x`` (T x K), what the decoder reads."""
+        return super().decision_function(X)
+
+    def decision_function(self, X):
+        """Class scores (T x n_classes), larger is better: minus the summed hinge loss of each class's code row
+        (``decoder="loss"``) or minus its Hamming distance from the margins' signs (``"hamming"``)."""
+        return class_scores(self.code_margins(X), self.code_, self.decoder)
+
     def predict(self, X):
-        return hamming_decode(self.decision_function(X), self.code_)
+        """The decoded class of each round (:func:`hpcmtl.output_codes.decode`, its documented tie rule)."""
+        return decode(self.code_margins(X), self.code_, self.decoder)
 

@@ -145,8 +145,11 @@ def train_option_groups():
             param("--p", type=float),                  # p >= 1 is checked by the online rule
             param("--C", type=None, default="1.0"),    # a number or 'auto', read by online_config
             param("--R"),
-            (("--code",), dict(help="an output code over a single-label stream's classes: exhaustive, "
-                                    "one-vs-rest, random:K[:SEED] or a .npy matrix")),
+            (("--code",), dict(help="an output code over a single-label stream's classes: auto (the default "
+                                    "code for C classes), one-vs-rest, random:K[:SEED], exhaustive (3..10 "
+                                    "classes) or a .npy matrix")),
+            param("--decoder"),
+            param("--scale"),
             param("--block-rounds"),
             param("--chunk-rounds"),
         ]),
@@ -337,7 +340,8 @@ def online_config(args):
         if not C > 0 or C == float("inf"):
             raise InputError(f"--C must be a number > 0 or 'auto', got {args.C!r}")
     return OnlineConfig(update=args.update, norm=args.norm, r=args.r, p=args.p, C=C, R=args.R, code=args.code,
-                        block_rounds=args.block_rounds, chunk_rounds=args.chunk_rounds)
+                        decoder=args.decoder, scale=args.scale, block_rounds=args.block_rounds,
+                        chunk_rounds=args.chunk_rounds)
 
 
 # ---------------------------------------------------------------------------
@@ -455,13 +459,13 @@ def train_online(run):
     from .online import StreamTasks, evaluate_stream, train
     args, cluster, open_test_stream = run.args, run.cluster, run.open_test_stream
     config = run.config = online_config(args)
-    source = run.source = StreamTasks(args.stream, config.code)
+    source = run.source = StreamTasks(args.stream, config.code, scaling=config.scale)
     if args.test:                                    # checked on every rank before any work, evaluated at the end
         probe = open_test_stream(args.test, {"W": np.zeros((source.n_features, source.n_tasks)),
                                                 "task_names": source.names, "code": source.code,
                                                 "class_names": source.class_names}, args.stream)
         probe.close()
-    config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)   # R, C settle here
+    config.validate(source.n_tasks, source.max_row_norm(), source.typical)   # R, C settle here
     if cluster.is_server:
         from .progress import Progress
         run.progress = Progress(args.log_level, args.progress_seconds, max_rounds=source.n_rounds)
@@ -473,9 +477,10 @@ def train_online(run):
         return None
     if args.test:
         test_source = open_test_stream(args.test, {"W": result.W, "task_names": result.task_names,
-                                                   "code": result.code, "class_names": source.class_names}, args.stream)
+                                                   "code": result.code, "class_names": source.class_names,
+                                                   "scaling": source.scaling}, args.stream)
         try:
-            result.test = evaluate_stream(result.W, test_source, chunk=config.chunk_rounds)
+            result.test = evaluate_stream(result.W, test_source, chunk=config.chunk_rounds, decoder=config.decoder)
         finally:
             test_source.close()
     return result
@@ -598,6 +603,8 @@ def write_online(run, result):
     if result.code is not None:
         model["code"] = result.code
         model["class_names"] = list(source.class_names)      # the code's rows: evaluate matches test classes by name
+    if source.scaling.factors is not None:                   # evaluate scales a test stream with the same factors
+        model["feature_scale"] = source.scaling.factors
     config_out = dict(result.config, n_features=source.n_features, stream=os.path.abspath(args.stream),
                       test=os.path.abspath(args.test) if args.test else None, summary=s)
     store.write_result(args.out, result.W, None, result.history, config_out, run.cluster.size, run.version,

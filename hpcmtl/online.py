@@ -29,6 +29,7 @@ from .metrics import RunningMetrics, error_rates, mistakes, multiclass_mistakes
 from .online_rules import auto_C, make_rule, tau  # noqa: F401 (auto_C, tau: see below)
 from .output_codes import classes_from_onehot, code_distance, exhaustive_code, get_code  # noqa: F401
 from .params import validate as check_params
+from .stream_scaling import StreamScaling, check_scale, fit_scaling, row_statistics
 from .taskdata import rows_of
 
 # auto_C, tau, code_distance and exhaustive_code stay importable from here for one release: docs/math.md
@@ -64,14 +65,18 @@ class OnlineConfig:
     C: object = 1.0                  # a number or "auto"
     R: float | None = None           # bound on ||x|| (default: the stream's largest row norm)
     code: str | None = None          # an output code over a single-label stream's classes
+    decoder: str = "loss"            # the code's decoder (output_codes.decode): "loss" or "hamming"
+    scale: str = "none"              # the stream's feature scaling (stream_scaling), shared by the test stream
     block_rounds: int = 64           # rounds per exchange (exact sequential semantics at any value)
     chunk_rounds: int = 4096         # rounds read from the file at a time (a multiple of block_rounds)
     method: str = "online"
 
     def validate(self, k, max_row_norm, typical=None, owner="train online"):
         """The rule for k tasks; ``typical`` (active tasks a round, mean ||x||^2) is read only for C=auto."""
-        checked = check_params({"block_rounds": self.block_rounds, "chunk_rounds": self.chunk_rounds}, owner)
+        checked = check_params({"block_rounds": self.block_rounds, "chunk_rounds": self.chunk_rounds,
+                                "decoder": self.decoder}, owner)
         self.block_rounds, self.chunk_rounds = checked["block_rounds"], checked["chunk_rounds"]
+        check_scale(self.scale, owner)
         self.chunk_rounds = -(-self.chunk_rounds // self.block_rounds) * self.block_rounds
         if self.R is None:
             self.R = float(max_row_norm) if max_row_norm > 0 else 1.0
@@ -88,9 +93,13 @@ class StreamTasks:
 
     Every rank opens the file read-only and reads only what it needs: workers
     the instance rows and their tasks' labels, the server the labels.
+    ``scaling``: a scaling kind to fit on this stream (every rank reads it once,
+    :func:`hpcmtl.stream_scaling.fit_scaling`) or a fitted
+    :class:`~hpcmtl.stream_scaling.StreamScaling` (a test stream takes its model's);
+    :meth:`read_rounds` returns scaled instances.
     """
 
-    def __init__(self, path, code=None, label_order=None):
+    def __init__(self, path, code=None, label_order=None, scaling=None):
         from .store import StreamFile
         self.stream = StreamFile(path)
         self.path = self.stream.path
@@ -100,6 +109,10 @@ class StreamTasks:
             self.code = None if code is None else get_code(code, s.n_labels)
         except InputError as exc:
             raise InputError(f"{self.path}: {s.n_labels} labels: {exc}") from None
+        if isinstance(scaling, str):
+            scaling = fit_scaling(check_scale(scaling), (X for _, X, _ in s.chunks(65536)), s.n_rounds, s.n_features)
+        self.scaling = scaling if scaling is not None else StreamScaling()
+        self._row_stats = None
         # label_order[j] = the file's column seen as label (or class) j: a test stream in a model's order
         self.label_order = None if label_order is None else np.asarray(label_order, dtype=np.int64)
         self.class_names = s.label_names if label_order is None else [s.label_names[i] for i in self.label_order]
@@ -113,8 +126,26 @@ class StreamTasks:
         """(active tasks a round, mean ||x||^2) of the stream, for C=auto (every code column is active)."""
         if self._typical is None:
             active = self.n_tasks if self.code is not None else self.stream.mean_active_labels()
-            self._typical = (float(active), self.stream.mean_sq_row_norm())
+            self._typical = (float(active), self.mean_sq_row_norm())
         return self._typical
+
+    def _scaled_stats(self):
+        if self._row_stats is None:
+            self._row_stats = row_statistics(self.scaling, (X for _, X, _ in self.stream.chunks(65536)))
+        return self._row_stats
+
+    def max_row_norm(self):
+        """Largest ``||x_t||`` of the (scaled) stream: the default R."""
+        return self.stream.max_row_norm() if self.scaling.kind == "none" else self._scaled_stats()[0]
+
+    def mean_sq_row_norm(self):
+        """Mean ``||x_t||^2`` of the (scaled) stream: what C=auto scales with."""
+        return self.stream.mean_sq_row_norm() if self.scaling.kind == "none" else self._scaled_stats()[1]
+
+    def read_rounds(self, start, stop):
+        """Rounds ``start:stop`` as (scaled CSR instances, labels as stored)."""
+        X, Y = self.stream.read_rounds(start, stop)
+        return self.scaling.apply(X), Y
 
     def labels(self, Y, start):
         """(task labels, classes or None) of a chunk of the stream's Y."""
@@ -157,7 +188,7 @@ class LocalColumns(LocalBase):
         if self.chunk[0] == lo:
             return
         hi = min(self.source.n_rounds, lo + self.config.chunk_rounds)
-        X, Y = self.source.stream.read_rounds(lo, hi)
+        X, Y = self.source.read_rounds(lo, hi)
         Yt, _ = self.source.labels(Y, lo)
         self.rows, _ = rows_of(X)
         self.Y = np.ascontiguousarray(Yt[:, self.tasks])
@@ -220,7 +251,7 @@ class OnlineServer(ServerBase):
     def __init__(self, cluster, source, config, rule, progress=None, checkpointer=None):
         super().__init__(cluster, source, progress, checkpointer)
         self.config, self.rule = config, rule
-        self.metrics = RunningMetrics()
+        self.metrics = RunningMetrics(config.decoder)
         self.rank_tasks = [[] for _ in range(cluster.size)]
         for b in self.blocks:
             self.rank_tasks[cluster.worker_rank(b.worker)].append(b.task)
@@ -310,6 +341,7 @@ class OnlineResult(RunResult):
     code: np.ndarray | None = None
     test: dict | None = None
     extra: dict | None = None
+    scaling: StreamScaling | None = None
 
 
 def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=None, resume=None, test_source=None):
@@ -324,7 +356,7 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
     """
     from .checkpoint import read_compatible
     from .cluster import plan_blocks
-    rule = config.validate(source.n_tasks, source.stream.max_row_norm(), source.typical)
+    rule = config.validate(source.n_tasks, source.max_row_norm(), source.typical)
 
     def make_local():           # whole tasks over the stream, one unit each
         planned = cluster.planned(plan_blocks(np.ones(source.n_tasks, dtype=np.int64), np.ones(source.n_tasks),
@@ -338,21 +370,24 @@ def train(cluster, source, config: OnlineConfig, progress=None, checkpointer=Non
         return OnlineResult(W=server.final_W, history=server.metrics.arrays(), config=dict(config.to_dict(), C=rule.C),
                             task_names=source.names, n_rounds=server.round, seconds=server.elapsed(),
                             bytes_moved=cluster.bytes_moved, summary=server.metrics.summary(source.n_tasks),
-                            trace={k: np.asarray(v) for k, v in server.trace.items()}, code=source.code, extra=extra)
+                            trace={k: np.asarray(v) for k, v in server.trace.items()}, code=source.code, extra=extra,
+                            scaling=source.scaling)
 
     state = None if resume is None else (lambda: read_compatible(resume, config, source))
     return engine.train(cluster, make_local, make_server, result, state)
 
 
-def evaluate_stream(W, test_source, chunk=4096):
+def evaluate_stream(W, test_source, chunk=4096, decoder="loss"):
     """Test metrics of final hypotheses (d x k, columns in ``test_source.names`` order) on a stream.
 
-    The stream is read ``chunk`` rounds at a time; the per-round mistakes are
-    counted by the rule the training run uses (:func:`mistakes`, so a margin of
-    0 is wrong), giving the inf-error, 1-error and, with an output code, the
-    multiclass error rates, and per task (active rounds only) the error rate
-    and AUC, pooled and averaged by :func:`hpcmtl.metrics.summarize`.  Memory:
-    one chunk of instances plus each task's active margins (for its AUC).
+    The stream is read ``chunk`` rounds at a time (scaled by its ``scaling``); the
+    per-round mistakes are counted by the rule the training run uses
+    (:func:`mistakes`, so a margin of 0 is wrong), giving the inf-error, 1-error
+    and, with an output code, the multiclass error rate after decoding with
+    ``decoder`` (:func:`hpcmtl.output_codes.decode`) and one row a class (its
+    name, rounds, errors, error rate: ``classes``); per task (active rounds only)
+    the error rate and AUC, pooled and averaged by :func:`hpcmtl.metrics.summarize`.
+    Memory: one chunk of instances plus each task's active margins (for its AUC).
     """
     from .metrics import summarize, task_metrics
     k = test_source.n_tasks
@@ -362,15 +397,20 @@ def evaluate_stream(W, test_source, chunk=4096):
     scores, labels = [[] for _ in range(k)], [[] for _ in range(k)]
     task_errors = np.zeros(k, dtype=np.int64)
     inf_errors, multiclass = 0, (0 if test_source.code is not None else None)
+    n_classes = 0 if test_source.code is None else test_source.code.shape[0]
+    class_rounds, class_errors = np.zeros(n_classes, dtype=np.int64), np.zeros(n_classes, dtype=np.int64)
     for start in range(0, test_source.n_rounds, chunk):
-        X, Y = test_source.stream.read_rounds(start, min(test_source.n_rounds, start + chunk))
+        X, Y = test_source.read_rounds(start, min(test_source.n_rounds, start + chunk))
         Yt, classes = test_source.labels(Y, start)
         margins = np.asarray(X @ W)
         wrong = mistakes(Yt, margins)
         task_errors += wrong.sum(axis=0)
         inf_errors += int(wrong.any(axis=1).sum())
         if classes is not None:
-            multiclass += int(multiclass_mistakes(margins, test_source.code, classes).sum())
+            missed = multiclass_mistakes(margins, test_source.code, classes, decoder)
+            multiclass += int(missed.sum())
+            class_rounds += np.bincount(classes, minlength=n_classes)
+            class_errors += np.bincount(classes[missed], minlength=n_classes)
         for j in range(k):
             active = Yt[:, j] != 0
             scores[j].append(margins[active, j])
@@ -383,4 +423,8 @@ def evaluate_stream(W, test_source, chunk=4096):
     summary = summarize(tasks, False)
     summary["n_rounds"] = int(test_source.n_rounds)
     summary.update(error_rates(test_source.n_rounds, k, inf_errors, int(task_errors.sum()), multiclass))
-    return {"tasks": tasks, "summary": summary}
+    out = {"tasks": tasks, "summary": summary}
+    if n_classes:
+        out["classes"] = [{"name": str(name), "n": int(n), "errors": int(e), "error_rate": int(e) / max(1, int(n))}
+                          for name, n, e in zip(test_source.class_names, class_rounds, class_errors)]
+    return out

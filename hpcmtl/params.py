@@ -38,6 +38,8 @@ EXCHANGES = ("auto", "dense")
 PROJECTIONS = ("l1inf", "l1", "l2")
 UPDATES = ("implicit", "perceptron", "infinite")
 NORMS = ("linf", "l1", "l2", "rmax", "p")
+DECODERS = ("loss", "hamming")                     # output codes' decoders (hpcmtl.output_codes.decode)
+STREAM_SCALINGS = ("none", "l2", "maxabs", "tfidf")  # a stream's feature scaling (hpcmtl.stream_scaling)
 KERNELS = ("rbf", "linear", "poly")
 METRICS = ("rmse", "error", "auc", "logloss")     # validation metrics of a lam grid (hpcmtl.model_selection)
 
@@ -188,6 +190,10 @@ PARAMS = {
                               "active task (docs/math.md)", auto=True),
     "R": Param(POSITIVE, None, "bound on ||x|| for the infinite-horizon update (none: the stream's largest "
                                "instance norm)"),
+    "decoder": Param(DECODERS, "loss", "an output code's decoder: loss (the least summed hinge loss, Allwein et al. "
+                                       "2000) or hamming (ties to the least hinge loss)"),
+    "scale": Param(STREAM_SCALINGS, "none", "the stream's feature scaling, shared by --test: l2 (unit rows), maxabs "
+                                            "(features in [-1, 1]), tfidf (counts: log idf, unit rows)"),
     "block_rounds": Param(COUNT, 64, "rounds per exchange with the workers (same sequential algorithm at any value)"),
     "chunk_rounds": Param(COUNT, 4096, "rounds read from the file at a time (bounds memory)"),
     # task graph (GraphMTL)

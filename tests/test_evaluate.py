@@ -73,8 +73,9 @@ def evaluate_text(result, test):
 
 
 def text_summary(text):
-    """{row label: value} of the summary rows (after the blank line) of the evaluate table."""
-    rows = text.split("\n\n", 1)[1].split("\n")
+    """{row label: value} of the summary rows (after the first blank line; an output code's classes follow the
+    next one) of the evaluate table."""
+    rows = text.split("\n\n")[1].split("\n")
     return {line.split()[0]: float(line.split()[1]) for line in rows if line.strip()}
 
 
@@ -132,8 +133,9 @@ def test_online_ecoc_result_reports_the_multiclass_error(tmp_path):
     W, M = model["W"], model["code"]
     assert M.shape == (4, 7)
     margins = X @ W
-    distance = np.array([[np.sum((margins[t] > 0) != (M[c] > 0)) for c in range(4)] for t in range(len(X))])
-    multiclass = np.mean(np.argmin(distance, axis=1) != classes)
+    # loss-based decoding (the default): the class whose code row has the least summed hinge loss
+    hinge = np.array([[np.sum(np.maximum(0.0, 1.0 - M[c] * margins[t])) for c in range(4)] for t in range(len(X))])
+    multiclass = np.mean(np.argmin(hinge, axis=1) != classes)
     expected = numpy_stream_metrics(W, X, M[classes])
     s = evaluate_json(out, test)["summary"]
     assert s["multiclass_error_rate"] == pytest.approx(multiclass, abs=1e-15)

@@ -279,9 +279,10 @@ def pixel_stream(seed=0, T=4000, d=64, n_classes=10, noise=150.0):
     return np.clip(prototypes[classes] + rng.normal(0.0, noise, size=(T, d)), 0.0, 255.0), classes
 
 
-def ecoc_error(X, classes, C, update, norm, r=3):
+def ecoc_error(X, classes, C, update, norm, r=3, decoder="loss"):
     R = float(np.sqrt(np.max(np.einsum("ij,ij->i", X, X))))
-    model = estimators.OnlineECOC(n_classes=10, code="one-vs-rest", update=update, norm=norm, r=r, C=C, R=R)
+    model = estimators.OnlineECOC(n_classes=10, code="one-vs-rest", update=update, norm=norm, r=r, C=C, R=R,
+                                  decoder=decoder)
     model.fit(X, classes)
     return model.metrics_.summary(10)["multiclass_error_rate"], model.rule_.C
 
@@ -295,16 +296,18 @@ def test_auto_C_is_the_dual_norm_of_unit_steps_over_mean_squared_norm(norm, acti
 
 @pytest.mark.parametrize("update", ["perceptron", "implicit", "infinite"])
 @pytest.mark.parametrize("norm", ["l2", "l1", "rmax", "linf"])
-def test_auto_C_is_near_the_best_fixed_C_where_corollary_5_is_at_chance(update, norm):
+def test_auto_C_is_near_the_best_fixed_C_and_beats_corollary_5(update, norm):
     X, classes = pixel_stream()
     mean_sq = float(np.mean(np.einsum("ij,ij->i", X, X)))
     auto, C = ecoc_error(X, classes, "auto", update, norm)
     best = min(ecoc_error(X, classes, c / mean_sq, update, norm)[0] for c in (0.1, 1.0, 10.0))
     assert auto <= best + 0.03 and auto < 0.25, (auto, best)
-    if norm != "linf" and update != "infinite":       # the old rule on the same stream: chance is 0.9
+    if norm != "linf" and update != "infinite":       # the old rule on the same stream
+        # At chance (0.9) under Hamming decoding with ties to class 0: its tiny margins leave most rounds with no
+        # positive column.  Decoded by loss, or by Hamming with ties to the least loss, it is 2-10 % (auto: ~1 %).
         old = ecoc_error(X, classes, online_rules.horizon_C(len(classes), np.sqrt(np.max(np.sum(X * X, axis=1)))),
-                         update, norm)[0]
-        assert old > 0.8
+                         update, norm, decoder="hamming")[0]
+        assert old > auto + 0.005, (old, auto)
     scaled, C_scaled = ecoc_error(X / 255.0, classes, "auto", update, norm)
     assert C_scaled == pytest.approx(C * 255.0 ** 2) and abs(scaled - auto) <= 0.005   # no unit in the rule
 

@@ -142,7 +142,8 @@ def bad_streams(base, d):
     ("label", [], "field 'Y': round 5 has a label other than -1, 0, +1"),
     ("index", [], "field 'X/indices': column index outside"),
     ("good", ["--code", "one-vs-rest"], "labels; an output code needs exactly one class per round"),
-    ("good", ["--code", "exhaustive"], "s.h5: 20 labels: the exhaustive code needs 3..16 classes"),
+    ("good", ["--code", "exhaustive"], "s.h5: 20 labels: the exhaustive code has 2^(C-1) - 1 columns, so it is "
+                                       "offered for 3..10 classes only, got 20: use --code auto"),
     ("good", ["--C", "big"], "--C must be a number > 0 or 'auto', got 'big'"),
     ("good", ["--r", "50"], "'r' parameter of train online must be an integer in 1..20"),
     ("good", ["--norm", "p", "--p", "3"], "solved exactly for the L2 and r-max norms"),

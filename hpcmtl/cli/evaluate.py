@@ -18,10 +18,11 @@ def add_parser(sub):
 def open_test_stream(path, model, model_path):
     """A test stream for an online model, checked against it, its labels in the model's order.
 
-    ``model`` is a result's ``/model`` dict (W, task_names, code, class_names).  The
+    ``model`` is a result's ``/model`` dict (W, task_names, code, class_names; ``scaling``: the
+    training stream's fitted :class:`~hpcmtl.stream_scaling.StreamScaling`, applied to this one).  The
     stream must have the model's feature count and, without a code, the model's label
     names (in any order); with a code, one label a class of the code's rows (matched
-    by name when the result names its classes, so Hamming ties break as in training).
+    by name when the result names its classes, so ties between classes break as in training).
     One-line errors, before any rounds are read.
     """
     import numpy as np
@@ -44,15 +45,29 @@ def open_test_stream(path, model, model_path):
             order = [i for _, i in sorted(pairs)]
     finally:
         source.close()
-    return StreamTasks(path, code, label_order=order)
+    return StreamTasks(path, code, label_order=order, scaling=model.get("scaling"))
 
 
 def evaluate_online(result, path, model_path):
-    """Test metrics of an online result on a test stream (read in chunks of the run's --chunk-rounds)."""
+    """Test metrics of an online result on a test stream (read in chunks of the run's --chunk-rounds).
+
+    The stream is scaled as the training stream was (``config/scale``, ``/model/feature_scale``) and a
+    code's rounds decoded by the run's ``config/decoder`` (results before it: ``loss``, today's default).
+    """
+    import numpy as np
+
     from ..online import evaluate_stream
-    source = open_test_stream(path, result["model"], model_path)
+    from ..output_codes import DECODERS
+    from ..stream_scaling import from_stored
+    config, model = result["config"], dict(result["model"])
+    decoder = config.get("decoder") or "loss"
+    if decoder not in DECODERS:
+        raise InputError(f"{model_path}: config 'decoder' must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    model["scaling"] = from_stored(config.get("scale"), model.get("feature_scale"), np.asarray(model["W"]).shape[0],
+                                   model_path)
+    source = open_test_stream(path, model, model_path)
     try:
-        return evaluate_stream(result["model"]["W"], source, chunk=int(result["config"].get("chunk_rounds") or 4096))
+        return evaluate_stream(model["W"], source, chunk=int(config.get("chunk_rounds") or 4096), decoder=decoder)
     finally:
         source.close()
 
@@ -74,6 +89,11 @@ def metrics_text(metrics):
         lines.append(f"{t['name']:<{width}s}  " + "  ".join(f"{shown(t[c]):>18s}" for c in columns))
     lines.append("")
     lines += [f"{k:<{width}s}  {shown(s[k]):>18s}" for k in keys]
+    if metrics.get("classes"):                        # an output code's classes, by the names the stream gave them
+        cw = max([len("class")] + [len(str(c["name"])) for c in metrics["classes"]])
+        lines += ["", f"{'class':<{cw}s}  " + "  ".join(f"{c:>18s}" for c in ("n", "errors", "error_rate"))]
+        lines += [f"{str(c['name']):<{cw}s}  " + "  ".join(f"{shown(c[k]):>18s}" for k in ("n", "errors", "error_rate"))
+                  for c in metrics["classes"]]
     return "\n".join(lines)
 
 

@@ -88,6 +88,9 @@ def _sparse_npz_source(paths, opened):
         def locate(i, field, row=None, column=None):
             return x_locate(0, field, row, column) if field == "X" else loc_y(0, field, row, column)
         if "tasks" not in keys:
+            named = [k for k in ("class_names", "target_names") if k in keys]
+            if named:                                 # e.g. fetch_20newsgroups_vectorized: y indexes target_names
+                y = _named_classes(y, _npz_array(z, lpath, named[0], False), lpath, named[0])
             return ("labeled", Labeled(Xs[0], y, locate, "y", lpath, task_name=names[0]))
         tasks = _npz_array(z, lpath, "tasks", numeric=False)
         if tasks.ndim != 1 or tasks.dtype.kind not in "biuUS" or len(tasks) != Xs[0].shape[0] or y.size != len(tasks):
@@ -140,7 +143,11 @@ def _npz_source(paths):
     suffixes = sorted((int(k[2:]), k[2:]) for k in keys if re.fullmatch(r"X_\d+", k))
     if not suffixes and {"X", "y"} <= keys:
         locate = _array_locate(path, lambda i: "X", lambda i: "y")
-        return "labeled", Labeled(_npz_array(z, path, "X"), _npz_array(z, path, "y", False), locate, "y", path)
+        y = _npz_array(z, path, "y", False)
+        named = [k for k in ("class_names", "target_names") if k in keys]
+        if named:                                     # scikit-learn's datasets: y indexes the class names
+            y = _named_classes(y, _npz_array(z, path, named[0], False), path, named[0])
+        return "labeled", Labeled(_npz_array(z, path, "X"), y, locate, "y", path)
     if not suffixes:
         raise InputError(f"{path}: expected arrays X, y, tasks or X_0, y_0, X_1, y_1, ... or X, y "
                          f"(arrays: {short_list(sorted(keys))})")
@@ -153,6 +160,23 @@ def _npz_source(paths):
     names = [check_name(_npz_array(z, path, f"name_{sfx}", numeric=False), f"{path}: array 'name_{sfx}'")
              if f"name_{sfx}" in keys else f"task{i}" for i, sfx in suffixes]
     return "tasks", Xs, ys, names, locate
+
+
+def _named_classes(y, names, path, key):
+    """Class ids 0..n-1 in ``y`` as the text of ``names[y]`` (``class_names`` / ``target_names``, as
+    ``sklearn.datasets`` bunches hold them), so a stream's label columns carry the names."""
+    names = np.asarray(names)
+    if names.ndim != 1 or names.dtype.kind not in "US" or len(set(names.tolist())) != names.size:
+        raise InputError(f"{path}: array '{key}' must be a 1-D list of distinct names, got {names.dtype} "
+                         f"{names.shape}")
+    if y.dtype.kind not in "iu" or y.ndim != 1:
+        raise InputError(f"{path}: array 'y' must hold integer class ids 0..{names.size - 1} with '{key}', "
+                         f"got {y.dtype} {y.shape}")
+    bad = np.flatnonzero((y < 0) | (y >= names.size))
+    if bad.size:
+        raise InputError(f"{path}: array 'y', element {int(bad[0]) + 1}: class {int(y[bad[0]])} has no name in "
+                         f"'{key}' ({names.size} names)")
+    return names.astype(str)[y]
 
 
 def from_npz(paths, labels=None):

@@ -61,9 +61,23 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         if test:
             g = f.create_group("test")
             g.attrs["summary"] = json.dumps(test["summary"], sort_keys=True)
+            if test.get("classes"):                  # an output code's classes by name (name, n, errors, error_rate)
+                g.attrs["classes"] = json.dumps(test["classes"])
             for key in test["tasks"][0]:
                 column = [t[key] for t in test["tasks"]]
                 g.create_dataset(key, data=np.array(column, dtype=h5py.string_dtype()) if key == "name" else np.asarray(column))
+
+
+def _classes_attr(g, path) -> list:
+    """``/test`` attribute ``classes``: a JSON list of {name, n, errors, error_rate}, or a one-line InputError."""
+    raw = g.attrs["classes"]
+    try:
+        value = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(c, dict) and "name" in c for c in value)):
+        raise InputError(f"{path}: '/test' attribute 'classes' must be a JSON list of objects with a 'name'")
+    return value
 
 
 def _json_attr(f, path, name) -> dict:
@@ -167,4 +181,6 @@ def read_result(path) -> dict:
             test = _group(f, path, "test")
             out["test"] = {"summary": canonical_summary(_json_attr(test, path, "summary")),
                            "tasks": {k: v[()] for k, v in test.items() if isinstance(v, h5py.Dataset)}}
+            if "classes" in test.attrs:
+                out["test"]["classes"] = _classes_attr(test, path)
     return out
