@@ -177,8 +177,7 @@ def train_option_groups():
             (("--watchdog",), dict(type=watchdog_seconds, default=WATCHDOG_SECONDS, metavar="S",
                                    help="under mpiexec, end the job (exit 1, naming the rank) when rank 0 has waited "
                                         "in one collective longer than S seconds, and 10 times the slowest wait so "
-                                        "far, for a rank that does not answer (stopped or wedged); 0: never "
-                                        "(default %(default)g)")),
+                                        "far, for a rank that does not answer (stopped or wedged); 0: never")),
         ]),
         ("logging", TRAIN_METHODS, [
             (("--quiet",), dict(action="store_true",
