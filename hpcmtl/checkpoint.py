@@ -34,6 +34,7 @@ import numpy as np
 
 from . import _sdca, store
 from .errors import InputError
+from .losses import get_loss, signed_labels
 
 MUST_MATCH = ("method", "loss", "lam", "gamma", "relationship", "eta", "local_iters", "seed", "rff_dim", "radius",
               "projection", "eta0",
@@ -168,7 +169,53 @@ def read_compatible(path, config, source, sigma=None) -> dict:
                 raise InputError(f"{path}: cannot resume: task '{name}' (#{i}) of {source.path} has changed since the "
                                  f"checkpoint was written: {what} differ (content fingerprint {b}, the "
                                  f"checkpoint's {a})")
+    check_blocks(path, ck, config, source)
     return ck
+
+
+BOX_TOLERANCE = 1e-9      # y alpha of a saved box dual: in [0, 1] up to the rounding of a few aggregated steps
+
+
+def check_blocks(path, ck, config, source):
+    """Refuse a checkpoint whose blocks do not fit the data: every task's rows tiled by its blocks exactly (no
+    row missing, none twice), and for the box losses (hinge, smoothed hinge, logistic) every ``y_i alpha_i`` in
+    [0, 1], the dual's domain.  The shapes are :func:`hpcmtl.store.read_checkpoint`'s; here what needs the data:
+    a checkpoint edited (or damaged) within its shapes would resume from an infeasible dual, and the run would
+    certify a gap it does not have.  The server reads one task's labels at a time (never X)."""
+    blocks = ck.get("blocks") or []
+    if not blocks or not hasattr(source, "read_labels"):
+        return                               # no dual state (joint-sparse, online) or in-memory tasks
+    by_task = {}
+    for b in blocks:
+        by_task.setdefault(b["task"], []).append(b)
+    tiles = []                               # per task, its blocks in row order
+    for i in range(source.n_tasks):
+        parts = sorted(by_task.pop(i, []), key=lambda b: b["start"])
+        tiles.append(parts)
+        ends = [0] + [b["stop"] for b in parts]
+        spans = ", ".join(f"{b['start']}..{b['stop']}" for b in parts)
+        if [b["start"] for b in parts] != ends[:-1] or ends[-1] != int(source.n_samples[i]):
+            raise InputError(f"{path}: cannot resume: the blocks of task '{source.names[i]}' (#{i}) do not cover its "
+                             f"{int(source.n_samples[i])} rows exactly (saved: {spans or 'none'})")
+    if by_task:
+        raise InputError(f"{path}: cannot resume: blocks of task #{min(by_task)}, but {source.path} has "
+                         f"{source.n_tasks} tasks")
+    loss_name = getattr(config, "loss", None)
+    if loss_name not in ("hinge", "smoothed-hinge", "logistic"):
+        return                               # the squared loss's dual is unbounded
+    loss = get_loss(loss_name)
+    positive = getattr(config, "positive_label", None)
+    for i in range(source.n_tasks):
+        where = f"{source.path}: task '{source.names[i]}' (#{i})"
+        y = signed_labels(loss, source.read_labels(i), positive, where)
+        for b in tiles[i]:
+            ya = y[b["start"]:b["stop"]] * b["alpha"]
+            bad = np.flatnonzero((ya < -BOX_TOLERANCE) | (ya > 1 + BOX_TOLERANCE))
+            if bad.size:
+                j = int(bad[0])
+                raise InputError(f"{path}: cannot resume: task '{source.names[i]}' (#{i}): field 'alpha': row "
+                                 f"{b['start'] + j} has alpha = {b['alpha'][j]:.17g} outside the {loss_name} dual's "
+                                 f"box (y alpha must be in [0, 1], y = {y[b['start'] + j]:g})")
 
 
 def share_fingerprints(cluster, source):

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, AgreedError, StopRequested,
-                      fault_point, plan_blocks)
+from .cluster import (CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, AgreedError, SilentRank,
+                      StopRequested, fault_point, plan_blocks)
 from .errors import ConvergenceError, InputError, Preempted
 from .features import rff_map
 from .memory import check_columns, check_fits, dense_bytes
@@ -501,15 +501,21 @@ class ServerBase:
         ``earlier``: ``(state, round)``, what :meth:`checkpoint_state` returned after an earlier round, written
         instead of the current state (rounds whose own state is not saved: DMTRL's interior-point rounds resume
         from where they began)."""
+        if self.cluster.size > 1:       # the server's own fault point (P = 1: the worker's in the round fires)
+            fault_point(self.cluster.rank, self.round)
         ck = self.checkpointer
         if ck is None:
             return
-        signal_name = ck.signal_received()
+        signal_name, who = ck.signal_received(), ""
+        if not signal_name and ck.signals is not None:      # a worker's signal stops the job the same way
+            remote = self.cluster.signal_elsewhere()
+            if remote is not None:
+                signal_name, who = remote[1], f"rank {remote[0]} "
         if signal_name or ck.due(self.round):
             ck.save(self, None if earlier is None else earlier[0])
         if signal_name:
             after = self.round if earlier is None else earlier[1]
-            raise Preempted(f"received {signal_name}: checkpoint written to {ck.path} after round {after}; "
+            raise Preempted(f"{who}received {signal_name}: checkpoint written to {ck.path} after round {after}; "
                             f"continue with --resume")
 
     def test_metrics(self, regression):
@@ -573,8 +579,8 @@ def run(local, make_server, rss_before_data, resume=None):
     except Preempted:
         server.stop(STOP_PREEMPTED, Preempted.exit_code)
         raise
-    except AgreedError:          # every rank raised it in the same collective: no one to stop
-        raise
+    except (AgreedError, SilentRank):   # every rank raised it in the same collective, or a rank is silent and a
+        raise                            # STOP would wait for it too: run_main ends the job
     except BaseException as exc:
         server.stop(STOP_FAILED, getattr(exc, "exit_code", 1))
         exc.hpcmtl_workers_stopped = True      # every worker has left with the exit code: no MPI_Abort needed

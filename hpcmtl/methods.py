@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from .cluster import WATCHDOG_SECONDS
 from .errors import InputError
 from .metrics import evaluate_arrays
 from .params import (NONNEGATIVE_INT, POSITIVE, Interval, log_grid_type, number_list_type, number_type,  # noqa: F401
@@ -53,6 +54,19 @@ DISTRIBUTED_SDCA = ("dmtrl", "stl", "fixed", "graph")                           
 SDCA_METHODS = DISTRIBUTED_SDCA + ("ssdca", "mtrl-central")                     # + the centralized baselines
 CHECKPOINTED = DISTRIBUTED_SDCA + ("l1inf", "online")
 METHOD_DEFAULTS = {m: {"max_rounds": 500} for m in SDCA_METHODS} | {"l1inf": {"max_rounds": 200}}
+
+
+def watchdog_seconds(text):
+    """``--watchdog``'s argparse type: finite seconds >= 0 (0 turns the watchdog off)."""
+    import argparse
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"--watchdog must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def train_option_groups():
@@ -161,6 +175,12 @@ def train_option_groups():
             (("--checkpoint-seconds",), dict(type=number_type("--checkpoint-seconds", POSITIVE), default=None,
                                              metavar="S", help="also write a checkpoint every S seconds")),
             (("--resume",), dict(action="store_true", help="continue from the checkpoint")),
+        ]),
+        ("failure", TRAIN_METHODS, [
+            (("--watchdog",), dict(type=watchdog_seconds, default=WATCHDOG_SECONDS, metavar="S",
+                                   help="under mpiexec, end the job (exit 1, naming the rank) when rank 0 has waited "
+                                        "in one collective longer than S seconds, and 10 times the slowest wait so "
+                                        "far, for a rank that does not answer (stopped or wedged); 0: never")),
         ]),
         ("logging", TRAIN_METHODS, [
             (("--quiet",), dict(action="store_true",

@@ -137,6 +137,47 @@ def sparse_tasks_claiming_2_to_the_40_features(base, tmp_path):
     return ["train", "dmtrl", "--train", tmp_path / "t40.h5", "--out", out, "--lam", "0.1", "--quiet"], out
 
 
+def tasks_case(edit, storage="dense"):
+    """``train dmtrl`` on a copy of a good task file (``storage``: dense, or csr for the CSR fields) changed by
+    ``edit``."""
+    def build(base, tmp_path):
+        path = tmp_path / "t.h5"
+        if storage == "dense":
+            shutil.copy(base / "tasks.h5", path)
+        else:
+            with store.TaskFile(base / "tasks.h5") as tf:
+                blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
+            store.write_tasks(path, [sp.csr_matrix(b.X) for b in blocks], [b.y for b in blocks], names=["a", "b", "c"])
+        with h5py.File(path, "r+") as f:
+            edit(f)
+        out = tmp_path / "w.h5"
+        return ["train", "dmtrl", "--train", path, "--out", out] + TRAIN, out
+    return build
+
+
+def tasks_info_case(edit):
+    def build(base, tmp_path):
+        return ["data", "info", copy_and_edit(base, tmp_path, "tasks.h5", edit)], None
+    return build
+
+
+def alpha_case(value):
+    """A resume from a checkpoint whose first block's first alpha is ``value`` times its label (the box of the
+    hinge dual is y alpha in [0, 1]: a value outside [0, 1] leaves it)."""
+    def build(base, tmp_path):
+        with h5py.File(base / "ck.h5", "r") as f:
+            task, start = int(first_block(f).attrs["task"]), int(first_block(f).attrs["start"])
+        with store.TaskFile(base / "tasks.h5") as tf:
+            y0 = tf.read_labels(task)[start]
+
+        def edit(f):
+            alpha = first_block(f)["alpha"][()]
+            alpha[0] = value * y0
+            replace(f, first_block(f).name + "/alpha", alpha)
+        return checkpoint_case(edit)(base, tmp_path)
+    return build
+
+
 def online_case(edit):
     def build(base, tmp_path):
         out = tmp_path / "o.h5"
@@ -198,11 +239,39 @@ CASES = {
         f, first_block(f).name + "/order", first_block(f)["order"][()] + 1000)),
     "checkpoint-sigma-nan": checkpoint_case(lambda f: replace(
         f, "state/Sigma", np.full(f["state/Sigma"].shape, np.nan))),
+    "checkpoint-alpha-above-the-box": alpha_case(1.5),
+    "checkpoint-alpha-below-the-box": alpha_case(-0.25),
+    "checkpoint-block-missing": checkpoint_case(lambda f: f.__delitem__(first_block(f).name)),
+    # task files: stored types (train, and data info where it reads the field)
+    "tasks-y-strings": tasks_case(lambda f: replace(f, "tasks/000001/y", f["tasks/000001/y"][()].astype("S4"))),
+    "tasks-y-complex": tasks_case(lambda f: replace(f, "tasks/000001/y", f["tasks/000001/y"][()] + 0.5j)),
+    "tasks-y-a-group": tasks_case(lambda f: (f.__delitem__("tasks/000001/y"), f.create_group("tasks/000001/y"))),
+    "tasks-indices-float": tasks_case(lambda f: replace(
+        f, "tasks/000001/indices", f["tasks/000001/indices"][()].astype(np.float64) + 0.5), storage="csr"),
+    "tasks-indptr-float": tasks_case(lambda f: replace(
+        f, "tasks/000001/indptr", f["tasks/000001/indptr"][()].astype(np.float64)), storage="csr"),
+    "tasks-n-features-6.7": tasks_case(lambda f: f.attrs.__setitem__("n_features", 6.7)),
+    "info-y-strings": tasks_info_case(lambda f: replace(f, "tasks/000001/y", f["tasks/000001/y"][()].astype("S4"))),
+    "info-y-complex": tasks_info_case(lambda f: replace(f, "tasks/000001/y", f["tasks/000001/y"][()] + 0.5j)),
     # sizes: refused before the allocation (serial, and every rank under mpiexec)
     "tasks-too-wide-for-memory": wide_tasks_case(None),
     "tasks-n-features-2-to-the-40": sparse_tasks_claiming_2_to_the_40_features,
 }
 MPI_CASES = {"tasks-too-wide-for-memory-mpi2": wide_tasks_case(2)}
+# what the line must say: the file's field and, for a task, the task (a case not listed: one line is enough)
+MESSAGES = {
+    "checkpoint-alpha-above-the-box": "ck.h5: cannot resume: task 'a' (#0): field 'alpha': row 0 has alpha = ",
+    "checkpoint-alpha-below-the-box": "outside the hinge dual's box (y alpha must be in [0, 1]",
+    "checkpoint-block-missing": "ck.h5: cannot resume: the blocks of task 'a' (#0) do not cover its 30 rows exactly",
+    "tasks-y-strings": "t.h5: task 'b' (#1): field 'y': stored as |S4, expected real numbers",
+    "tasks-y-complex": "t.h5: task 'b' (#1): field 'y': stored as complex128, expected real numbers",
+    "tasks-y-a-group": "t.h5: task 'b' (#1): field 'y' must be a dataset, found a Group",
+    "tasks-indices-float": "t.h5: task 'b' (#1): field 'indices': stored as float64, expected integers",
+    "tasks-indptr-float": "t.h5: task 'b' (#1): field 'indptr': stored as float64, expected integers",
+    "tasks-n-features-6.7": "t.h5: attribute 'n_features' is 6.7, expected an integer >= 1",
+    "info-y-strings": "tasks.h5: task 'b' (#1): field 'y': stored as |S4, expected real numbers",
+    "info-y-complex": "tasks.h5: task 'b' (#1): field 'y': stored as complex128, expected real numbers",
+}
 
 
 def check_one_line(r, out):
@@ -218,7 +287,8 @@ def check_one_line(r, out):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_file_gives_one_line_and_exit_2(base, tmp_path, case):
     args, out = CASES[case](base, tmp_path)
-    check_one_line(run_hpcmtl(args, timeout=120), out)
+    line = check_one_line(run_hpcmtl(args, timeout=120), out)
+    assert MESSAGES.get(case, "") in line
 
 
 @pytest.mark.mpi

@@ -141,6 +141,7 @@ def cmd_train(args, cluster):
     from ..cluster import SignalFlag
     from ..methods import Run, method
     signals = SignalFlag().install()                # before anything slow: no rank dies on SIGTERM
+    cluster.watch.seconds = args.watchdog           # the same on every rank (only rank 0's waits are watched)
     row = method(args.method)
     check_inputs(args, row)
     if args.quiet:

@@ -29,7 +29,10 @@ identically on every rank into exit code 2 with one line printed by rank 0, and
 any other exception on any rank into one line naming the rank and a
 ``MPI_Abort`` that ends every rank (no hang).  :meth:`Cluster.agree` lets
 rank-local validation (each worker checks only its own tasks) fail together
-before the first data collective.
+before the first data collective.  A rank that stops answering ends the job
+through the watchdog of :meth:`MPICluster.complete` (:class:`SilentRank`: one
+line naming it, ``MPI_Abort``, exit 1); a worker's termination signal reaches
+the server (:meth:`Cluster.signal_elsewhere`) and stops the job like its own.
 """
 from __future__ import annotations
 
@@ -40,8 +43,8 @@ import traceback
 
 from ..errors import InputError, Preempted
 from .base import CONTROL_SIZE, STOP, STOP_DONE, STOP_FAILED, STOP_PREEMPTED, Cluster, displacements
-from .failure import (TERMINATION_SIGNALS, AgreedError, SignalFlag, StopRequested, fault_point, launched_by_mpi,
-                      launcher_rank)
+from .failure import (TERMINATION_SIGNALS, WATCHDOG_SECONDS, AgreedError, SignalFlag, SilentRank, StopRequested,
+                      Watch, fault_point, launched_by_mpi, launcher_rank)
 from .mpi import SLEEP_SECONDS, SPIN_SECONDS, WAIT_VARIABLE, MPICluster, waits_by_sleeping, world
 from .partition import Block, plan_blocks
 from .serial import SerialCluster
@@ -49,7 +52,8 @@ from .serial import SerialCluster
 __all__ = ["Block", "plan_blocks", "Cluster", "SerialCluster", "MPICluster", "connect", "run_main", "CONTROL_SIZE",
            "STOP", "STOP_DONE", "STOP_PREEMPTED", "STOP_FAILED", "TERMINATION_SIGNALS", "AgreedError",
            "StopRequested", "SignalFlag", "fault_point", "launcher_rank", "displacements", "WAIT_VARIABLE",
-           "SPIN_SECONDS", "SLEEP_SECONDS", "waits_by_sleeping", "ABORT_GRACE_SECONDS"]
+           "SPIN_SECONDS", "SLEEP_SECONDS", "waits_by_sleeping", "ABORT_GRACE_SECONDS", "SilentRank", "Watch",
+           "WATCHDOG_SECONDS"]
 
 ABORT_GRACE_SECONDS = 0.5            # a failing rank's line, written and flushed, before MPI_Abort: the launcher
                                      # forwards ranks' stderr through its own event loop, and an abort it handles
@@ -102,6 +106,11 @@ def run_main(fn, comm=None, stderr=None) -> int:
             print(f"hpcmtl: {exc}", file=stderr, flush=True)
         return Preempted.exit_code
     except StopRequested as exc:          # the server already printed the cause
+        return exc.exit_code
+    except SilentRank as exc:             # the watchdog (server): no collective can end the job, MPI_Abort does
+        print(f"hpcmtl: fatal error: {exc}", file=stderr, flush=True)
+        time.sleep(ABORT_GRACE_SECONDS)
+        cluster.abort(exc.exit_code)
         return exc.exit_code
     except BaseException as exc:  # noqa: BLE001 - anything else must end every rank
         if isinstance(exc, SystemExit) and exc.code in (0, None):

@@ -26,7 +26,7 @@ import copy
 
 import numpy as np
 
-from .failure import AgreedError
+from .failure import AgreedError, Watch
 
 CONTROL_SIZE = 4
 STOP = 0
@@ -71,6 +71,7 @@ class Cluster:
         self.size = size
         self.n_workers = 1 if size == 1 else size - 1
         self.traffic = Traffic()
+        self.watch = Watch()            # the watchdog's limit, a forwarded signal: shared by the planned views
 
     @classmethod
     def serial(cls):
@@ -141,6 +142,14 @@ class Cluster:
         if local.size != counts[self.rank]:
             raise ValueError(f"rank {self.rank}: {local.size} values to gather, {counts[self.rank]} expected")
         return local, counts
+
+    def forward_signal(self):
+        """Worker: tell the server about a termination signal this process received (one process: nothing to
+        tell, the server's own flag is it)."""
+
+    def signal_elsewhere(self):
+        """Server: ``(rank, signal name)`` of a termination signal a worker received, or None."""
+        return None
 
     def agree(self, error: str | None):
         """Fail together: if any rank reports an error, every rank raises it.

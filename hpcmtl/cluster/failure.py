@@ -3,8 +3,9 @@
 :class:`AgreedError` is an input error every rank raised at once (through
 :meth:`Cluster.agree`), :class:`StopRequested` a worker told by the server to
 leave with an exit code; :class:`SignalFlag` turns a termination signal into a
-checkpoint at the next safe point; :func:`fault_point` is the test hook that
-fails one rank at one round.
+checkpoint at the next safe point (on whichever rank it arrives: :func:`installed_flag` is what
+the backend forwards to the server); :class:`SilentRank` is the watchdog's verdict on a rank that
+stopped answering; :func:`fault_point` is the test hook that fails one rank at one round.
 """
 from __future__ import annotations
 
@@ -48,6 +49,54 @@ class StopRequested(Exception):
         self.exit_code = int(code)
 
 
+class SilentRank(Exception):
+    """The server's collective waited past the watchdog's limit and a rank did not answer its ping (stopped,
+    wedged, or on a dead node): the job must end (exit 1) without another collective, which would wait too."""
+
+    exit_code = 1
+
+
+WATCHDOG_SECONDS = 300.0     # --watchdog's default: minutes, longer than any healthy wait of a round on a cluster
+WATCHDOG_FACTOR = 10         # ... and never below this many times the slowest wait seen in the run so far
+PING_GRACE_SECONDS = 5.0     # how long the server waits for the ranks' answers before naming the silent ones
+POLL_SECONDS = 0.05          # how often a waiting rank looks for pings (and a worker forwards its signal)
+
+
+class Watch:
+    """What the backend's waits share across a cluster's planned views (like the byte counter): the watchdog's
+    limit and the slowest wait seen, a worker's signal as the server learned it, this rank's pending side sends.
+
+    ``seconds``: the watchdog's base limit (0: off).  The server's wait in a collective ends the job when it
+    lasts longer than :meth:`limit` and some rank does not answer a ping within ``PING_GRACE_SECONDS``; a
+    healthy job whose rounds grow (a long local step, a slow node) raises the limit with them."""
+
+    __slots__ = ("seconds", "slowest", "remote_signal", "sends")
+
+    def __init__(self, seconds=WATCHDOG_SECONDS):
+        self.seconds = float(seconds)
+        self.slowest = 0.0
+        self.remote_signal = None        # (rank, signal name): the first worker signal the server received
+        self.sends = []                  # nonblocking side sends still in flight (kept alive until complete)
+
+    def limit(self) -> float:
+        """Seconds a server may wait in one collective before it pings the ranks (inf: the watchdog is off)."""
+        if not self.seconds:
+            return float("inf")
+        return max(self.seconds, WATCHDOG_FACTOR * self.slowest)
+
+    def waited(self, seconds):
+        self.slowest = max(self.slowest, seconds)
+
+
+_INSTALLED = []          # the process's SignalFlag, once installed (signals are per process, like the handler)
+
+
+def installed_flag():
+    """The :class:`SignalFlag` this process installed (None: none): a worker's backend forwards what it
+    received to the server, which alone decides when the job stops."""
+    return _INSTALLED[-1] if _INSTALLED else None
+
+
 class SignalFlag:
     """Remembers a termination signal instead of dying on it.
 
@@ -63,16 +112,23 @@ class SignalFlag:
     written, and also during interpreter shutdown, where Python resets its
     own handlers to the default and a late signal used to kill the rank (exit
     15 instead of 75, so the job was not requeued).  SIGKILL still ends it.
+
+    A worker's signal reaches the server through the backend
+    (:meth:`~hpcmtl.cluster.mpi.MPICluster.forward_signal`, after the worker's next command): the server
+    stops the job at its next safe point as if the signal had been its own, so ``kill -TERM`` of one
+    worker's pid (a launcher that signals one task, an OOM-killer's warning) is not swallowed.
     """
 
     def __init__(self):
         self.received = None
         self.count = 0
+        self.forwarded = False               # a worker: told the server already
 
     def install(self):
         import signal
         for name in TERMINATION_SIGNALS:
             signal.signal(getattr(signal, name), self._handle)
+        _INSTALLED.append(self)
         return self
 
     def _handle(self, signum, frame):

@@ -6,20 +6,35 @@ a crowded node: :func:`waits_by_sleeping`); small metadata goes through
 mpi4py's pickle-based lowercase ones.  Every Gatherv / Scatterv of float
 vectors is :meth:`MPICluster.gatherv` / :meth:`MPICluster.scatterv`.  A
 communicator of one process is the serial backend's (:func:`hpcmtl.cluster.connect`).
+
+Out of band, on a duplicate of the communicator (so nothing there can match a
+collective's message): a worker's termination signal, forwarded to the server
+(:meth:`MPICluster.forward_signal`, :meth:`MPICluster.signal_elsewhere`), and the
+watchdog's pings (:meth:`MPICluster.complete`): a server that has waited past
+:meth:`Watch.limit <hpcmtl.cluster.failure.Watch.limit>` in one collective asks
+every worker whether it is alive; a worker waiting in a collective answers within
+``POLL_SECONDS``, a stopped or wedged one does not, and the server ends the job
+naming it (:class:`~hpcmtl.cluster.failure.SilentRank`).
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
 
 from ..errors import InputError
 from .base import CONTROL_SIZE, Cluster, displacements
+from .failure import PING_GRACE_SECONDS, POLL_SECONDS, SilentRank, installed_flag
 
 WAIT_VARIABLE = "HPCMTL_MPI_WAIT"     # how ranks wait in the hot path's collectives: auto (default), spin, sleep
 SPIN_SECONDS = 5e-5                  # sleeping waits: spin this long first (a reply that is about to come)
 SLEEP_SECONDS = 1e-4                 # then test every 0.1 ms
+# tags on the side communicator
+TAG_SIGNAL = 1                       # worker -> server: the number of the termination signal it received
+TAG_PING = 2                         # server -> worker: the watchdog asks "are you alive?"
+TAG_PONG = 3                         # worker -> server: "yes" (answered while waiting in a collective)
 
 
 def world():
@@ -61,19 +76,93 @@ class MPICluster(Cluster):
         self.MPI = MPI
         self.comm = comm
         self.sleep_waits = waits_by_sleeping(comm, MPI)
+        self.side = comm.Dup()          # forwarded signals and the watchdog's pings: never a collective's message
 
     def complete(self, request):
-        """Wait for a nonblocking collective: spinning, as MPI does (the lowest latency when every rank has its
-        own core), or, where this node runs more ranks than it has cores for them (:func:`waits_by_sleeping`),
+        """Wait for a nonblocking collective: spinning on tests (the lowest latency when every rank has its own
+        core), or, where this node runs more ranks than it has cores for them (:func:`waits_by_sleeping`),
         sleeping between tests after ``SPIN_SECONDS``: a rank waiting for the others then leaves them the core
-        instead of spinning on it."""
-        if not self.sleep_waits:
-            request.Wait()
+        instead of spinning on it.  Every ``POLL_SECONDS`` a worker answers the watchdog's pings and forwards a
+        signal it received; the server, past the watchdog's limit, pings (:meth:`check_alive`).  Never
+        ``request.Wait()``: a rank blocked inside MPI could neither answer nor notice a silent one."""
+        if request.Test():
             return
-        give_up = time.perf_counter() + SPIN_SECONDS
-        while not request.Test():
-            if time.perf_counter() > give_up:
+        watch = self.watch
+        began = start = time.perf_counter()
+        spin_until, check_at = began + SPIN_SECONDS, began + POLL_SECONDS
+        limit = watch.limit() if self.is_server else float("inf")
+        test, spins = request.Test, 0
+        while not test():
+            if not self.sleep_waits:
+                spins += 1
+                if spins & 63:              # the clock every 64 tests: a spinning wait stays a tight MPI_Test loop
+                    continue
+                os.sched_yield()            # as MPICH's own wait does now and then: a core shared after all
+            now = time.perf_counter()
+            if self.sleep_waits and now > spin_until:
                 time.sleep(SLEEP_SECONDS)
+            if now >= check_at:
+                check_at = now + POLL_SECONDS
+                if not self.is_server:
+                    self.answer_pings()
+                    self.forward_signal()
+                elif now - start > limit:
+                    self.check_alive(now - began, limit)
+                    start = time.perf_counter()        # every rank answered: wait another limit
+        watch.waited(time.perf_counter() - began)
+
+    # -- out of band: forwarded signals and the watchdog ------------------------
+    def _send_side(self, value: int, dest: int, tag: int):
+        watch = self.watch
+        watch.sends = [r for r in watch.sends if not r.Test()]     # drop the completed ones
+        watch.sends.append(self.side.Isend(np.array([value], dtype=np.int64), dest=dest, tag=tag))
+
+    def forward_signal(self):
+        """Worker: tell the server, once, about a termination signal this process received (the server stops
+        the job at its next safe point, as for its own signal)."""
+        flag = installed_flag()
+        if self.is_server or flag is None or flag.received is None or flag.forwarded:
+            return
+        flag.forwarded = True
+        self._send_side(int(getattr(signal, flag.received)), 0, TAG_SIGNAL)
+
+    def signal_elsewhere(self):
+        """Server: ``(rank, signal name)`` of the first termination signal a worker forwarded (None: none yet)."""
+        watch = self.watch
+        if watch.remote_signal is None:
+            status = self.MPI.Status()
+            if self.side.Iprobe(source=self.MPI.ANY_SOURCE, tag=TAG_SIGNAL, status=status):
+                buf = np.zeros(1, dtype=np.int64)
+                self.side.Recv(buf, source=status.Get_source(), tag=TAG_SIGNAL)
+                watch.remote_signal = (status.Get_source(), signal.Signals(int(buf[0])).name)
+        return watch.remote_signal
+
+    def answer_pings(self):
+        """Worker: answer every ping of the server's watchdog that has arrived."""
+        while self.side.Iprobe(source=0, tag=TAG_PING):
+            buf = np.zeros(1, dtype=np.int64)
+            self.side.Recv(buf, source=0, tag=TAG_PING)
+            self._send_side(int(buf[0]), 0, TAG_PONG)
+
+    def check_alive(self, waited, limit):
+        """Server, waiting past the watchdog's limit: ping every worker and wait ``PING_GRACE_SECONDS`` for the
+        answers.  All answered (the collective is slow, not dead): return.  Otherwise raise :class:`SilentRank`
+        naming those that did not; the caller ends the job without another collective."""
+        answers = {r: np.zeros(1, dtype=np.int64) for r in range(1, self.size)}
+        recvs = {r: self.side.Irecv(answers[r], source=r, tag=TAG_PONG) for r in answers}
+        pings = [self.side.Isend(np.array([r], dtype=np.int64), dest=r, tag=TAG_PING) for r in answers]
+        give_up = time.perf_counter() + PING_GRACE_SECONDS
+        silent = list(recvs)
+        while silent and time.perf_counter() < give_up:
+            silent = [r for r in silent if not recvs[r].Test()]
+            time.sleep(POLL_SECONDS / 5)
+        if not silent:
+            self.MPI.Request.Waitall(pings)
+            return
+        who = f"rank {silent[0]}" if len(silent) == 1 else "ranks " + ", ".join(map(str, silent))
+        raise SilentRank(f"{who} of {self.size} did not answer after the job waited {waited:.0f} s in a collective "
+                         f"(stopped or wedged): ending the job (--watchdog: {limit:.0f} s, at least "
+                         f"{self.watch.seconds:g} s and 10x the slowest wait); the last checkpoint is intact")
 
     # -- the two float-vector collectives everything below is made of -----------
     def gatherv(self, local: np.ndarray, counts) -> np.ndarray | None:
@@ -117,6 +206,7 @@ class MPICluster(Cluster):
     def receive_command(self):
         ctrl = np.empty(CONTROL_SIZE, dtype=np.int64)
         self.complete(self.comm.Ibcast(ctrl, root=0))
+        self.forward_signal()           # a signal that arrived during a short wait or the last computation
         return ctrl
 
     def gather_block_rows(self, local: np.ndarray, width: int) -> np.ndarray | None:

@@ -233,6 +233,7 @@ class TaskFile(OpenFile):
         try:
             if "y" not in g:
                 raise InputError(f"{where}: field 'y' is missing")
+            _check_kind(where, "y", g["y"], LABEL_KINDS)
             y = g["y"][start:stop]
             if g["y"].shape != (n,):
                 raise InputError(f"{where}: field 'y': has shape {g['y'].shape}, task table says ({n},)")
@@ -255,6 +256,8 @@ class TaskFile(OpenFile):
                 for field_name in ("data", "indices", "indptr"):
                     if field_name not in g:
                         raise InputError(f"{where}: field '{field_name}' is missing")
+                _check_kind(where, "indptr", g["indptr"], INDEX_KINDS)
+                _check_kind(where, "indices", g["indices"], INDEX_KINDS)
                 indptr = g["indptr"][start:stop + 1].astype(np.int64)
                 if indptr.shape[0] != stop - start + 1:
                     raise InputError(f"{where}: field 'indptr': has {g['indptr'].shape[0]} entries, expected {n + 1}")
@@ -311,6 +314,7 @@ class TaskFile(OpenFile):
         g = self._f.get(_task_group(i))
         if g is None or "y" not in g:
             raise InputError(f"{self._where(i)}: field 'y' is missing")
+        _check_kind(self._where(i), "y", g["y"], LABEL_KINDS)
         return np.asarray(g["y"][()], dtype=np.float64)
 
     def read_fingerprints(self) -> dict:
@@ -340,6 +344,7 @@ class TaskFile(OpenFile):
             entry = {"name": self.names[i], "n_samples": int(self.n_samples[i]), "nnz": int(self.nnz[i])}
             g = self._f.get(_task_group(i))
             if g is not None and "y" in g:
+                _check_kind(self._where(i), "y", g["y"], LABEL_KINDS)
                 y = g["y"][()]
                 if y.size and np.all((y == 1) | (y == -1)):
                     entry["positive_fraction"] = float(np.mean(y == 1))
@@ -353,6 +358,20 @@ class TaskFile(OpenFile):
         return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
                 "storage": self.storage, "dtype": self.dtype, "n_samples": total, "nnz": int(self.nnz.sum()),
                 "density": density, "has_truth": TRUTH in self._f, "tasks": tasks}
+
+
+LABEL_KINDS = "biuf"       # labels are real numbers: strings would be parsed as numbers, complex lose their imaginary part
+INDEX_KINDS = "iu"         # CSR indices and row pointers: float ones would be truncated
+
+
+def _check_kind(where, field_name, dataset, kinds):
+    """A task's dataset holds numbers of ``kinds`` (NumPy dtype kinds), before any value is read or converted:
+    one line naming the file, the task and the field otherwise."""
+    if not isinstance(dataset, h5py.Dataset):
+        raise InputError(f"{where}: field '{field_name}' must be a dataset, found a {type(dataset).__name__}")
+    if dataset.dtype.kind not in kinds:
+        what = "integers" if kinds == INDEX_KINDS else "real numbers"
+        raise InputError(f"{where}: field '{field_name}': stored as {dataset.dtype}, expected {what}")
 
 
 def read_all_tasks(path):
