@@ -199,3 +199,16 @@ def test_load_stream_and_the_wrong_kind_of_file(tmp_path):
     (tmp_path / "raw.csv").write_text("task,x,y\na,1,1\n")
     with pytest.raises(hpcmtl.InputError, match=r"raw\.csv: is not an hpcmtl task dataset.*data inspect"):
         hpcmtl.load_tasks(tmp_path / "raw.csv")
+
+
+def test_import_from_the_folder_that_holds_a_clone_named_hpcmtl(tmp_path):
+    """`cd` to a clone's parent folder: its top folder `hpcmtl/` (no __init__.py) must not win the import as an
+    empty namespace package over the installed package (it did with setuptools' meta-path editable finder)."""
+    clone = tmp_path / "hpcmtl"
+    (clone / "docs").mkdir(parents=True)
+    (clone / "README.md").write_text("a clone\n")
+    r = subprocess.run([sys.executable, "-c", "import hpcmtl; from hpcmtl import DMTRL, load_tasks; "
+                        "print(hpcmtl.__file__)"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import hpcmtl
+    assert os.path.samefile(r.stdout.strip(), hpcmtl.__file__)
