@@ -43,6 +43,8 @@ def add_parser(sub):
     conv.add_argument("--n-features", type=_count("--n-features"), default=None, help=option_help("--n-features"))
     conv.add_argument("--task-column", default=None, help=option_help("--task-column"))
     conv.add_argument("--label-column", default=None, help=option_help("--label-column"))
+    conv.add_argument("--x", default=None, metavar="NAME", help=option_help("--x"))
+    conv.add_argument("--y", default=None, metavar="NAME", help=option_help("--y"))
     conv.add_argument("--seed", type=_count("--seed", 0), default=0,
                       help=option_help("--seed") + "; --shuffle: the order of the rounds")
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
