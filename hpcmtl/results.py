@@ -107,7 +107,8 @@ def _label(path, res):
     extra = f", lam {cfg['lam']:g}" if cfg.get("lam") is not None else ""
     if method == "online":
         norm = {"rmax": f"r-max r={cfg.get('r')}", "p": f"p={cfg.get('p')}"}.get(cfg.get("norm"), cfg.get("norm"))
-        extra = f", {cfg.get('update')}, {norm}, C {float(cfg.get('C')):g}"
+        extra = f", {cfg.get('update')}, {norm}, C {float(cfg.get('C')):g}" + \
+            (f", code {cfg['code']}" if cfg.get("code") else "")
     if method == "l1inf":
         extra = f", {cfg.get('projection')}, C {cfg.get('radius'):g}"
     return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
@@ -139,6 +140,14 @@ def correlation_order(C, limit=MAX_TASKS_SHOWN, seed=0):
     if m > limit:
         caption += f"; a random sample of {limit} of the {m} tasks"
     return picked, caption
+
+
+def omega_step_rounds(history) -> list:
+    """The first round of every W-step after the first (where ``outer`` changes): an Omega-step came before it."""
+    outer = np.asarray(history.get("outer", []))
+    if outer.size != np.size(history.get("round", [])):
+        return []
+    return [int(history["round"][k + 1]) for k in np.flatnonzero(np.diff(outer) != 0)]
 
 
 def selection_note(path, res) -> str:
@@ -191,14 +200,25 @@ def report(paths, out_dir) -> dict:
     gap_runs = [(p, r) for p, r in runs if "rel_gap" in r["history"]]
     if gap_runs:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        marked = False
         for p, r in gap_runs:
             h = r["history"]
-            gap = np.maximum(h["rel_gap"], 1e-16)
+            gap = np.maximum(h["rel_gap"], 1e-16)       # a gap of exactly 0 sits on the floor, still drawn
+            # markers: a run of one or a few rounds (STL) is a point, invisible as a line
+            style = dict(marker="o", markersize=3) if len(gap) <= 20 else {}
             for ax, x in zip(axes, ("round", "seconds", "bytes")):
-                ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r))
-        for ax, xl in zip(axes, ("rounds", "seconds", "MB moved")):
+                line, = ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r), **style)
+            for k in omega_step_rounds(h):
+                # an Omega-step between two W-steps: the gap of the next W-step starts high again (the saw-tooth)
+                axes[0].axvline(k, color=line.get_color(), linestyle=":", linewidth=0.8)
+                marked = True
+        for ax, xl in zip(axes, ("rounds", "seconds (training; a grid: its refit)", "MB moved")):
             ax.set_xlabel(xl)
             ax.set_ylabel("relative duality gap")
+        if marked:
+            axes[0].set_title("dotted: an Omega-step (Sigma updated), then a new W-step", fontsize=8)
+        if all(not np.any(r["history"]["bytes"]) for _, r in gap_runs):
+            axes[2].set_title("no bytes moved: every run on one process", fontsize=8)
         axes[0].legend(fontsize=7)
         _save(plt, fig, written, "gap", os.path.join(out_dir, "gap.png"))
 

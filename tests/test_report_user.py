@@ -84,3 +84,12 @@ def test_report_says_the_job_seconds_and_when_lam_was_chosen_by_cv(runs):
     assert cells[2] == f"{cv['history']['seconds'][-1]:.2f}" and cells[3] == f"{cv['timing']['job_seconds']:.2f}"
     assert "stl.h5: lam" not in md                     # a run at a given lam says nothing of a choice
     assert (d / "rep" / "task-correlation.png").stat().st_size > 0
+
+
+def test_omega_steps_are_where_the_outer_step_changes(runs):
+    from hpcmtl.results import omega_step_rounds
+    d, _, _ = runs
+    h = store.read_result(d / "cv.h5")["history"]
+    expected = [int(h["round"][k]) for k in range(1, len(h["round"])) if h["outer"][k] != h["outer"][k - 1]]
+    assert omega_step_rounds(h) == expected and len(expected) >= 1
+    assert omega_step_rounds({"round": np.arange(1, 4), "outer": np.zeros(3)}) == []
