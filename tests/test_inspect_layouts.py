@@ -135,3 +135,11 @@ def test_named_variables_errors_are_one_line(tmp_path):
                            (["--x", "feature", "--y", "label", "--test-out", "t.h5"], "hold no 'train'")):
         r = run_hpcmtl(["data", "convert", "--format", "malsar", "a.mat", "o.h5"] + extra, cwd=tmp_path)
         assert r.returncode == 2 and message in one_error_line(r), (extra, r.stderr)
+
+
+def test_a_csv_sorted_by_its_binary_label_is_not_read_as_tasks(tmp_path):
+    rows = ["x1,x2,outcome"] + [f"{k},{k % 3},{0 if k < 6 else 1}" for k in range(12)]
+    (tmp_path / "sorted.csv").write_text("\n".join(rows) + "\n")
+    r = run_hpcmtl(["data", "inspect", "sorted.csv", "--json"], cwd=tmp_path)
+    info = json.loads(r.stdout)
+    assert info["layout"].startswith("no task column") and "'outcome' (guessed: two values)" in info["layout"]

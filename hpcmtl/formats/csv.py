@@ -267,9 +267,9 @@ def _numbers(cells):
 
 
 def _task_column(header, rows):
-    """The column that looks like a task id (None if none does): whole numbers or text ids with at least 2 and at
-    most half as many distinct values as rows, each value in one run of consecutive rows (a file sorted by subject);
-    a name like 'subject#' or 'user_id' breaks ties."""
+    """The column that looks like a task id (None if none does): whole numbers or text ids with at least 3 (2 for a
+    name like 'subject#' or 'user_id', which also wins ties) and at most half as many distinct values as rows, each
+    value in one run of consecutive rows (a file sorted by subject); never a column named like a label."""
     best, best_score = None, 0
     n = len(rows)
     for k, name in enumerate(header):
@@ -279,9 +279,11 @@ def _task_column(header, rows):
             continue                          # a real-valued column is a feature or a label
         runs = 1 + sum(a != b for a, b in zip(cells, cells[1:]))
         distinct = len(set(cells))
-        if not (2 <= distinct <= n // 2 and runs == distinct):
+        named = any(w in name.lower() for w in _ID_WORDS)
+        # two values in two runs is as likely a label of a file sorted by class: an id needs its name then
+        if name in _LABEL_NAMES or not (2 + (not named) <= distinct <= n // 2 and runs == distinct):
             continue
-        score = 2 + (values is not None) + 2 * any(w in name.lower() for w in _ID_WORDS)
+        score = 2 + (values is not None) + 2 * named
         if score > best_score:
             best, best_score = name, score
     return best
