@@ -67,6 +67,10 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     packages=find_packages(include=["hpcmtl", "hpcmtl.*"]),
+    # the packages' root named explicitly: an editable install then puts the checkout on sys.path (a .pth
+    # entry) instead of a meta-path finder, so `import hpcmtl` from the folder that holds a clone called
+    # hpcmtl finds this regular package, not the clone's top folder as an empty namespace package
+    package_dir={"": "."},
     package_data={"hpcmtl": ["_sdca.pyx", "_blockops.pyx", "_projections.pyx", "_box_qp.pyx", "_online.pyx",
                              "_rows.pyx", "_rows.pxd", "_random.pxd", "templates/*"]},
     ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),

@@ -17,6 +17,15 @@ rendered: numbers must be numbers, ``time`` a SLURM time, ``method`` and
     that quoted text escaped once more for the single-quoted ``'...'`` string
     that holds the command in the script: two shells, two levels of quoting.
 
+Three placeholders are computed, not set (each word rendered with a space before it):
+``{{lam_option}}`` (``--lam=LAM``, a grid ``--lam=A,B`` too; nothing when
+``lam-grid`` is set), ``{{checkpoint_option}}`` (``--checkpoint-seconds=600``;
+nothing for a grid, which ``hpcmtl train`` does not checkpoint) and
+``{{train_options}}``: every ``--set KEY=VALUE`` whose key is not a parameter
+of the template but an option of ``hpcmtl train METHOD`` (``lam-grid``,
+``cv``, ``max-rounds``, ``no-intercept=true`` ...), checked against that
+method's own option table and rendered as ``--KEY=VALUE``.
+
 Options are written ``--opt={{value}}`` and positional values are checked
 names, so no value (``--help``) can become an option.  The rendered examples in
 the repository's ``jobs/`` folder are these templates with example paths, and
@@ -49,7 +58,7 @@ KINDS = {
     "ntasks": "count", "nodes": "count", "tasks_per_node": "count",
     "time": "time",
     "method": "method", "loss": "loss",
-    "lam": "number", "lams": "numbers",
+    "lam": "lam", "lams": "numbers",
     "train": "path", "test": "path", "out": "path", "prefix": "path",
 }
 _RAW_KINDS = ("name", "count", "time")      # kinds that may appear unquoted in #SBATCH lines
@@ -69,6 +78,12 @@ def templates() -> dict:
 
 _TRAIN_LINE = re.compile(r"hpcmtl train \{\{method[^}]*\}\}(.*)")
 _OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)")
+# the computed placeholders and the train options they render
+COMPUTED = {"lam_option": "--lam", "checkpoint_option": "--checkpoint-seconds", "train_options": None}
+CHECKPOINT_SECONDS = "600"
+# options that make a run a grid (chosen by validation): hpcmtl train refuses checkpoints with them
+# (methods.lam_selection / radius_selection), so a grid's job script passes none
+GRID_OPTIONS = ("--lam-grid", "--cv", "--validation-fraction")
 
 
 def _methods(template: str = ""):
@@ -80,7 +95,92 @@ def _methods(template: str = ""):
     with open(available[template][0], encoding="utf-8") as f:
         text = re.sub(r"\\\n\s*", " ", f.read())            # one line per command
     used = {o for line in _TRAIN_LINE.findall(text) for o in _OPTION.findall(line)}
+    used |= {flag for key, flag in COMPUTED.items() if flag and "{{" + key in text}
     return tuple(m for m in TRAIN_METHODS if used <= set(train_options_of(m)))
+
+
+def _template_options(path) -> set:
+    """The train options a template's command line passes itself (written out or computed)."""
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"\\\n\s*", " ", f.read())
+    used = {o for line in _TRAIN_LINE.findall(text) for o in _OPTION.findall(line)}
+    return used | {flag for key, flag in COMPUTED.items() if flag and "{{" + key in text}
+
+
+class _OptionParser:
+    """``hpcmtl train METHOD``'s own option table as a parser whose errors are one-line InputErrors."""
+
+    def __init__(self, method):
+        import argparse
+        from .methods import train_options_of
+
+        class Parser(argparse.ArgumentParser):
+            def error(self, message):
+                raise InputError(f"--set for train {method}: {message}")
+
+        self.table = train_options_of(method)
+        self.parser = Parser(prog=f"hpcmtl train {method}", add_help=False, allow_abbrev=False)
+        for flags, kw in self.table.values():
+            self.parser.add_argument(*flags, **dict(kw, required=False))
+        self.method = method
+
+    def words(self, key, value, template):
+        """``--KEY=VALUE`` (or ``--KEY`` for a switch) after checking that train METHOD takes it with this value."""
+        flag = "--" + key.replace("_", "-")
+        if flag not in self.table:
+            return None
+        if self.table[flag][1].get("action") == "store_true":
+            if value.lower() in ("", "true", "yes", "1"):
+                return [flag]
+            if value.lower() in ("false", "no", "0"):
+                return []
+            raise InputError(f"--set {key}=...: {flag} of train {self.method} is a switch: true or false, "
+                             f"got {value!r}")
+        if any(c in value for c in "\n\r\0"):
+            raise InputError(f"--set {key}=...: the value must be one line")
+        self.parser.parse_args([f"{flag}={value}"])            # its type and range, as train checks them
+        return [f"{flag}={value}"]
+
+
+def train_words(name, path, params, values, method) -> dict:
+    """The words of the computed placeholders for template ``name``: ``{lam_option, checkpoint_option,
+    train_options}`` from the values that are not the template's parameters (options of train ``method``)."""
+    own = _template_options(path)
+    parser = _OptionParser(method)
+    extra, given, checkpoint_seconds = [], set(), CHECKPOINT_SECONDS
+    for key, value in values.items():
+        if key in params:
+            continue
+        words = parser.words(key, str(value), name)
+        if words is None:
+            options = [o.lstrip("-") for o in parser.table]
+            raise InputError(f"template '{name}' has no parameter '{key}', and train {method} has no option "
+                             f"--{key.replace('_', '-')}; parameters: {', '.join(params)}, or any option of "
+                             f"'hpcmtl train {method} --help'.{closest(key, list(params) + options)}")
+        flag = "--" + key.replace("_", "-")
+        if flag == "--checkpoint-seconds" and "{{checkpoint_option}}" in open(path, encoding="utf-8").read():
+            checkpoint_seconds = words[0].split("=", 1)[1]            # the template's interval, changed
+            given.add(flag)
+            continue
+        if flag in own or flag in ("--train", "--test", "--out", "--stream"):
+            raise InputError(f"--set {key}=...: template '{name}' passes {flag} itself"
+                             + (f" (--set {key.replace('-', '_')}=...)" if key.replace("-", "_") in params else ""))
+        given.add(flag)
+        extra += words
+    lam = str(values.get("lam", params.get("lam", ("", ""))[0]))
+    grid = bool(given & set(GRID_OPTIONS)) or "," in lam
+    if grid and "--lam" in own and "{{lam_option}}" not in open(path, encoding="utf-8").read():
+        raise InputError(f"template '{name}' runs one lam a job; a grid chosen by validation is one job: "
+                         f"use template 'train' (hpcmtl jobs render train --set lam=A,B,C --set cv=3)")
+    if grid and "--checkpoint-seconds" in given:
+        raise InputError("--set checkpoint-seconds=...: a grid chosen by validation writes no checkpoint")
+    if grid and name == "preemptible":
+        raise InputError("template 'preemptible' continues a requeued attempt from its checkpoint, and a grid "
+                         "(chosen by validation) writes none: use template 'train' with a --set time= that fits "
+                         "the grid")
+    lam_words = [] if "--lam-grid" in given else [f"--lam={lam}"] if lam else []
+    checkpoint = [] if grid else [f"--checkpoint-seconds={checkpoint_seconds}"]
+    return {"lam_option": lam_words, "checkpoint_option": checkpoint, "train_options": extra}
 
 
 def check_value(key: str, value: str, template: str = "") -> list:
@@ -99,6 +199,11 @@ def check_value(key: str, value: str, template: str = "") -> list:
     if kind == "path":
         if not value:
             raise wrong("a file name, not empty")
+        return [value]
+    if kind == "lam":            # one lam, or a comma-separated grid chosen by validation (train's --lam)
+        items = value.split(",")
+        if not all(_NUMBER.match(w) and 0 < float(w) < float("inf") for w in items):
+            raise wrong("a number > 0, such as 1e-3, or a comma-separated grid such as 1e-5,1e-4,1e-3")
         return [value]
     if kind == "numbers":
         words = value.split()
@@ -140,8 +245,11 @@ def render(name: str, values: dict) -> str:
     if name not in available:
         raise InputError(f"unknown job template '{name}'; templates: {', '.join(available)}.{closest(name, available)}")
     path, params = available[name]
+    with open(path, encoding="utf-8") as f:
+        template = f.read()
+    trains = "hpcmtl train {{method" in template
     for key in values:
-        if key not in params:
+        if key not in params and not trains:
             raise InputError(f"template '{name}' has no parameter '{key}'; parameters: {', '.join(params)}."
                              f"{closest(key, params)}")
     merged = {k: values.get(k, default) for k, (default, _) in params.items()}
@@ -149,9 +257,13 @@ def render(name: str, values: dict) -> str:
     if missing:
         raise InputError(f"template '{name}' needs --set {missing[0]}=... ({params[missing[0]][1]})")
     words = {key: check_value(key, value, name) for key, value in merged.items()}
+    computed = train_words(name, path, params, values, merged["method"]) if trains else {}
 
     def substitute(m):
         key, mode = m.group(1), m.group(2)
+        if key in computed and key not in words:
+            quote = _wrap_quote if mode == "wrap" else shlex.quote
+            return "".join(" " + quote(w) for w in computed[key])
         if key not in words:
             raise InputError(f"template '{name}' uses undeclared parameter '{key}'")
         if mode is None:
@@ -163,8 +275,7 @@ def render(name: str, values: dict) -> str:
         raise InputError(f"template '{name}': placeholder '{m.group(0)}' is not allowed "
                          f"(raw is only for kinds {', '.join(_RAW_KINDS)})")
 
-    with open(path, encoding="utf-8") as f:
-        return _PLACEHOLDER.sub(substitute, f.read())
+    return _PLACEHOLDER.sub(substitute, template)
 
 
 def parse_sets(pairs) -> dict:

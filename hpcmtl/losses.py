@@ -63,8 +63,16 @@ def check_labels(loss: Loss, y: np.ndarray, where: str) -> None:
         bad = ~((y == 1.0) | (y == -1.0))
         if np.any(bad):
             value = float(y[np.argmax(bad)])
-            hint = (f" (two other classes: pass --positive-label, e.g. --positive-label {value:g} if {value:g} is "
-                    f"the positive class)") if np.unique(y).size <= 2 else ""
+            n_values = np.unique(y).size
+            if n_values <= 2:
+                hint = (f" (two other classes: pass --positive-label, e.g. --positive-label {value:g} if {value:g} is "
+                        f"the positive class)")
+            elif np.all(np.isfinite(y)):
+                # real-valued targets: a regression, which only the squared loss fits
+                hint = (f" ({n_values} distinct values: for real-valued targets use --loss squared; for one class "
+                        f"against the rest, --positive-label)")
+            else:
+                hint = ""
             raise InputError(f"{where}: field 'y': the {loss.name} loss needs labels -1/+1, found {value!r}{hint}")
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .cluster import WATCHDOG_SECONDS
@@ -226,6 +227,26 @@ class Run:
     # a test stream checked against an online model (the command line's: hpcmtl.cli.evaluate.open_test_stream,
     # which lives above this layer)
     open_test_stream: Callable | None = None
+    # when the command started: the whole job's seconds (reading, a CV grid, the refit, test metrics) beside the
+    # training run's own (a grid's refit only), in the summary, the result file (/timing) and the report
+    started: float = field(default_factory=time.perf_counter)
+
+
+def timing(run, result) -> dict:
+    """``/timing`` of a result file: ``job_seconds`` (this command, start to result), ``train_seconds`` (the
+    training run's clock, its history's last ``seconds``: a grid's refit, with the time before a resume) and, for a
+    grid, ``selection_seconds``
+    (its fold fits)."""
+    import numpy as np
+    clock = result.history.get("seconds") if isinstance(result.history, dict) else None
+    # the history's clock is the training run's own (a grid's refit restarts it); the server's may have run
+    # through the grid before the refit
+    train = float(clock[-1]) if clock is not None and len(clock) else float(result.seconds)
+    out = {"job_seconds": time.perf_counter() - run.started, "train_seconds": train}
+    path = getattr(result, "path", None)
+    if getattr(result, "selection", None) and isinstance(path, dict) and "seconds" in path:
+        out["selection_seconds"] = float(np.sum(path["seconds"]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -529,22 +550,28 @@ def save_result(run, result, sigma, groups, summary):
     args, source = run.args, run.source
     config_out = dict(result.config, n_features=source.n_features, train=os.path.abspath(args.train),
                       test=os.path.abspath(args.test) if args.test else None)
-    groups = dict(groups)
+    groups = dict(groups, timing=timing(run, result))
     model_extra = groups.pop("model", None)
     store.write_result(args.out, result.W, sigma, result.history, config_out, run.cluster.size, run.version,
                        task_names=result.task_names, extra=model_extra, test=result.test,
                        ranks=result.extra or None, groups=groups, force=args.force,
                        intercept=getattr(result, "intercept", None))
     if args.log_level != "error":
-        print(summary_table(args, result, summary))
+        print(summary_table(args, result, summary, groups["timing"]))
     return result
 
 
-def summary_table(args, result, headline):
+def summary_table(args, result, headline, times=None):
     """The final summary: what ran, how far it got, what it cost, how it tests."""
-    rows = [("method", result.config.get("method")), ("status", headline),
-            ("rounds", result.n_rounds), ("seconds", f"{result.seconds:.2f}"),
-            ("MB moved", f"{result.bytes_moved / 1e6:.3f}")]
+    rows = [("method", result.config.get("method")), ("status", headline), ("rounds", result.n_rounds)]
+    if times is None:
+        rows.append(("seconds", f"{result.seconds:.2f}"))
+    else:                               # a grid's rounds and seconds are its refit's: the job's said beside them
+        grid = "selection_seconds" in times
+        rows += [("seconds", f"{times['train_seconds']:.2f}" + (" (the refit at the chosen value)" if grid else "")),
+                 ("job seconds", f"{times['job_seconds']:.2f} (the whole command"
+                  + (f"; the grid's fold fits {times['selection_seconds']:.2f})" if grid else ")"))]
+    rows += [("MB moved", f"{result.bytes_moved / 1e6:.3f}")]
     if result.test:
         rows += [(f"test {k}", f"{v:.6g}" if isinstance(v, float) else v) for k, v in result.test["summary"].items()]
     rows.append(("result file", args.out))
@@ -627,11 +654,12 @@ def write_online(run, result):
         model["feature_scale"] = source.scaling.factors
     config_out = dict(result.config, n_features=source.n_features, stream=os.path.abspath(args.stream),
                       test=os.path.abspath(args.test) if args.test else None, summary=s)
+    times = timing(run, result)
     store.write_result(args.out, result.W, None, result.history, config_out, run.cluster.size, run.version,
                        task_names=result.task_names, extra=model, test=result.test, ranks=result.extra,
-                       groups={"trace": result.trace}, force=args.force)
+                       groups={"trace": result.trace, "timing": times}, force=args.force)
     if args.log_level != "error":
-        print(summary_table(args, result, headline))
+        print(summary_table(args, result, headline, times))
     return result
 
 

@@ -39,7 +39,7 @@ TASK_COLUMNS = {"classification": ("error_rate", "auc"), "regression": ("rmse", 
 
 # every summary name, in the order tables and CSV files show them
 SUMMARY_KEYS = ("n_tasks", "n_samples",
-                "pooled_error_rate", "task_mean_error_rate", "task_mean_auc",
+                "pooled_error_rate", "task_mean_error_rate", "task_mean_auc", "n_tasks_without_auc",
                 "pooled_rmse", "task_mean_rmse", "pooled_mse", "task_mean_mse",
                 "pooled_explained_variance", "task_mean_explained_variance",
                 "n_rounds", "inf_error_rate", "one_error_rate", "multiclass_error_rate")
@@ -106,9 +106,12 @@ def summarize(per_task: list, regression: bool) -> dict:
     else:
         errors = sum(t["errors"] for t in per_task)
         aucs = [t["auc"] for t in per_task if not np.isnan(t["auc"])]
+        # a task whose test labels are all one class has no AUC: the mean is over the others, and
+        # the count says how many were left out (a mean over 3 of 50 tasks must not read as over 50)
         out.update(pooled_error_rate=errors / max(1, n),
                    task_mean_error_rate=float(np.mean([t["error_rate"] for t in per_task])) if per_task else float("nan"),
-                   task_mean_auc=float(np.mean(aucs)) if aucs else float("nan"))
+                   task_mean_auc=float(np.mean(aucs)) if aucs else float("nan"),
+                   n_tasks_without_auc=len(per_task) - len(aucs))
     return out
 
 

@@ -107,10 +107,67 @@ def _label(path, res):
     extra = f", lam {cfg['lam']:g}" if cfg.get("lam") is not None else ""
     if method == "online":
         norm = {"rmax": f"r-max r={cfg.get('r')}", "p": f"p={cfg.get('p')}"}.get(cfg.get("norm"), cfg.get("norm"))
-        extra = f", {cfg.get('update')}, {norm}, C {float(cfg.get('C')):g}"
+        extra = f", {cfg.get('update')}, {norm}, C {float(cfg.get('C')):g}" + \
+            (f", code {cfg['code']}" if cfg.get("code") else "")
     if method == "l1inf":
         extra = f", {cfg.get('projection')}, C {cfg.get('radius'):g}"
     return f"{os.path.basename(os.fspath(path))} ({method}{extra})"
+
+
+MAX_TASK_TICKS = 40           # the correlation plot names its tasks up to this many
+MAX_TASKS_SHOWN = 60          # and draws a sample of this many when there are more (a 5000-pixel matrix is noise)
+
+
+def correlation_order(C, limit=MAX_TASKS_SHOWN, seed=0):
+    """``(task indices to draw, in cluster order; a caption)`` of a task correlation matrix ``C``.
+
+    Related tasks are drawn side by side: the leaves of an average-linkage clustering on the distance
+    ``1 - C``.  With more than ``limit`` tasks a random sample of ``limit`` (drawn from ``seed``) is
+    ordered and drawn, and the caption says so.
+    """
+    from scipy.cluster.hierarchy import leaves_list, linkage
+    from scipy.spatial.distance import squareform
+    m = C.shape[0]
+    picked = np.arange(m)
+    if m > limit:
+        picked = np.sort(np.random.default_rng(seed).choice(m, size=limit, replace=False))
+    if len(picked) > 2:
+        D = np.clip(1.0 - C[np.ix_(picked, picked)], 0.0, 2.0)
+        D = (D + D.T) / 2
+        np.fill_diagonal(D, 0.0)
+        picked = picked[leaves_list(linkage(squareform(D, checks=False), method="average"))]
+    caption = "tasks in cluster order (average linkage on 1 - correlation)"
+    if m > limit:
+        caption += f"; a random sample of {limit} of the {m} tasks"
+    return picked, caption
+
+
+def omega_step_rounds(history) -> list:
+    """The first round of every W-step after the first (where ``outer`` changes): an Omega-step came before it."""
+    outer = np.asarray(history.get("outer", []))
+    if outer.size != np.size(history.get("round", [])):
+        return []
+    return [int(history["round"][k + 1]) for k in np.flatnonzero(np.diff(outer) != 0)]
+
+
+def selection_note(path, res) -> str:
+    """report.md's line on how a run's regularization was chosen (empty for a run at a given value)."""
+    sel = res["config"].get("selection")
+    if not isinstance(sel, dict) or "parameter" not in sel:
+        return ""
+    name = sel["parameter"]
+    chosen = sel.get(f"chosen_{name}", sel.get("chosen_lam"))
+    how = (f"{sel['cv']}-fold cross-validation" if "cv" in sel else
+           f"a validation split of {sel['validation_fraction']:g} of every task" if "validation_fraction" in sel
+           else "validation")
+    grid = res.get("path", {}).get(name)
+    grid = f" over the grid {', '.join(f'{v:.4g}' for v in np.asarray(grid).ravel())}" if grid is not None else ""
+    timing = res.get("timing", {})
+    spent = (f"; the grid's fold fits took {float(timing['selection_seconds']):.2f} s, the whole job "
+             f"{float(timing['job_seconds']):.2f} s" if "selection_seconds" in timing else "")
+    return (f"- {os.path.basename(os.fspath(path))}: {name} {float(chosen):.4g} was chosen by {how} "
+            f"(validation {sel.get('metric', '?')}){grid}{spent}; its rounds, seconds and curves are the refit's "
+            f"at that value.")
 
 
 def _save(plt, fig, written, name, path, tight=True):
@@ -143,14 +200,25 @@ def report(paths, out_dir) -> dict:
     gap_runs = [(p, r) for p, r in runs if "rel_gap" in r["history"]]
     if gap_runs:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        marked = False
         for p, r in gap_runs:
             h = r["history"]
-            gap = np.maximum(h["rel_gap"], 1e-16)
+            gap = np.maximum(h["rel_gap"], 1e-16)       # a gap of exactly 0 sits on the floor, still drawn
+            # markers: a run of one or a few rounds (STL) is a point, invisible as a line
+            style = dict(marker="o", markersize=3) if len(gap) <= 20 else {}
             for ax, x in zip(axes, ("round", "seconds", "bytes")):
-                ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r))
-        for ax, xl in zip(axes, ("rounds", "seconds", "MB moved")):
+                line, = ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r), **style)
+            for k in omega_step_rounds(h):
+                # an Omega-step between two W-steps: the gap of the next W-step starts high again (the saw-tooth)
+                axes[0].axvline(k, color=line.get_color(), linestyle=":", linewidth=0.8)
+                marked = True
+        for ax, xl in zip(axes, ("rounds", "seconds (training; a grid: its refit)", "MB moved")):
             ax.set_xlabel(xl)
             ax.set_ylabel("relative duality gap")
+        if marked:
+            axes[0].set_title("dotted: an Omega-step (Sigma updated), then a new W-step", fontsize=8)
+        if all(not np.any(r["history"]["bytes"]) for _, r in gap_runs):
+            axes[2].set_title("no bytes moved: every run on one process", fontsize=8)
         axes[0].legend(fontsize=7)
         _save(plt, fig, written, "gap", os.path.join(out_dir, "gap.png"))
 
@@ -198,23 +266,34 @@ def report(paths, out_dir) -> dict:
         if Sigma is None or r["config"].get("relationship") != "learned":
             continue
         s = np.sqrt(np.diag(Sigma))
-        panels = [("learned", Sigma / np.outer(s, s))]
+        learned = Sigma / np.outer(s, s)
+        names = r["model"].get("task_names") or [str(i) for i in range(Sigma.shape[0])]
+        shown, note = correlation_order(learned)
+        panels = [(f"learned task correlation, {os.path.basename(os.fspath(p))}", learned)]
         if train and os.path.exists(train):
             with store.TaskFile(train) as tf:
                 truth = tf.read_truth()
             if "correlation" in truth and truth["correlation"].shape == Sigma.shape:
                 panels.append(("ground truth", truth["correlation"]))
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
         for ax, (title, M) in zip(axes[0], panels):
-            im = ax.imshow(M, vmin=-1, vmax=1, cmap="RdBu_r")
-            ax.set_title(title)
+            im = ax.imshow(M[np.ix_(shown, shown)], vmin=-1, vmax=1, cmap="RdBu_r", interpolation="nearest")
+            ax.set_title(title, fontsize=9)
+            if len(shown) <= MAX_TASK_TICKS:         # task names, in the cluster order the matrix is drawn in
+                ax.set_xticks(range(len(shown)), [names[i] for i in shown], rotation=90, fontsize=6)
+                ax.set_yticks(range(len(shown)), [names[i] for i in shown], fontsize=6)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+        fig.suptitle(note, fontsize=8)
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
         _save(plt, fig, written, "correlation", os.path.join(out_dir, "task-correlation.png"), tight=False)
         break
 
     lines = ["# hpcmtl report", "",
-             "| run | rounds | seconds | final gap / objective / online errors | test metrics | intercepts |",
-             "|---|---|---|---|---|---|"]
+             "| run | rounds | seconds (training; a grid: its refit) | job seconds | final gap / objective / online "
+             "errors | test metrics | intercepts |",
+             "|---|---|---|---|---|---|---|"]
     for p, r in runs:
         h = r["history"]
         final = (f"{h['rel_gap'][-1]:.2e}" if "rel_gap" in h else
@@ -228,7 +307,13 @@ def report(paths, out_dir) -> dict:
         metrics = ", ".join(f"{k} {test[k]:.4f}" for k in ordered_summary_keys(test) if k in REPORTED_METRICS)
         rounds = int(h["round"][-1]) if "round" in h and len(h["round"]) else 0
         seconds = float(h["seconds"][-1]) if "seconds" in h and len(h["seconds"]) else 0.0
-        lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {final} | {metrics} | {intercept_range(r)} |")
+        job = r.get("timing", {}).get("job_seconds")
+        job = "-" if job is None else f"{float(job):.2f}"          # files from before /timing
+        lines.append(f"| {_label(p, r)} | {rounds} | {seconds:.2f} | {job} | {final} | {metrics} | "
+                     f"{intercept_range(r)} |")
+    notes = [n for n in (selection_note(p, r) for p, r in runs) if n]
+    if notes:
+        lines += [""] + notes
     lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in written.items()]
     written["summary"] = os.path.join(out_dir, "report.md")
     with store.atomic_output(written["summary"], "report file") as tmp, open(tmp, "w") as f:

@@ -863,7 +863,8 @@ def test_a_new_format_is_one_registration(tmp_path, capsys, monkeypatch):
     assert_array_equal(Y[:, 0], [-1, 1, -1])
     code, _, err = convert(capsys, "--format", "toy", tmp_path / "in.toy", tmp_path / "c.h5", "--test-out",
                            tmp_path / "ct.h5")
-    assert code == 2 and "--test-out is only for mnist (a directory) and reuters; split toy data" in err
+    assert code == 2 and "--test-out is only for malsar (with --x/--y naming the training variables: the test ones " \
+        "replace 'train' by 'test') and mnist (a directory) and reuters; split toy data" in err
 
 
 @pytest.mark.smoke

@@ -98,8 +98,8 @@ def test_info_json_fields(tmp_path):
     info = json.loads(run_hpcmtl(["data", "info", out, "--json"]).stdout)
     assert info["n_tasks"] == 2 and info["n_features"] == 2 and info["storage"] == "dense"
     assert info["tasks"] == [
-        {"name": "p", "n_samples": 3, "nnz": 6, "positive_fraction": 1.0},
-        {"name": "q", "n_samples": 2, "nnz": 0, "positive_fraction": 0.0},
+        {"name": "p", "n_samples": 3, "nnz": 6, "label_counts": {"1": 3}, "positive_fraction": 1.0},
+        {"name": "q", "n_samples": 2, "nnz": 0, "label_counts": {"-1": 2}, "positive_fraction": 0.0},
     ]
 
 

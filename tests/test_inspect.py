@@ -93,7 +93,7 @@ def test_csv_reads_the_header_and_a_few_rows_only(tmp_path, capsys):
     code, out, err = inspect(capsys, path)
     assert code == 0, err
     assert out.splitlines()[:6] == [
-        f"{path}: CSV, 5 columns (the header and the first 5 rows read)",
+        f"{path}: CSV, 5 columns (the header and the first 5 rows shown, 5 read to judge the columns)",
         "  task          column 0     text      t0, t1, t0",
         "  age           column 1     number    0, 1, 2",
         "  city          column 2     text      paris, paris, paris",

@@ -1,5 +1,6 @@
 """SLURM job scripts: golden files, quoting, and the lam sweep run locally with a fake sbatch."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,7 +160,8 @@ BAD_VALUES = [
     ("sweep", "lams", "1e-3 -1", "must be numbers > 0"),
     ("sweep", "lams", "1e-3 nan", "must be numbers > 0"),
     ("sweep", "lams", " ", "must be numbers > 0"),
-    ("train", "lam", "inf", "The 'lam' parameter of template 'train' must be a number > 0, such as 1e-3. Got 'inf'"),
+    ("train", "lam", "inf", "The 'lam' parameter of template 'train' must be a number > 0, such as 1e-3, or a comma-separated grid "
+                            "such as 1e-5,1e-4,1e-3. Got 'inf'"),
     ("train", "lam", "0", "must be a number > 0"),
     ("train", "lam", "1e-3 --help", "must be a number > 0"),
     ("train", "ntasks", "0", "The 'ntasks' parameter of template 'train' must be an integer >= 1. Got '0'"),
@@ -258,3 +260,85 @@ def test_render_out_is_checked_and_written_atomically(tmp_path, capsys, monkeypa
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
+# --- grids and every train option (issue 38) -----------------------------------------------------
+def srun_argv(text):
+    """The hpcmtl argv (after 'hpcmtl') of a rendered script's srun line."""
+    import shlex
+    line = re.sub(r"\\\n\s*", " ", text)
+    words = shlex.split(next(ln for ln in line.splitlines() if ln.startswith("srun ")), comments=True)
+    return words[words.index("hpcmtl") + 1:]
+
+
+def sample_value(flag, kw):
+    """A value train accepts for option ``flag`` (None: one that needs a file or a partner option)."""
+    if kw.get("action") == "store_true":
+        return "true"
+    if kw.get("choices"):
+        return str(list(kw["choices"])[-1])
+    if flag in ("--lam-grid",):
+        return "1e-4:1e-2:3"
+    if kw.get("default") is not None and not isinstance(kw["default"], (list, bool)):
+        return str(kw["default"])
+    return None
+
+
+@pytest.mark.parametrize("method", ["dmtrl", "stl", "fixed", "graph"])
+def test_train_template_renders_every_option_of_the_method(method):
+    from hpcmtl.methods import train_options_of
+    table = train_options_of(method)
+    own = {"--train", "--test", "--out", "--loss", "--lam", "--checkpoint-seconds", "--stream", "--resume"}
+    rendered = 0
+    for flag, (_, kw) in table.items():
+        value = sample_value(flag, kw)
+        if flag in own or value is None or flag in jobs.GRID_OPTIONS:
+            continue
+        key = flag[2:]
+        text = jobs.render("train", dict(EXAMPLE, test="t.h5", method=method, **{key: value}))
+        argv = srun_argv(text)
+        expected = flag if kw.get("action") == "store_true" else f"{flag}={value}"
+        assert expected in argv, (flag, argv)
+        args = cli.build_parser().parse_args(argv)            # the real command line takes it as rendered
+        assert getattr(args, kw.get("dest", key.replace("-", "_"))) is not None
+        rendered += 1
+    assert rendered >= 20
+
+
+def test_a_grid_renders_without_checkpoints_and_runs(tmp_path):
+    tr, te = tmp_path / "tr.h5", tmp_path / "te.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--test", te, "--scale", "0.03"]).returncode == 0
+    for extra, grid in (({"lam": "1e-3,1e-2"}, [1e-3, 1e-2]),
+                        ({"lam-grid": "1e-3:1e-1:3", "cv": "2"}, [1e-3, 1e-2, 1e-1])):
+        text = jobs.render("train", dict(train=str(tr), test=str(te), out=str(tmp_path / "g.h5"), method="stl",
+                                         loss="logistic", **extra))
+        argv = srun_argv(text)
+        assert not any(a.startswith("--checkpoint") for a in argv)          # a grid writes no checkpoint
+        assert ("--lam-grid=1e-3:1e-1:3" in argv and not any(a.startswith("--lam=") for a in argv)) \
+            if "lam-grid" in extra else "--lam=1e-3,1e-2" in argv
+        r = run_hpcmtl(argv + ["--force", "--quiet"])
+        assert r.returncode == 0, r.stderr
+        res = store.read_result(tmp_path / "g.h5")
+        assert res["path"]["lam"].tolist() == pytest.approx(sorted(grid, reverse=True))
+        assert res["config"]["selection"]["chosen_lam"] in grid
+    single = srun_argv(jobs.render("train", dict(EXAMPLE, test="t.h5")))
+    assert "--checkpoint-seconds=600" in single and "--lam=1e-3" in single
+
+
+@pytest.mark.parametrize("template,values,message", [
+    ("train", {"max-rounds": "0"}, "--set for train dmtrl: argument --max-rounds"),
+    ("train", {"max-round": "5"}, "Did you mean 'max-rounds'?"),
+    ("train", {"train_": "x"}, "template 'train' has no parameter 'train_'"),
+    ("train", {"no-intercept": "maybe"}, "is a switch: true or false"),
+    ("train", {"lam": "1e-3,x"}, "a comma-separated grid such as 1e-5,1e-4,1e-3"),
+    ("train", {"lam-grid": "1e-3:1:3", "checkpoint-seconds": "60"}, "a grid chosen by validation writes no checkpoint"),
+    ("preemptible", {"cv": "3"}, "template 'preemptible' continues a requeued attempt from its checkpoint"),
+    ("sweep", {"cv": "3"}, "template 'sweep' runs one lam a job"),
+    ("train", {"radius": "3"}, "train dmtrl has no option --radius"),
+])
+def test_train_options_are_checked_at_render_time(template, values, message):
+    base = {"train": "t.h5", "test": "t.h5", "out": "o.h5", "prefix": "p", "lams": "1e-3"}
+    params = jobs.templates()[template][1]
+    with pytest.raises(InputError) as err:
+        jobs.render(template, dict({k: v for k, v in base.items() if k in params}, **values))
+    assert message in str(err.value)

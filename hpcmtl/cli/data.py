@@ -43,6 +43,8 @@ def add_parser(sub):
     conv.add_argument("--n-features", type=_count("--n-features"), default=None, help=option_help("--n-features"))
     conv.add_argument("--task-column", default=None, help=option_help("--task-column"))
     conv.add_argument("--label-column", default=None, help=option_help("--label-column"))
+    conv.add_argument("--x", default=None, metavar="NAME", help=option_help("--x"))
+    conv.add_argument("--y", default=None, metavar="NAME", help=option_help("--y"))
     conv.add_argument("--seed", type=_count("--seed", 0), default=0,
                       help=option_help("--seed") + "; --shuffle: the order of the rounds")
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
@@ -63,6 +65,11 @@ def add_parser(sub):
     stdz.add_argument("train", metavar="TRAIN.h5")
     stdz.add_argument("output", metavar="OUT_TRAIN.h5")
     stdz.add_argument("--test", nargs=2, metavar=("TEST.h5", "OUT_TEST.h5"), help="apply the same scaling to a test file")
+    stdz.add_argument("--scale", choices=formats.SCALINGS, default="standard",
+                      help="standard: dense columns centred to mean 0 and scaled to variance 1, CSR columns only "
+                           "scaled to root-mean-square 1 (never centred: centring would fill every zero); maxabs: "
+                           "columns divided by their largest |value| (never centred; values in [-1, 1]); l2-rows: "
+                           "each row divided by its Euclidean norm (no training statistics; tf-idf rows)")
     stdz.add_argument("--force", action="store_true")
     stdz.add_argument("--float32", action="store_true", help="store the features as float32 (half the size; labels stay float64)")
 
@@ -111,10 +118,13 @@ def _run_data_command(args):
                 print(f"  {t['name']:>20s}  +1 {t['positive']:<8d} -1 {t['negative']:<8d} dormant {t['dormant']}")
         else:
             print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
-                  f"{info['storage']} {info['dtype']}, {info['n_samples']} samples, density {info['density']:.4g}")
+                  f"{info['storage']} {info['dtype']}, {info['n_samples']} samples, density {info['density']:.4g}, "
+                  f"scaling: {info['scaling']}")
             for t in info["tasks"]:
                 extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
                          else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}" if "y_mean" in t else "no rows")
+                if "label_counts" in t:
+                    extra += "  labels " + " ".join(f"{v}:{c}" for v, c in t["label_counts"].items())
                 print(f"  {t['name']:>20s}  n={t['n_samples']:<8d} nnz={t['nnz']:<10d} {extra}")
         return 0
     if args.data_command == "split":
@@ -183,16 +193,21 @@ def data_standardize(args):
         store.check_writable(out, args.force)
     with store.TaskFile(args.train) as tf:
         blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
-    mean, scale = formats.standardization(blocks)
+        d = tf.n_features
+    mean, scale = formats.standardization(blocks, args.scale)
     for src, out in pairs:
         with store.TaskFile(src) as tf:
-            if tf.n_features != mean.size:
-                raise InputError(f"{src}: has {tf.n_features} features, {args.train} has {mean.size}")
+            if tf.n_features != d:
+                raise InputError(f"{src}: has {tf.n_features} features, {args.train} has {d}")
             blocks = [tf.read_task(i) for i in range(tf.n_tasks)]
-            names, truth = tf.names, tf.read_truth()
-        Xs = [formats.apply_standardization(b.X, mean, scale) for b in blocks]
-        store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth,
-                          preprocessing={"mean": mean, "scale": scale}, force=args.force, float32=args.float32)
+            names, truth, before = tf.names, tf.read_truth(), tf.scaling()
+        Xs = [formats.apply_standardization(b.X, mean, scale, args.scale) for b in blocks]
+        # data info says what scaling a file has had (a second one is listed after the first)
+        done = formats.scaling_text(args.scale, Xs[0])
+        attrs = {"scaling": done if before == "none" else f"{before}, then {done}"}
+        store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth, attrs=attrs,
+                          preprocessing={"mean": mean, "scale": scale} if mean is not None else None,
+                          force=args.force, float32=args.float32)
     print("wrote " + " and ".join(out for _, out in pairs))
     return 0
 

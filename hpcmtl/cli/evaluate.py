@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from ..errors import InputError
 from ..metrics import evaluate_arrays, match_tasks
@@ -12,7 +13,8 @@ def add_parser(sub):
     ev = sub.add_parser("evaluate", help="test metrics of a result file: per task, pooled_* and task_mean_*")
     ev.add_argument("result", metavar="RESULT.h5")
     ev.add_argument("test", metavar="TEST.h5", help="a task dataset, or a test stream for an online result")
-    ev.add_argument("--json", action="store_true", help="one JSON object {tasks, summary} with the same names")
+    ev.add_argument("--json", action="store_true",
+                    help="one JSON object {tasks, summary} with the same names (an undefined value is null)")
 
 
 def open_test_stream(path, model, model_path):
@@ -97,6 +99,18 @@ def metrics_text(metrics):
     return "\n".join(lines)
 
 
+def json_ready(value):
+    """``value`` with every non-finite float as None: ``json.dumps`` writes NaN bare, which no JSON parser
+    accepts (a one-class task's AUC, a constant task's explained variance)."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def config_count(result, key, path, default=0) -> int:
     """An integer >= 0 of a result's config (``rff_dim``, ``n_features``), or a one-line InputError."""
     value = result["config"].get(key)
@@ -143,5 +157,5 @@ def cmd_evaluate(args):
             metrics = evaluate_arrays(result["model"]["W"], result["config"], test_source,
                                       result["model"].get("task_names"), args.result,
                                       result["model"].get("intercept"))
-    print(json.dumps(metrics) if args.json else metrics_text(metrics))
+    print(json.dumps(json_ready(metrics), allow_nan=False) if args.json else metrics_text(metrics))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
+import warnings
 
 from .. import __version__
 from ..errors import InputError
@@ -166,7 +167,12 @@ def cmd_train(args, cluster):
             print(f"hpcmtl: note: {note}", file=sys.stderr, flush=True)
         run = Run(args, cluster, signals, checkpoint, __version__, config, selection,
                   open_test_stream=open_test_stream)
-        result = row.train(run)
+        with warnings.catch_warnings():
+            if args.log_level == "error":
+                # --quiet means errors only: NumPy's floating-point RuntimeWarnings (an overflow in a
+                # logistic grid's far end) are not errors; the run's own checks (finite gaps) are
+                warnings.simplefilter("ignore", RuntimeWarning)
+            result = row.train(run)
         if result is None:
             return None
         return row.write(run, result)

@@ -199,7 +199,7 @@ from .mnist import from_mnist, mnist_one_vs_all, read_idx  # noqa: E402,F401
 from .npz import from_npz  # noqa: E402,F401
 from .reuters import (from_reuters, read_reuters, reuters_features, reuters_labels,  # noqa: E402,F401
                       reuters_online, reuters_topics)
-from .standardize import apply_standardization, standardization  # noqa: E402,F401
+from .standardize import SCALINGS, apply_standardization, scaling_text, standardization  # noqa: E402,F401
 from .streams import labeled_stream, map_stream_labels, shuffle_rows, tasks_stream  # noqa: E402,F401
 from .svmlight import from_svmlight  # noqa: E402,F401
 from .tasks import from_task_file  # noqa: E402,F401

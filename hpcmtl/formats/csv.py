@@ -233,6 +233,78 @@ def _csv_source(path, task_column=None, label_column=LABEL_COLUMN, features=None
 _LABEL_NAMES = ("y", "label", "labels", "target", "class", "gnd", "Y")
 
 
+SAMPLE_ROWS = 2000      # data inspect judges a CSV file's columns by at most this many rows
+_ID_WORDS = ("id", "#", "subject", "task", "user", "group", "person", "respondent", "participant", "patient",
+             "school", "site", "session")
+
+
+def _sample_rows(path, header, limit=SAMPLE_ROWS):
+    """Up to ``limit`` data rows of a CSV file with the header's cell count (empty when the file cannot be read:
+    the reader then reports the error where it is)."""
+    import io
+    from itertools import islice
+    text = []
+    try:
+        with open(path, "rb") as f:
+            for raw in islice(f, 4 * limit + 1):
+                try:
+                    text.append(raw.decode("utf-8-sig" if not text else "utf-8"))
+                except UnicodeDecodeError:
+                    break                     # the sample ends where the text does (convert names the line)
+        reader = csv.reader(io.StringIO("".join(text), newline=""))
+        return [r for r in islice(reader, 1, limit + 1) if len(r) == len(header)]
+    except (OSError, csv.Error):
+        return []
+
+
+def _numbers(cells):
+    """The cells as floats, or None when one is not a finite number."""
+    try:
+        values = np.array([float(c) for c in cells])
+    except ValueError:
+        return None
+    return values if np.all(np.isfinite(values)) else None
+
+
+def _task_column(header, rows):
+    """The column that looks like a task id (None if none does): whole numbers or text ids with at least 3 (2 for a
+    name like 'subject#' or 'user_id', which also wins ties) and at most half as many distinct values as rows, each
+    value in one run of consecutive rows (a file sorted by subject); never a column named like a label."""
+    best, best_score = None, 0
+    n = len(rows)
+    for k, name in enumerate(header):
+        cells = [r[k].strip() for r in rows]
+        values = _numbers(cells)
+        if values is not None and np.any(values != np.round(values)):
+            continue                          # a real-valued column is a feature or a label
+        runs = 1 + sum(a != b for a, b in zip(cells, cells[1:]))
+        distinct = len(set(cells))
+        named = any(w in name.lower() for w in _ID_WORDS)
+        # two values in two runs is as likely a label of a file sorted by class: an id needs its name then
+        if name in _LABEL_NAMES or not (2 + (not named) <= distinct <= n // 2 and runs == distinct):
+            continue
+        score = 2 + (values is not None) + 2 * named
+        if score > best_score:
+            best, best_score = name, score
+    return best
+
+
+def _label_candidates(header, rows, task):
+    """``[(column, its values)]`` of the numeric columns with at most 10 distinct values (a class label), binary
+    first; the task column left out."""
+    out = []
+    for k, name in enumerate(header):
+        values = _numbers([r[k] for r in rows]) if name != task else None
+        if values is not None and len(rows) and len(set(values.tolist())) <= 10:
+            out.append((name, [f"{v:g}" for v in sorted(set(values.tolist()))]))
+    out = sorted(out, key=lambda c: len(c[1]) != 2)
+    last = next((h for h in reversed(header) if h != task), None)
+    if last is not None and last not in [c for c, _ in out] and _numbers([r[header.index(last)] for r in rows]) \
+            is not None and rows:
+        out.append((last, ["real values: --loss squared"]))    # a regression target, commonly last
+    return out
+
+
 def inspect_csv(path, out, n_rows=5):
     import io
     require_file(path)
@@ -256,7 +328,6 @@ def inspect_csv(path, out, n_rows=5):
     if not rows:
         raise InputError(f"{path}: empty CSV file")
     header, rows = rows[0], [r for r in rows[1:n_rows + 1] if len(r) == len(rows[0])]
-    out["format"] = f"CSV, {len(header)} columns (the header and the first {len(rows)} rows read)"
     columns = []
     for k, name in enumerate(header):
         cells = [r[k] for r in rows]
@@ -264,28 +335,42 @@ def inspect_csv(path, out, n_rows=5):
         columns.append({"name": name, "shape": [k], "dtype": "number" if numeric else "text",
                         "first": cells[:3]})
     out["variables"] = columns
-    task = TASK_COLUMN if TASK_COLUMN in header else None
+    sample = _sample_rows(path, header) or rows
+    out["format"] = (f"CSV, {len(header)} columns (the header and the first {len(rows)} rows shown, "
+                     f"{len(sample)} read to judge the columns)")
+    task = TASK_COLUMN if TASK_COLUMN in header else _task_column(header, sample)
     label = next((c for c in _LABEL_NAMES if c in header and c != task), None)
+    candidates = _label_candidates(header, sample, task)
     guessed = label is None
     if guessed:
-        label = next((h for h in reversed(header) if h != task), header[-1])
+        binary = [c for c, values in candidates if len(values) == 2]
+        label = binary[-1] if binary else next((h for h in reversed(header) if h != task), header[-1])
     texts = [c["name"] for c in columns if c["dtype"] == "text" and c["name"] not in (task, label)]
     n_feat = len(header) - (task is not None) - 1 - len(texts)
-    cells = [r[header.index(label)] for r in rows]
-    flags = ("" if task in (None, TASK_COLUMN) else f" --task-column {task}") + \
-            ("" if label == LABEL_COLUMN else f" --label-column {label}") + (f" --drop {','.join(texts)}" if texts else "")
+    cells = [r[header.index(label)] for r in sample]
+    flags = ("" if task in (None, TASK_COLUMN) else f" --task-column {q(task)}") + \
+            ("" if label == LABEL_COLUMN else f" --label-column {q(label)}") + \
+            (f" --drop {q(','.join(texts))}" if texts else "")
     hint = map_hint_cells(cells)
-    lab = f"label column '{label}'{' (guessed: the last column)' if guessed else ''}"
+    why = "two values" if guessed and len(set(cells)) == 2 else "the last column"
+    lab = f"label column '{label}'{f' (guessed: {why})' if guessed else ''}"
     if task is None:
         out["layout"] = (f"no task column, so a single-label file: {lab}, {n_feat} feature columns; a stream, or "
                          "add a task column")
         out["commands"] = [f"hpcmtl data convert --format csv {q(path)} OUT-stream.h5 --stream --shuffle{flags}"]
     else:
-        out["layout"] = f"task column '{task}', {lab}, {n_feat} feature columns"
+        found = "" if task == TASK_COLUMN else " (found by its shape: whole numbers or ids, few distinct, " \
+                                               "each in one run of rows)"
+        out["layout"] = f"task column '{task}'{found}, {lab}, {n_feat} feature columns"
+        out["task_column"] = task
+        out["label_candidates"] = [c for c, _ in candidates]
         out["commands"] = [f"hpcmtl data convert --format csv {q(path)} OUT.h5{flags}{hint}",
                            f"hpcmtl data convert --format csv {q(path)} OUT-stream.h5 --stream --shuffle{flags}{hint}"]
     if texts:
         out["layout"] += f"; text columns {short_list(texts)} cannot be features (--drop)"
+    others = [f"'{c}' ({short_list(values)})" for c, values in candidates if c != label]
+    if task is not None and others:
+        out["layout"] += f"; other label candidates (--label-column; the rest are features): {', '.join(others)}"
 
 
 

@@ -27,8 +27,8 @@ from .fingerprints import combine_fingerprints, fingerprint_hex, fingerprint_row
 from .hdf5 import (CHECKPOINT_FORMAT, FORMAT_VERSION, RESULT_FORMAT, STREAM_FORMAT, TASKS_FORMAT, duplicate_name,
                    file_format, is_hdf5, list_datasets)
 from .results import read_result, write_result
-from .streams import StreamFile, write_stream
-from .tasks import FEATURE_DTYPES, TaskFile, read_all_tasks, write_tasks
+from .streams import StreamFile, load_stream, write_stream
+from .tasks import FEATURE_DTYPES, TaskFile, load_tasks, read_all_tasks, write_tasks
 
 __all__ = [
     "TASKS_FORMAT", "RESULT_FORMAT", "CHECKPOINT_FORMAT", "STREAM_FORMAT", "FORMAT_VERSION", "FEATURE_DTYPES",
@@ -36,8 +36,8 @@ __all__ = [
     "WriteError", "write_error", "remove_stale_temporaries", "atomic_h5", "atomic_output", "check_writable",
     "same_file", "check_outputs", "output_target", "output_locks", "lock_path", "TEMPORARY_EXTRA",
     "fingerprint_rows", "fingerprint_hex", "combine_fingerprints",
-    "check_task", "write_tasks", "TaskFile", "read_all_tasks",
+    "check_task", "write_tasks", "TaskFile", "read_all_tasks", "load_tasks",
     "write_result", "read_result",
     "write_checkpoint", "read_checkpoint",
-    "write_stream", "StreamFile",
+    "write_stream", "StreamFile", "load_stream",
 ]

@@ -216,3 +216,15 @@ class StreamFile(OpenFile):
             stop = min(self.n_rounds, start + size)
             X, Y = self.read_rounds(start, stop)
             yield start, X, Y
+
+
+def load_stream(path):
+    """``(X, Y, label_names)`` of a whole online stream: the public loader behind :func:`hpcmtl.load_stream`.
+
+    ``X`` is the T x d CSR matrix of the rounds' instances, ``Y`` the T x k labels in
+    -1/0/+1 (0: dormant), ``label_names`` the k column names: what
+    ``OnlineMultitask.fit(X, Y)`` takes.  Validated as training reads it.
+    """
+    with StreamFile(path) as f:
+        X, Y = f.read_rounds(0, f.n_rounds)
+        return X, Y, list(f.label_names)

@@ -34,13 +34,15 @@ from ..taskdata import (FLOAT32_CHUNK_VALUES, TaskBlock, all_finite, check_name,
                         float32_overflow_error, task_means as _task_means)
 from .atomic import atomic_h5
 from .fingerprints import MASK64, fingerprint_hex, fingerprint_rows
-from .hdf5 import FORMAT_VERSION, TASKS_FORMAT, TRUTH, OpenFile, duplicate_name, open_read, write_array
+from .hdf5 import (FORMAT_VERSION, STREAM_FORMAT, TASKS_FORMAT, TRUTH, OpenFile, duplicate_name, file_format, is_hdf5,
+                   open_read, write_array)
 
 FEATURE_DTYPES = ("float64", "float32")
 
 _TABLE = "task_table"
 _TASKS = "tasks"
 _PREPROCESSING = "preprocessing"
+LABEL_VALUES_SHOWN = 10         # data info counts each label value of a task with at most this many whole values
 
 
 def _task_group(i: int) -> str:
@@ -346,6 +348,11 @@ class TaskFile(OpenFile):
             if g is not None and "y" in g:
                 _check_kind(self._where(i), "y", g["y"], LABEL_KINDS)
                 y = g["y"][()]
+                values, counts = np.unique(y[np.isfinite(y)], return_counts=True) if y.size else ((), ())
+                if 0 < len(values) <= LABEL_VALUES_SHOWN and np.all(values == np.round(values)):
+                    # a 0/1 (or class-id) file shows its counts, not just "mean 0.5": 0/1 labels then read
+                    # as such before a hinge or logistic run refuses them
+                    entry["label_counts"] = {f"{v:g}": int(c) for v, c in zip(values, counts)}
                 if y.size and np.all((y == 1) | (y == -1)):
                     entry["positive_fraction"] = float(np.mean(y == 1))
                 elif y.size:
@@ -357,7 +364,14 @@ class TaskFile(OpenFile):
         density = float(self.nnz.sum()) / max(1, total * self.n_features)
         return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
                 "storage": self.storage, "dtype": self.dtype, "n_samples": total, "nnz": int(self.nnz.sum()),
-                "density": density, "has_truth": TRUTH in self._f, "tasks": tasks}
+                "density": density, "has_truth": TRUTH in self._f, "scaling": self.scaling(), "tasks": tasks}
+
+    def scaling(self) -> str:
+        """What scaling the features have had: the ``scaling`` attribute ``data standardize`` writes, else
+        'standardized' for a file with preprocessing arrays from before that attribute, else 'none'."""
+        if "scaling" in self.attrs:
+            return str(self.attrs["scaling"])
+        return "standardized" if _PREPROCESSING in self._f else "none"
 
 
 LABEL_KINDS = "biuf"       # labels are real numbers: strings would be parsed as numbers, complex lose their imaginary part
@@ -378,3 +392,22 @@ def read_all_tasks(path):
     """Every task of a file as full blocks (for single-process tools and tests)."""
     with TaskFile(path) as tf:
         return [tf.read_task(i) for i in range(tf.n_tasks)], tf.names, tf.n_features
+
+
+def load_tasks(path):
+    """``(Xs, ys, names)`` of a task dataset: the public loader behind :func:`hpcmtl.load_tasks`.
+
+    ``Xs[i]`` is task i's n_i x d rows (a NumPy array, or a SciPy CSR matrix for a
+    CSR file; float32 for a float32 file), ``ys[i]`` its n_i labels (float64),
+    ``names[i]`` its name: what the estimators' ``fit(Xs, ys)`` takes.  Every task
+    is checked as training checks it; another kind of file is one InputError
+    naming the reader that takes it.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path) and not is_hdf5(path):
+        raise InputError(f"{path}: is not an hpcmtl task dataset (not HDF5): 'hpcmtl data inspect {path}' names "
+                         f"the command that converts it")
+    if file_format(path) == STREAM_FORMAT:
+        raise InputError(f"{path}: is an online stream ('{STREAM_FORMAT}'): read it with hpcmtl.load_stream")
+    blocks, names, _ = read_all_tasks(path)
+    return [b.X for b in blocks], [b.y for b in blocks], list(names)

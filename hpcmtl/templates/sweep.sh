@@ -23,7 +23,7 @@ array_job=$(sbatch --parsable --job-name={{job_name|raw}} --ntasks={{ntasks|raw}
 set -- {{lams|wrap}}
 shift "$SLURM_ARRAY_TASK_ID"
 srun hpcmtl train {{method|wrap}} --train={{train|wrap}} --test={{test|wrap}} --loss={{loss|wrap}} \
-    --lam="$1" --out={{prefix|wrap}}-"$SLURM_ARRAY_TASK_ID".h5 --force')
+    --lam="$1" --out={{prefix|wrap}}-"$SLURM_ARRAY_TASK_ID".h5 --force{{train_options|wrap}}')
 sbatch --parsable --job-name={{job_name|raw}}-collect --ntasks=1 --dependency=afterok:"$array_job" \
     --output=hpcmtl-%j.log --wrap 'hpcmtl report --out={{prefix|wrap}}-report --csv -- {{prefix|wrap}}-*.h5'
 echo "submitted array job $array_job with $n values of lam and its collection step"
