@@ -145,8 +145,10 @@ def test_unconverged_point_is_stored_and_named():
 # the command line under mpiexec: the edge warning, errors
 # ---------------------------------------------------------------------------
 def path_args(tr, out, *extra):
+    # (two W-steps: what these tests check is the path; --outer-tol 0.5 lets each point's learned Sigma count as
+    # certified at that looser level, which two W-steps reach here)
     return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam-grid", "1e-3:1e-1:3",
-            "--tol", "1e-5", "--outer", "2", "--force", *extra]
+            "--tol", "1e-5", "--outer", "2", "--outer-tol", "0.5", "--force", *extra]
 
 
 @pytest.mark.mpi
