@@ -1,15 +1,23 @@
 """The task covariance Sigma: the Omega-step, the rho rules that Sigma sets, and a user-given Sigma's check.
 
 Server arithmetic, public for tests: :func:`omega_step` / :func:`omega_from_gram` (Sigma from W),
-:func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
+:class:`SigmaFactors` and :func:`omega_factors` (the same Sigma from a thin SVD of W, held as factors), :func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
 per-task rho), :func:`check_sigma`.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import interior
 from ..errors import InputError
+
+# From this many tasks on, a learned Sigma is computed and held as factors (:func:`omega_factors`) and the
+# server's per-round products go through them (:mod:`.steps`): an m x m eigensolve a W-step and an m x m
+# matrix in every round's algebra cost m^3 and m^2 d, the factors O(m d r).  Below it the dense arithmetic of
+# before (its bits) is kept; tests set it to 0 to compare the two paths.
+FACTORED_MIN_TASKS = 512
 
 
 def omega_step(W: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
@@ -35,6 +43,72 @@ def omega_from_gram(G: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
     root = (evecs * s) @ evecs.T
     root = 0.5 * (root + root.T)
     return root / np.trace(root)
+
+
+class SigmaFactors(NamedTuple):
+    """``Sigma = V diag(s) V^T + c (I - V V^T)``: V (m x r) orthonormal columns, r <= min(m, d), ``s`` Sigma's
+    eigenvalues on them, ``c`` its eigenvalue on the rest (the eigenvalue floor over the trace).  Products cost
+    O(m r) a vector; :meth:`dense` forms the m x m matrix (m^2 r) for what still needs it."""
+    V: np.ndarray
+    s: np.ndarray
+    c: float
+
+    @property
+    def m(self):
+        return self.V.shape[0]
+
+    def matmul(self, X):
+        """``Sigma @ X`` (X: m rows, or one m-vector): ``V ((s - c) (V^T X)) + c X``."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim == 1:
+            return self.V @ ((self.s - self.c) * (self.V.T @ X)) + self.c * X
+        return self.V @ ((self.s - self.c)[:, None] * (self.V.T @ X)) + self.c * X
+
+    def diag(self):
+        """``sigma_ii``."""
+        return self.c + (self.V * self.V) @ (self.s - self.c)
+
+    def inverse_diag(self):
+        """``(Sigma^-1)_ii``: Sigma^-1 has the same factors with 1/s and 1/c."""
+        return 1.0 / self.c + (self.V * self.V) @ (1.0 / self.s - 1.0 / self.c)
+
+    def dense(self):
+        """The m x m matrix (symmetric to the bit)."""
+        S = (self.V * (self.s - self.c)) @ self.V.T
+        S = 0.5 * (S + S.T)
+        S[np.diag_indices_from(S)] += self.c
+        return S
+
+    def arrays(self):
+        """The factors as checkpoint arrays (:meth:`from_arrays` reads them back bit for bit)."""
+        return {"sigma_V": self.V, "sigma_s": self.s, "sigma_c": np.array(self.c)}
+
+    @classmethod
+    def from_arrays(cls, arrays):
+        if "sigma_V" not in arrays:
+            return None
+        return cls(np.array(arrays["sigma_V"], dtype=np.float64).reshape(-1, np.size(arrays["sigma_s"])),
+                   np.array(arrays["sigma_s"], dtype=np.float64).reshape(-1), float(np.asarray(arrays["sigma_c"])))
+
+
+def omega_factors(WT: np.ndarray, eig_floor: float = 1e-8) -> SigmaFactors:
+    """:func:`omega_step` of ``W = WT^T`` (WT: m x d task rows) as :class:`SigmaFactors`, from a thin SVD of WT
+    (``O(m d min(m, d))``, no m x m matrix): ``WT = U S Q^T`` gives ``(W^T W)^(1/2) = U diag(S) U^T``; singular
+    values below ``eig_floor`` times the largest and the complement of U's columns take that floor, and the
+    trace ``sum(max(S, floor)) + floor (m - k)`` divides.  Only the columns above the floor are kept (r of them).
+    An all-zero W gives ``I / m`` (r = 0)."""
+    WT = np.asarray(WT, dtype=np.float64)
+    m = WT.shape[0]
+    if WT.size == 0:
+        return SigmaFactors(np.zeros((m, 0)), np.zeros(0), 1.0 / max(m, 1))
+    U, S, _ = np.linalg.svd(WT, full_matrices=False)
+    top = float(S.max()) if S.size else 0.0
+    if not top > 0:
+        return SigmaFactors(np.zeros((m, 0)), np.zeros(0), 1.0 / m)
+    floor = eig_floor * top
+    keep = S > floor
+    trace = float(np.sum(S[keep])) + floor * (m - int(np.count_nonzero(keep)))
+    return SigmaFactors(np.ascontiguousarray(U[:, keep]), S[keep] / trace, floor / trace)
 
 
 def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float:
@@ -71,6 +145,10 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     what a softer model overshoots along the tasks' common direction (measurements:
     docs/dmtrl-notes.md).
     """
+    if isinstance(Sigma, SigmaFactors):       # Sigma^-1's diagonal from the factors: no m x m inverse
+        if Sigma.V.shape[1] == 0:
+            return np.ones(Sigma.m)
+        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
     m = Sigma.shape[0]
     if interior.is_diagonal(Sigma):
         return np.ones(m)

@@ -129,10 +129,16 @@ class StepInputs(NamedTuple):
     dPT: object
     step: np.ndarray
     beta: np.ndarray
+    factors: object = None      # Sigma as :class:`.sigma.SigmaFactors` (a learned Sigma from FACTORED_MIN_TASKS)
 
     @property
     def m(self):
         return self.Sigma.shape[0]
+
+    def sigma_times(self, XT):
+        """``Sigma X`` of a task array (task rows) through the factors, on the space's positions."""
+        space = self.space
+        return space.compact(self.factors.matmul(space.dense(XT))) if space.sparse else self.factors.matmul(XT)
 
 
 class StepSolver:
@@ -206,6 +212,67 @@ class StepSolver:
             v = np.zeros(2 * m)
         return v[:m], v[m:]
 
+    def steps_momentum_cg(self, inputs, dBT, scalars):
+        """:meth:`steps_momentum` without the 2m x 2m matrix: block-Jacobi preconditioned conjugate gradients on
+        ``A v = g`` with A applied through Sigma's factors (:meth:`momentum_operator`, O(m d r) a product).
+
+        From v = 0 every CG iterate raises the quadratic ``g.v - v.A.v / 2`` (a dual lower bound, exact for the
+        squared loss), so the step is dual ascent at any iteration; CG stays in the range of A (a consistent
+        system), so it converges to the pseudo-inverse's step.  It stops at a preconditioned residual of
+        ``CG_RTOL`` of g's, or after ``CG_MAX_ITER`` products; fixed operations in a fixed order (the same bits
+        at every rank count: the server computes it alone)."""
+        m = inputs.m
+        apply, g, blocks = self.momentum_operator(inputs, dBT, scalars)
+        precond = block_jacobi(*blocks)
+        v = np.zeros(2 * m)
+        r = g.copy()
+        z = precond(r)
+        rz = float(r @ z)
+        if not rz > 0:
+            return np.zeros(m), np.zeros(m)
+        stop = CG_RTOL * CG_RTOL * rz
+        p = z.copy()
+        self.cg_iterations = 0           # (read by bench/bench_tasks.py)
+        for _ in range(CG_MAX_ITER):
+            self.cg_iterations += 1
+            Ap = apply(p)
+            curv = float(p @ Ap)
+            if not curv > 0:
+                break
+            a = rz / curv
+            v += a * p
+            r -= a * Ap
+            z = precond(r)
+            rz_new = float(r @ z)
+            if not rz_new > stop:
+                break
+            p = z + (rz_new / rz) * p
+            rz = rz_new
+        if not float(g @ v - 0.5 * v @ apply(v)) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def momentum_operator(self, inputs, dBT, scalars):
+        """``(v -> A v, g, (a11, a12, a22))`` of :meth:`two_direction_quadratic` without forming A:
+        ``(Sigma2 o D2 D2^T) v`` is ``[dots(dB, S), dots(dP, S)]`` with ``S = Sigma (diag(v1) dB + diag(v2) dP)``
+        (task rows), plus the per-task 2 x 2 conjugate blocks; ``a..``: A's per-task 2 x 2 diagonal blocks."""
+        space, lam, n = inputs.space, self.config.lam, inputs.n
+        c1, c2, c1q, c2q, cross = scalars.T
+        dPT = inputs.dPT
+        g = -np.concatenate([space.dots(inputs.WT, dBT), space.dots(inputs.WT, dPT)]) - np.concatenate([c1 / n, c1q / n])
+        sdiag = inputs.factors.diag()
+        a11 = sdiag * space.dots(dBT, dBT) / lam + c2 / n
+        a12 = sdiag * space.dots(dBT, dPT) / lam + cross / n
+        a22 = sdiag * space.dots(dPT, dPT) / lam + c2q / n
+        m = inputs.m
+
+        def apply(v):
+            x, y = v[:m], v[m:]
+            S = inputs.sigma_times(space.combine(x, dBT, y, dPT))
+            return np.concatenate([space.dots(dBT, S) / lam + (c2 * x + cross * y) / n,
+                                   space.dots(dPT, S) / lam + (cross * x + c2q * y) / n])
+        return apply, g, (a11, a12, a22)
+
     def steps_box_momentum(self, inputs, dBT, dQT, scalars):
         """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
         (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP, then
@@ -266,7 +333,10 @@ class StepSolver:
         space = inputs.space
         dPT = inputs.dPT
         if self.momentum == "free":
-            eta, beta = self.steps_momentum(inputs, dBT, scalars)
+            if matrix_free(inputs):
+                eta, beta = self.steps_momentum_cg(inputs, dBT, scalars)
+            else:
+                eta, beta = self.steps_momentum(inputs, dBT, scalars)
             dPT = space.combine(eta, dBT, beta, dPT)
             space.add(inputs.BT, dPT)
         elif self.momentum == "box":
@@ -276,6 +346,36 @@ class StepSolver:
             eta, beta = self.steps(inputs, dBT, scalars[:, 0], scalars[:, 1]), np.zeros(inputs.m)
             space.add_scaled(inputs.BT, eta, dBT)
         return eta, beta, dPT
+
+
+CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, relative to the first (the step then
+                         # agrees with the pseudo-inverse's to about 1e-12 on small problems)
+CG_MAX_ITER = 500
+
+
+def matrix_free(inputs) -> bool:
+    """The per-round step problem through Sigma's factors (no 2m x 2m matrix): Sigma is held as factors
+    (a learned Sigma from :data:`.sigma.FACTORED_MIN_TASKS` tasks on)."""
+    return inputs.factors is not None
+
+
+def block_jacobi(a11, a12, a22):
+    """``r -> M^-1 r`` with M the per-task 2 x 2 diagonal blocks ``[[a11, a12], [a12, a22]]`` of A (both halves
+    of r: m each).  A block that is singular to rounding (the two directions parallel, or one of them zero)
+    falls back to its diagonal, and a zero diagonal entry to 0 (that direction's row of A is zero, its g too):
+    positive semidefinite, so CG stays a descent method."""
+    det = a11 * a22 - a12 * a12
+    good = det > 1e-12 * a11 * a22
+    safe = np.where(good, det, 1.0)
+    i11 = np.where(good, a22 / safe, np.where(a11 > 0, 1.0 / np.where(a11 > 0, a11, 1.0), 0.0))
+    i22 = np.where(good, a11 / safe, np.where(a22 > 0, 1.0 / np.where(a22 > 0, a22, 1.0), 0.0))
+    i12 = np.where(good, -a12 / safe, 0.0)
+    m = a11.size
+
+    def precond(r):
+        x, y = r[:m], r[m:]
+        return np.concatenate([i11 * x + i12 * y, i12 * x + i22 * y])
+    return precond
 
 
 class OrderedDenseSpace(DenseSpace):
