@@ -8,7 +8,7 @@ from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
 from hpcmtl.dmtrl import sigma as sigma_rules
 from hpcmtl.dmtrl.sigma import SigmaFactors, coupled_rho, omega_factors
-from hpcmtl.dmtrl.steps import StepInputs, StepSolver
+from hpcmtl.dmtrl.steps import StepInputs, StepSolver, box_qp, box_qp_operator
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskspace import DENSE
 
@@ -135,3 +135,49 @@ def test_factored_and_dense_paths_train_the_same_model(loss, m, d, sparse, monke
     for key in ("primal", "dual"):
         assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
     assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
+
+
+@pytest.mark.parametrize("m,rank,seed", [(8, 8, 0), (30, 30, 1), (30, 6, 2), (60, 60, 3)])
+def test_matrix_free_box_qp_finds_the_dense_box_qp_optimum(m, rank, seed):
+    rng = np.random.default_rng(seed)
+    F = rng.normal(size=(m, rank))
+    A = F @ F.T + np.diag(rng.uniform(0, 0.1, m) * (rank == m))
+    g = rng.normal(size=m) * 3
+    upper = rng.uniform(0.2, 1.0, m)
+    ref = box_qp(A, g, upper)
+    x = box_qp_operator(lambda v: A @ v, np.diag(A).copy(), g, upper)
+    value = (lambda y: g @ y - 0.5 * y @ A @ y)
+    assert np.all(x >= 0) and np.all(x <= upper)
+    assert value(x) >= value(ref) - 1e-10 * abs(value(ref))
+    # KKT of the box QP: the gradient points out of the box at the bounds and vanishes between them
+    r = g - A @ x
+    inside = (x > 1e-12) & (x < upper - 1e-12)
+    assert np.all(np.abs(r[inside]) <= 1e-7 * np.abs(g).max())
+    assert np.all(r[x <= 1e-12] <= 1e-7 * np.abs(g).max()) and np.all(r[x >= upper - 1e-12] >= -1e-7 * np.abs(g).max())
+    if rank == m:                                     # positive definite: one optimum
+        assert_allclose(x, ref, rtol=0, atol=1e-8 * upper.max())
+    x0 = box_qp_operator(lambda v: A @ v, np.diag(A).copy(), -np.abs(g), upper, start=upper)
+    assert np.all(x0 == 0)                            # nothing gains: 0, never worse than it
+
+
+@pytest.mark.parametrize("m,d", [(6, 10), (60, 8)])
+def test_matrix_free_box_momentum_step_matches_the_dense_one(m, d):
+    inputs, dBT, scalars = momentum_problem(m, d, 3 * m + d)
+    rng = np.random.default_rng(m)
+    dQT = inputs.dPT
+    beta_max = rng.uniform(0, 3, m) * (rng.uniform(size=m) > 0.2)
+    scalars = np.column_stack([scalars, beta_max])
+    solver = StepSolver(DMTRLConfig(loss="smoothed-hinge", lam=0.1), "box")
+    eta, beta = solver.steps_box_momentum(inputs, dBT, dQT, scalars)
+    eta_d, beta_d = solver.steps_box_momentum(inputs._replace(factors=None), dBT, dQT, scalars)
+    A, g = solver.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
+    value = (lambda x: g @ x - 0.5 * x @ A @ x)
+    x, xd = np.concatenate([eta, beta]), np.concatenate([eta_d, beta_d])
+    assert value(x) > 0
+    # each box QP is the dense one's to rounding (the test above), but within_triangle's corner choices compare
+    # gradients, so a rounding-level difference may send a pass to the other side: both ascend, by about as much
+    assert value(x) >= (1 - 1e-3) * value(xd)
+    top = beta_max.clip(0, 100)                       # each task's triangle
+    assert np.all(eta >= 0) and np.all(beta >= 0)
+    assert np.all(eta / 1.0 + np.where(top > 0, beta / np.where(top > 0, top, 1), 0) <= 1 + 1e-12)
+    assert np.all(beta[top == 0] == 0)
