@@ -73,9 +73,11 @@ class SigmaFactors(NamedTuple):
         return 1.0 / self.c + (self.V * self.V) @ (1.0 / self.s - 1.0 / self.c)
 
     def dense(self):
-        """The m x m matrix (symmetric to the bit)."""
-        S = (self.V * (self.s - self.c)) @ self.V.T
-        S = 0.5 * (S + S.T)
+        """The m x m matrix, symmetric to the bit and one m x m array at its peak: ``F F^T + c I`` with
+        ``F = V diag(sqrt(s - c))`` (s > c: only the columns above the floor are kept), which NumPy computes as
+        one symmetric rank-r update (BLAS syrk, its other triangle copied)."""
+        F = self.V * np.sqrt(self.s - self.c)
+        S = F @ F.T
         S[np.diag_indices_from(S)] += self.c
         return S
 
@@ -117,9 +119,8 @@ def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float
     A task cut into s_i blocks counts as s_i tasks sharing its row and column of
     Sigma: ``eta max_i (sum_i' s_i' |sigma_ii'|) / sigma_ii``.
     """
-    A = np.abs(Sigma)
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return float(eta * np.max((A @ s) / np.diag(Sigma)))
+    return float(eta * np.max(abs_times(Sigma, s) / np.diag(Sigma)))
 
 
 def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
@@ -129,9 +130,20 @@ def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
     ``Sigma o dB^T dB``), so a task whose local subproblem uses its own bound
     never needs a step below 1; the adaptive aggregation keeps rho_i in [1, bound_i].
     """
-    A = np.abs(Sigma)
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return (A @ s) / np.diag(Sigma)
+    return abs_times(Sigma, s) / np.diag(Sigma)
+
+
+ABS_ROWS = 2048     # abs_times: rows of |Sigma| formed at a time
+
+
+def abs_times(Sigma, s):
+    """``|Sigma| @ s`` without a second m x m array: ABS_ROWS rows of |Sigma| at a time (one piece, the
+    arithmetic of before, up to ABS_ROWS tasks)."""
+    m = Sigma.shape[0]
+    if m <= ABS_ROWS:
+        return np.abs(Sigma) @ s
+    return np.concatenate([np.abs(Sigma[i:i + ABS_ROWS]) @ s for i in range(0, m, ABS_ROWS)])
 
 
 def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
