@@ -48,8 +48,11 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)
         else:
             self.Sigma = np.eye(self.m) / self.m
-        # a learned Sigma of many tasks as factors (sigma.omega_factors), self.Sigma their dense form; None: dense
+        # a learned Sigma of many tasks as factors (sigma.omega_factors), self.Sigma their dense form; None: dense.
+        # I / m is factored too (r = 0): the first W-step's rounds then need no 2m x 2m matrix either
         self.sigma_factors = None
+        if config.relationship != "fixed" and self.m >= sigma_rules.FACTORED_MIN_TASKS:
+            self.sigma_factors = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         self.WT = np.zeros((self.m, self.d))
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
         self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
