@@ -19,7 +19,8 @@ stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a rou
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
 always as factors, the step problems matrix-free; a huge number: the dense path of before).  ``--convergence`` instead runs
 bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
-matrix-free step problems and prints rounds and seconds of each.
+matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
+bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
 """
 import argparse
 import json
@@ -169,14 +170,15 @@ def run_case(args, path, m, ranks, work):
 
 
 def convergence(args, work):
-    """bench_convergence.py's School cases (squared loss), P = 1, dense against matrix-free step problems."""
+    """bench_convergence.py's cases (``--cases``: default its squared-loss School cases), P = 1, in process: the
+    dense against the matrix-free step problems (``FACTORED_MIN_TASKS = 0``), bench_convergence's settings."""
     sys.path.insert(0, HERE)
     from bench_convergence import CASES, dataset
     from hpcmtl import dmtrl
     from hpcmtl.cluster import SerialCluster
     from hpcmtl.dmtrl import sigma
     rows = []
-    for case in ("school-raw-2", "school-raw-3", "school-std-2", "school-std-3", "school-default"):
+    for case in args.cases.split(","):
         key, loss, lam = CASES[case]
         path = dataset(key, work)
         if case == "school-default":
@@ -210,6 +212,8 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--convergence", action="store_true")
+    ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
+                    help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
