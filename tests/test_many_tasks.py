@@ -12,7 +12,7 @@ from hpcmtl.dmtrl.steps import StepInputs, StepSolver, box_qp, box_qp_operator
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskspace import DENSE
 
-from conftest import random_tasks
+from conftest import random_tasks, wsteps_certified
 
 LOSSES = ["hinge", "smoothed-hinge", "squared", "logistic"]
 
@@ -181,3 +181,50 @@ def test_matrix_free_box_momentum_step_matches_the_dense_one(m, d):
     assert np.all(eta >= 0) and np.all(beta >= 0)
     assert np.all(eta / 1.0 + np.where(top > 0, beta / np.where(top > 0, top, 1), 0) <= 1 + 1e-12)
     assert np.all(beta[top == 0] == 0)
+
+
+@pytest.mark.parametrize("aggregation", ["safe", "line", "adaptive"])
+@pytest.mark.parametrize("loss", ["squared", "hinge"])
+def test_the_other_aggregations_take_the_factored_sigma_alike(aggregation, loss, monkeypatch):
+    Xs, ys = tasks(12, 5, 11, False, loss)
+    kw = dict(loss=loss, lam=0.05, tol=1e-7, outer=3, outer_tol=0, max_rounds=20000, aggregation=aggregation,
+              fit_intercept=False)
+    a = fit(Xs, ys, False, monkeypatch, **kw)
+    b = fit(Xs, ys, True, monkeypatch, **kw)
+    assert wsteps_certified(a) and wsteps_certified(b)
+    # hinge: thousands of rounds of local SDCA whose rounding differs (the safe rule's W = B Sigma / lam through
+    # the factors) end at another certified W; a relative gap of 1e-7 fixes W (and Sigma) only to about 1e-5
+    close = 1e-8 if loss == "squared" else 1e-5
+    assert_allclose(b.Sigma, a.Sigma, rtol=0, atol=close * np.abs(a.Sigma).max())
+    assert_allclose(b.history["primal"][-1], a.history["primal"][-1], rtol=close)
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_no_m_by_m_eigensolve_or_factorization_once_factored(loss, monkeypatch):
+    """From FACTORED_MIN_TASKS on no round and no Omega-step solves an m x m or 2m x 2m system, the first
+    W-step (Sigma = I / m) included: every eigh, SVD and Cholesky the server calls is at most d wide.
+    (Not yet the hinge losses: their margin corrections near a W-step's end invert Sigma, dmtrl/margin.py.)"""
+    import scipy.linalg
+    m, d = 16, 4
+    Xs, ys = tasks(m, d, 5, False, loss)
+    sizes = []
+    for mod, name in ((np.linalg, "eigh"), (np.linalg, "cholesky"), (np.linalg, "pinv"), (np.linalg, "inv"),
+                      (scipy.linalg, "cho_factor"), (scipy.linalg, "eigh")):
+        inner = getattr(mod, name)
+
+        def spy(a, *args, _inner=inner, **kw):
+            sizes.append(min(np.shape(a)[-2:]))
+            return _inner(a, *args, **kw)
+        monkeypatch.setattr(mod, name, spy)
+    svd = np.linalg.svd
+
+    def svd_spy(a, *args, **kw):
+        sizes.append(min(np.shape(a)[-2:]))
+        return svd(a, *args, **kw)
+    monkeypatch.setattr(np.linalg, "svd", svd_spy)
+    # ('sdca' local steps: the hinge losses' interior-point rounds, which solve a d m wide system, run only
+    # while d m <= interior.MAX_WIDTH = 1024, never at FACTORED_MIN_TASKS = 512 tasks of more than 2 features)
+    r = fit(Xs, ys, True, monkeypatch, loss=loss, lam=0.05, tol=1e-6, outer=3, outer_tol=0, max_rounds=3000,
+            fit_intercept=False, local_solver="sdca")
+    assert wsteps_certified(r)
+    assert max(sizes, default=0) <= d
