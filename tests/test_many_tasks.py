@@ -228,3 +228,14 @@ def test_no_m_by_m_eigensolve_or_factorization_once_factored(loss, monkeypatch):
             fit_intercept=False, local_solver="sdca")
     assert wsteps_certified(r)
     assert max(sizes, default=0) <= d
+
+
+@pytest.mark.parametrize("aggregation", ["qp", "line"])
+def test_matrix_free_steps_without_momentum_match_the_dense_ones(aggregation):
+    inputs, dBT, scalars = momentum_problem(40, 6, 9)
+    solver = StepSolver(DMTRLConfig(loss="hinge", lam=0.1, aggregation=aggregation), None)
+    c1, c2 = scalars[:, 0], scalars[:, 1]
+    eta = solver.steps(inputs, dBT, c1, c2)
+    eta_dense = solver.steps(inputs._replace(factors=None), dBT, c1, c2)
+    assert np.all((eta >= 0) & (eta <= 1))
+    assert_allclose(eta, eta_dense, rtol=0, atol=1e-9)

@@ -166,6 +166,17 @@ class StepSolver:
         """
         cfg = self.config
         g = -inputs.space.dots(inputs.WT, dBT) - c1 / inputs.n
+        if matrix_free(inputs):         # through Sigma's factors: A's sum is 1 . A 1, its diagonal a11
+            space, m = inputs.space, inputs.m
+            times = (lambda v: space.dots(dBT, inputs.sigma_times(space.combine(v, dBT, np.zeros(m), dBT))) / cfg.lam
+                     + c2 / inputs.n * v)
+            if cfg.aggregation == "line":
+                slope, curv = float(np.sum(g)), float(np.sum(times(np.ones(m))))
+                if slope <= 0:
+                    return np.zeros(m)
+                return np.full(m, cfg.eta if curv <= slope / cfg.eta else slope / curv)
+            diag = inputs.factors.diag() * space.dots(dBT, dBT) / cfg.lam + c2 / inputs.n
+            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step)
         A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
@@ -328,10 +339,14 @@ class StepSolver:
 
     def adapt_rho(self, eta, rho_task, Sigma, blocks_per_task):
         """The next per-task rho: under 'adaptive', rho_i up (towards the task's Lemma 6.7 bound) when its step
-        was cut, down when taken whole; otherwise ``rho_task`` as it is."""
+        was cut, down when taken whole; otherwise ``rho_task`` as it is.  The bounds (``|Sigma| s``: m^2) are
+        kept while Sigma is the same array (a W-step's rounds: a new Sigma is a new array)."""
         if self.config.aggregation != "adaptive":
             return rho_task
-        bound = np.maximum(task_rho_bounds(Sigma, blocks_per_task), 1.0)
+        cached = getattr(self, "_bounds", None)
+        if cached is None or cached[0] is not Sigma or not np.array_equal(cached[1], blocks_per_task):
+            self._bounds = cached = (Sigma, np.array(blocks_per_task), task_rho_bounds(Sigma, blocks_per_task))
+        bound = np.maximum(cached[2], 1.0)
         full = eta >= 0.999 * self.config.eta
         grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
         rho = np.where(full, 0.5 * rho_task, rho_task * np.sqrt(grow))
