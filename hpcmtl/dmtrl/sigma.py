@@ -1,7 +1,8 @@
 """The task covariance Sigma: the Omega-step, the rho rules that Sigma sets, and a user-given Sigma's check.
 
 Server arithmetic, public for tests: :func:`omega_step` / :func:`omega_from_gram` (Sigma from W),
-:class:`SigmaFactors` and :func:`omega_factors` (the same Sigma from a thin SVD of W, held as factors), :func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
+:class:`SigmaFactors` and :func:`omega_factors` (the same Sigma from a thin SVD of W, held as factors),
+:func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
 per-task rho), :func:`check_sigma`.
 """
 from __future__ import annotations

@@ -448,7 +448,8 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
         if moved:
             continue
         curv = float(pg @ times(pg))
-        room = np.where(pg > 0, (upper - x) / np.where(pg > 0, pg, 1.0), np.where(pg < 0, -x / np.where(pg < 0, pg, -1.0), np.inf))
+        up, down = pg > 0, pg < 0                # how far each moving coordinate may go before its bound
+        room = np.where(up, (upper - x) / np.where(up, pg, 1.0), np.where(down, -x / np.where(down, pg, -1.0), np.inf))
         t = min(float(pg @ pg) / curv if curv > 0 else np.inf, float(np.min(room)))
         if not (np.isfinite(t) and t > 0):
             break
