@@ -9,6 +9,7 @@ from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
 from hpcmtl.dmtrl import sigma as sigma_rules
 from hpcmtl.dmtrl.sigma import SigmaFactors, coupled_rho, omega_factors
 from hpcmtl.dmtrl.steps import StepInputs, StepSolver, box_qp, box_qp_operator
+from hpcmtl.errors import InputError
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.taskspace import DENSE
 
@@ -71,6 +72,11 @@ def test_checkpoint_arrays_round_trip_the_factors_bit_for_bit():
     g = SigmaFactors.from_arrays({k: np.array(v) for k, v in f.arrays().items()})
     assert np.array_equal(g.V, f.V) and np.array_equal(g.s, f.s) and g.c == f.c
     assert SigmaFactors.from_arrays({"Sigma": np.eye(2)}) is None
+    f0 = omega_factors(np.zeros((7, 3)))                  # I / m: no columns (a checkpoint in the first W-step)
+    g0 = SigmaFactors.from_arrays({"Sigma": f0.dense(), **f0.arrays()})
+    assert g0.V.shape == (7, 0) and g0.c == f0.c
+    with pytest.raises(InputError, match="sigma_V.*do not fit its 8 tasks"):
+        SigmaFactors.from_arrays({"Sigma": np.eye(8), **f.arrays()})
 
 
 def momentum_problem(m, d, seed, zero_previous=False):

@@ -339,7 +339,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
         self.BT = self.space.compact(ck["arrays"]["BT"])
         self.Sigma = ck["arrays"]["Sigma"].copy()
-        self.sigma_factors = SigmaFactors.from_arrays(ck["arrays"])
+        self.sigma_factors = SigmaFactors.from_arrays(ck["arrays"], ck["path"])
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         if not self.safe:

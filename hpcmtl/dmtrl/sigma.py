@@ -87,11 +87,19 @@ class SigmaFactors(NamedTuple):
         return {"sigma_V": self.V, "sigma_s": self.s, "sigma_c": np.array(self.c)}
 
     @classmethod
-    def from_arrays(cls, arrays):
+    def from_arrays(cls, arrays, path="checkpoint"):
+        """The factors of a checkpoint's arrays (None when it has none: a file of the dense path, or older);
+        an InputError when they do not fit together or with its Sigma."""
         if "sigma_V" not in arrays:
             return None
-        return cls(np.array(arrays["sigma_V"], dtype=np.float64).reshape(-1, np.size(arrays["sigma_s"])),
-                   np.array(arrays["sigma_s"], dtype=np.float64).reshape(-1), float(np.asarray(arrays["sigma_c"])))
+        V = np.array(arrays["sigma_V"], dtype=np.float64)
+        s = np.array(arrays.get("sigma_s", np.zeros(0)), dtype=np.float64).reshape(-1)
+        c = np.asarray(arrays.get("sigma_c", np.nan), dtype=np.float64)
+        m = np.shape(arrays["Sigma"])[0] if "Sigma" in arrays else (V.shape[0] if V.ndim == 2 else -1)
+        if V.ndim != 2 or V.shape != (m, s.size) or c.size != 1 or not float(c) > 0 or not np.all(s > 0):
+            raise InputError(f"{path}: fields 'state/sigma_V' {V.shape}, 'state/sigma_s' {s.shape}, 'state/sigma_c': "
+                             f"Sigma's factors do not fit its {m} tasks")
+        return cls(V, s, float(c))
 
 
 def omega_factors(WT: np.ndarray, eig_floor: float = 1e-8) -> SigmaFactors:
