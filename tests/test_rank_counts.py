@@ -159,6 +159,24 @@ def seasonal(directory):
     return months
 
 
+def many_tasks(directory):
+    """512 related tasks of 6-9 rows and 5 features: from dmtrl.sigma.FACTORED_MIN_TASKS tasks on, a learned
+    Sigma is held as factors and the step problems are matrix-free (issue 35)."""
+    rng = np.random.default_rng(35)
+    centers = rng.normal(size=(4, 5))
+    Xs, ys, hinge = [], [], []
+    for t in range(512):
+        X = rng.normal(size=(int(rng.integers(6, 10)), 5))
+        z = X @ (centers[t % 4] + 0.3 * rng.normal(size=5))
+        Xs.append(X)
+        ys.append(z + 0.3 * rng.normal(size=z.size))
+        hinge.append(np.where(z + 0.3 * rng.normal(size=z.size) > 0, 1.0, -1.0))
+    paths = os.path.join(directory, "many.h5"), os.path.join(directory, "many-hinge.h5")
+    store.write_tasks(paths[0], Xs, ys, names=[f"t{i}" for i in range(512)])
+    store.write_tasks(paths[1], Xs, hinge, names=[f"t{i}" for i in range(512)])
+    return paths
+
+
 # -- command lines -------------------------------------------------------------------------------------------
 def aggregation_args(loss):
     def args(tr, out):
@@ -228,6 +246,13 @@ def graph_alpha_args(months, out):
 
 
 # -- the cases' own checks -----------------------------------------------------------------------------------
+def many_tasks_args(loss):
+    def args(paths, out, *extra):
+        return ["train", "dmtrl", "--train", paths[loss == "hinge"], "--out", out, "--loss", loss, "--lam", "1e-2",
+                "--tol", "1e-6", "--outer", "3", "--outer-tol", "0", "--quiet", "--force", *extra]
+    return args
+
+
 def converged(runs):
     ref = runs[1]
     assert wsteps_certified(ref) and ref["wsteps"]["converged"].all()
@@ -268,6 +293,21 @@ def check_exact_box(runs, data, args, tmp_path):
     assert h["round"][-1] > 15
     out = tmp_path / "r.h5"
     assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "4"), out, ref, 15, 12)
+
+
+def check_factored(resume):
+    def check(runs, data, args, tmp_path):
+        ref = converged(runs)
+        assert_certified_ascent(ref["history"])
+        Sigma = ref["model"]["Sigma"]
+        assert Sigma.shape == (512, 512) and np.trace(Sigma) == pytest.approx(1.0)
+        if resume:                  # the checkpoint keeps Sigma's factors: a resume takes the same (factored) path
+            out = tmp_path / "r.h5"
+            kill = int(ref["wsteps"]["round"][1]) + 3
+            assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "2"), out, ref, kill, kill - 2 + kill % 2)
+            ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
+            assert "sigma_V" in ck["arrays"] and ck["arrays"]["sigma_V"].shape[0] == 512
+    return check
 
 
 def check_interior_learned(runs, data, args, tmp_path):
@@ -474,6 +514,10 @@ CASES = {
                               check_aggregation("hinge"), compare=MODEL + HISTORY + (("history", "rho"),)),
     "aggregation squared": Case(SYNTH_AGGREGATION, aggregation_args("squared"),
                                 check_aggregation("squared"), compare=MODEL + HISTORY + (("history", "rho"),)),
+    "factored Sigma, many tasks, squared": Case(many_tasks, many_tasks_args("squared"), check_factored(True),
+                                                counts=(1, 2, 3)),
+    "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
+                                              counts=(1, 3)),
     "exact box steps": Case(synth_file("--scale", "0.025", "--seed", "5"), learned("1e-3", "3"),
                             check_exact_box),
     "interior-point W-steps": Case(written(interior_small_raw), learned("1e-4", "4"), check_interior_learned),

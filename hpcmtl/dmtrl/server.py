@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import engine, interior
+from .. import engine
 from ..checkpoint import BlockState, block_payloads
 from ..engine import ServerBase, check_finite_rows
 from ..errors import InputError
@@ -21,7 +21,8 @@ from .local_rounds import LocalRoundServer
 from .margin import MarginServer
 from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
-from .sigma import coupled_rho, omega_from_gram, safe_rho
+from . import sigma as sigma_rules
+from .sigma import SigmaFactors, coupled_rho, omega_factors, omega_from_gram, safe_rho
 from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
@@ -47,6 +48,11 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)
         else:
             self.Sigma = np.eye(self.m) / self.m
+        # a learned Sigma of many tasks as factors (sigma.omega_factors), self.Sigma their dense form; None: dense.
+        # I / m is factored too (r = 0): the first W-step's rounds then need no 2m x 2m matrix either
+        self.sigma_factors = None
+        if config.relationship != "fixed" and self.m >= sigma_rules.FACTORED_MIN_TASKS:
+            self.sigma_factors = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         self.WT = np.zeros((self.m, self.d))
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
         self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
@@ -91,6 +97,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         """The whole ``W^T = Sigma B^T / lam`` (m x d): on task supports, W is only kept on each T_i."""
         if not self.space.sparse:
             return self.WT
+        if self.sigma_factors is not None:
+            return self.sigma_factors.matmul(self.space.dense(self.BT)) / self.config.lam
         return (self.Sigma @ self.space.dense(self.BT)) / self.config.lam
 
     def push_dense_w(self):
@@ -105,12 +113,16 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         check_finite_rows(self.space.finite_rows(X), self.round, self.names, what, self.outer)
 
     def recompute_w(self):
-        self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
+        if self.sigma_factors is not None:        # W = B Sigma / lam through the factors: O(m d r), not m^2 d
+            self.WT = self.step_inputs().sigma_times(self.BT) / self.config.lam
+        else:
+            self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
         self.check_vectors(self.WT, "W column")
 
     def step_inputs(self):
         """This round's :class:`StepInputs` of the step solver (B is updated in place)."""
-        return StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta)
+        return StepInputs(self.space, self.Sigma, self.n, self.WT, self.BT, self.dPT, self.step, self.beta,
+                          self.sigma_factors)
 
     def objective(self, terms):
         """Primal and dual of the current alpha from per-block terms."""
@@ -175,8 +187,12 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         return list(enumerate(by_rank))
 
     def coupled(self) -> bool:
-        """Sigma has a nonzero off the diagonal."""
-        return not interior.is_diagonal(self.Sigma)
+        """Sigma has a nonzero off the diagonal (asked every recorded round: kept while Sigma is the same
+        array, and checked in row pieces, sigma.is_diagonal: at 10^4 tasks each check is 800 MB read)."""
+        cached = getattr(self, "_coupled_for", None)
+        if cached is None or cached[0] is not self.Sigma:
+            self._coupled_for = cached = (self.Sigma, not sigma_rules.is_diagonal(self.Sigma))
+        return cached[1]
 
     def since_halved(self, rel_gap=None):
         """:meth:`GapHistory.since_halved` of the current W-step."""
@@ -238,16 +254,23 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         return row, False
 
     def omega(self):
-        if self.next_wt is not None:      # the prox step's W (hpcmtl.dmtrl.joint), else the W-step's own
-            G = self.next_wt @ self.next_wt.T
+        floor = self.outer_state.floor or self.config.eig_floor
+        if self.m >= sigma_rules.FACTORED_MIN_TASKS:  # many tasks: a thin SVD of W^T, Sigma kept as its factors
+            WT = self.next_wt if self.next_wt is not None else self.dense_wt()
             self.next_wt = None
+            self.sigma_factors = omega_factors(WT, floor)
+            self.Sigma = self.sigma_factors.dense()
         else:
-            G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
-        self.Sigma = omega_from_gram(G, self.outer_state.floor or self.config.eig_floor)
+            if self.next_wt is not None:      # the prox step's W (hpcmtl.dmtrl.joint), else the W-step's own
+                G = self.next_wt @ self.next_wt.T
+                self.next_wt = None
+            else:
+                G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
+            self.Sigma = omega_from_gram(G, floor)
         check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         if self.config.aggregation == "qp":
-            self.rho_task = coupled_rho(self.Sigma)
+            self.rho_task = coupled_rho(self.sigma_factors if self.sigma_factors is not None else self.Sigma)
         self.recompute_w()
         self.push_sigma()
         self.push_w(False)
@@ -288,6 +311,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
                    "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
                   for b, st in self.gather_state()]
         arrays = {"BT": self.space.dense(self.BT), "Sigma": self.Sigma, "rho": np.array(self.rho)}
+        if self.sigma_factors is not None:        # the factors the rounds use (a resume takes the same path)
+            arrays.update(self.sigma_factors.arrays())
         if not self.safe:
             arrays.update(rho_task=self.rho_task, step=self.step)
         if self.momentum:
@@ -314,6 +339,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
         self.BT = self.space.compact(ck["arrays"]["BT"])
         self.Sigma = ck["arrays"]["Sigma"].copy()
+        self.sigma_factors = SigmaFactors.from_arrays(ck["arrays"], ck["path"])
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
         self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
         if not self.safe:

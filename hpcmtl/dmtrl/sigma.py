@@ -1,15 +1,24 @@
 """The task covariance Sigma: the Omega-step, the rho rules that Sigma sets, and a user-given Sigma's check.
 
 Server arithmetic, public for tests: :func:`omega_step` / :func:`omega_from_gram` (Sigma from W),
+:class:`SigmaFactors` and :func:`omega_factors` (the same Sigma from a thin SVD of W, held as factors),
 :func:`safe_rho` and :func:`task_rho_bounds` (Lemma 6.7), :func:`coupled_rho` (the 'qp' aggregation's
 per-task rho), :func:`check_sigma`.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import interior
 from ..errors import InputError
+
+# From this many tasks on, a learned Sigma is computed and held as factors (:func:`omega_factors`) and the
+# server's per-round products go through them (:mod:`.steps`): an m x m eigensolve a W-step and an m x m
+# matrix in every round's algebra cost m^3 and m^2 d, the factors O(m d r).  Below it the dense arithmetic of
+# before (its bits) is kept; tests set it to 0 to compare the two paths.
+FACTORED_MIN_TASKS = 512
 
 
 def omega_step(W: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
@@ -37,15 +46,90 @@ def omega_from_gram(G: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
     return root / np.trace(root)
 
 
+class SigmaFactors(NamedTuple):
+    """``Sigma = V diag(s) V^T + c (I - V V^T)``: V (m x r) orthonormal columns, r <= min(m, d), ``s`` Sigma's
+    eigenvalues on them, ``c`` its eigenvalue on the rest (the eigenvalue floor over the trace).  Products cost
+    O(m r) a vector; :meth:`dense` forms the m x m matrix (m^2 r) for what still needs it."""
+    V: np.ndarray
+    s: np.ndarray
+    c: float
+
+    @property
+    def m(self):
+        return self.V.shape[0]
+
+    def matmul(self, X):
+        """``Sigma @ X`` (X: m rows, or one m-vector): ``V ((s - c) (V^T X)) + c X``."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim == 1:
+            return self.V @ ((self.s - self.c) * (self.V.T @ X)) + self.c * X
+        return self.V @ ((self.s - self.c)[:, None] * (self.V.T @ X)) + self.c * X
+
+    def diag(self):
+        """``sigma_ii``."""
+        return self.c + (self.V * self.V) @ (self.s - self.c)
+
+    def inverse_diag(self):
+        """``(Sigma^-1)_ii``: Sigma^-1 has the same factors with 1/s and 1/c."""
+        return 1.0 / self.c + (self.V * self.V) @ (1.0 / self.s - 1.0 / self.c)
+
+    def dense(self):
+        """The m x m matrix, symmetric to the bit and one m x m array at its peak: ``F F^T + c I`` with
+        ``F = V diag(sqrt(s - c))`` (s > c: only the columns above the floor are kept), which NumPy computes as
+        one symmetric rank-r update (BLAS syrk, its other triangle copied)."""
+        F = self.V * np.sqrt(self.s - self.c)
+        S = F @ F.T
+        S[np.diag_indices_from(S)] += self.c
+        return S
+
+    def arrays(self):
+        """The factors as checkpoint arrays (:meth:`from_arrays` reads them back bit for bit)."""
+        return {"sigma_V": self.V, "sigma_s": self.s, "sigma_c": np.array(self.c)}
+
+    @classmethod
+    def from_arrays(cls, arrays, path="checkpoint"):
+        """The factors of a checkpoint's arrays (None when it has none: a file of the dense path, or older);
+        an InputError when they do not fit together or with its Sigma."""
+        if "sigma_V" not in arrays:
+            return None
+        V = np.array(arrays["sigma_V"], dtype=np.float64)
+        s = np.array(arrays.get("sigma_s", np.zeros(0)), dtype=np.float64).reshape(-1)
+        c = np.asarray(arrays.get("sigma_c", np.nan), dtype=np.float64)
+        m = np.shape(arrays["Sigma"])[0] if "Sigma" in arrays else (V.shape[0] if V.ndim == 2 else -1)
+        if V.ndim != 2 or V.shape != (m, s.size) or c.size != 1 or not float(c) > 0 or not np.all(s > 0):
+            raise InputError(f"{path}: fields 'state/sigma_V' {V.shape}, 'state/sigma_s' {s.shape}, 'state/sigma_c': "
+                             f"Sigma's factors do not fit its {m} tasks")
+        return cls(V, s, float(c))
+
+
+def omega_factors(WT: np.ndarray, eig_floor: float = 1e-8) -> SigmaFactors:
+    """:func:`omega_step` of ``W = WT^T`` (WT: m x d task rows) as :class:`SigmaFactors`, from a thin SVD of WT
+    (``O(m d min(m, d))``, no m x m matrix): ``WT = U S Q^T`` gives ``(W^T W)^(1/2) = U diag(S) U^T``; singular
+    values below ``eig_floor`` times the largest and the complement of U's columns take that floor, and the
+    trace ``sum(max(S, floor)) + floor (m - k)`` divides.  Only the columns above the floor are kept (r of them).
+    An all-zero W gives ``I / m`` (r = 0)."""
+    WT = np.asarray(WT, dtype=np.float64)
+    m = WT.shape[0]
+    if WT.size == 0:
+        return SigmaFactors(np.zeros((m, 0)), np.zeros(0), 1.0 / max(m, 1))
+    U, S, _ = np.linalg.svd(WT, full_matrices=False)
+    top = float(S.max()) if S.size else 0.0
+    if not top > 0:
+        return SigmaFactors(np.zeros((m, 0)), np.zeros(0), 1.0 / m)
+    floor = eig_floor * top
+    keep = S > floor
+    trace = float(np.sum(S[keep])) + floor * (m - int(np.count_nonzero(keep)))
+    return SigmaFactors(np.ascontiguousarray(U[:, keep]), S[keep] / trace, floor / trace)
+
+
 def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float:
     """rho of Lemma 6.7, ``eta max_i sum_i' |sigma_ii'| / sigma_ii``, with split tasks.
 
     A task cut into s_i blocks counts as s_i tasks sharing its row and column of
     Sigma: ``eta max_i (sum_i' s_i' |sigma_ii'|) / sigma_ii``.
     """
-    A = np.abs(Sigma)
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return float(eta * np.max((A @ s) / np.diag(Sigma)))
+    return float(eta * np.max(abs_times(Sigma, s) / np.diag(Sigma)))
 
 
 def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
@@ -55,9 +139,35 @@ def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
     ``Sigma o dB^T dB``), so a task whose local subproblem uses its own bound
     never needs a step below 1; the adaptive aggregation keeps rho_i in [1, bound_i].
     """
-    A = np.abs(Sigma)
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return (A @ s) / np.diag(Sigma)
+    return abs_times(Sigma, s) / np.diag(Sigma)
+
+
+ABS_ROWS = 2048     # abs_times: rows of |Sigma| formed at a time
+
+
+def is_diagonal(Sigma) -> bool:
+    """:func:`hpcmtl.interior.is_diagonal` (every entry off the diagonal exactly zero) in ABS_ROWS-row pieces:
+    no m x m temporaries (two of them at 10^4 tasks are 1.6 GB); one piece, the same call, up to ABS_ROWS."""
+    m = Sigma.shape[0]
+    if m <= ABS_ROWS:
+        return interior.is_diagonal(Sigma)
+    for i in range(0, m, ABS_ROWS):
+        piece = np.array(Sigma[i:i + ABS_ROWS])
+        k = np.arange(piece.shape[0])
+        piece[k, i + k] = 0.0
+        if np.any(piece):
+            return False
+    return True
+
+
+def abs_times(Sigma, s):
+    """``|Sigma| @ s`` without a second m x m array: ABS_ROWS rows of |Sigma| at a time (one piece, the
+    arithmetic of before, up to ABS_ROWS tasks)."""
+    m = Sigma.shape[0]
+    if m <= ABS_ROWS:
+        return np.abs(Sigma) @ s
+    return np.concatenate([np.abs(Sigma[i:i + ABS_ROWS]) @ s for i in range(0, m, ABS_ROWS)])
 
 
 def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
@@ -71,8 +181,12 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     what a softer model overshoots along the tasks' common direction (measurements:
     docs/dmtrl-notes.md).
     """
+    if isinstance(Sigma, SigmaFactors):       # Sigma^-1's diagonal from the factors: no m x m inverse
+        if Sigma.V.shape[1] == 0:
+            return np.ones(Sigma.m)
+        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
     m = Sigma.shape[0]
-    if interior.is_diagonal(Sigma):
+    if is_diagonal(Sigma):
         return np.ones(m)
     s = 1.0 / (np.diag(Sigma) * np.diag(np.linalg.inv(Sigma)))
     return np.clip(s, 0.5, 1.0)

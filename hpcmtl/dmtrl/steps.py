@@ -129,10 +129,16 @@ class StepInputs(NamedTuple):
     dPT: object
     step: np.ndarray
     beta: np.ndarray
+    factors: object = None      # Sigma as :class:`.sigma.SigmaFactors` (a learned Sigma from FACTORED_MIN_TASKS)
 
     @property
     def m(self):
         return self.Sigma.shape[0]
+
+    def sigma_times(self, XT):
+        """``Sigma X`` of a task array (task rows) through the factors, on the space's positions."""
+        space = self.space
+        return space.compact(self.factors.matmul(space.dense(XT))) if space.sparse else self.factors.matmul(XT)
 
 
 class StepSolver:
@@ -160,6 +166,17 @@ class StepSolver:
         """
         cfg = self.config
         g = -inputs.space.dots(inputs.WT, dBT) - c1 / inputs.n
+        if matrix_free(inputs):         # through Sigma's factors: A's sum is 1 . A 1, its diagonal a11
+            space, m = inputs.space, inputs.m
+            times = (lambda v: space.dots(dBT, inputs.sigma_times(space.combine(v, dBT, np.zeros(m), dBT))) / cfg.lam
+                     + c2 / inputs.n * v)
+            if cfg.aggregation == "line":
+                slope, curv = float(np.sum(g)), float(np.sum(times(np.ones(m))))
+                if slope <= 0:
+                    return np.zeros(m)
+                return np.full(m, cfg.eta if curv <= slope / cfg.eta else slope / curv)
+            diag = inputs.factors.diag() * space.dots(dBT, dBT) / cfg.lam + c2 / inputs.n
+            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step)
         A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
@@ -206,54 +223,130 @@ class StepSolver:
             v = np.zeros(2 * m)
         return v[:m], v[m:]
 
+    def steps_momentum_cg(self, inputs, dBT, scalars):
+        """:meth:`steps_momentum` without the 2m x 2m matrix: block-Jacobi preconditioned conjugate gradients on
+        ``A v = g`` with A applied through Sigma's factors (:meth:`momentum_operator`, O(m d r) a product).
+
+        From v = 0 every CG iterate raises the quadratic ``g.v - v.A.v / 2`` (a dual lower bound, exact for the
+        squared loss), so the step is dual ascent at any iteration; CG stays in the range of A (a consistent
+        system), so it converges to the pseudo-inverse's step.  It stops at a preconditioned residual of
+        ``CG_RTOL`` of g's, or after ``CG_MAX_ITER`` products; fixed operations in a fixed order (the same bits
+        at every rank count: the server computes it alone)."""
+        m = inputs.m
+        apply, g, blocks = self.momentum_operator(inputs, dBT, scalars)
+        precond = block_jacobi(*blocks)
+        v = np.zeros(2 * m)
+        r = g.copy()
+        z = precond(r)
+        rz = float(r @ z)
+        if not rz > 0:
+            return np.zeros(m), np.zeros(m)
+        stop = CG_RTOL * CG_RTOL * rz
+        p = z.copy()
+        self.cg_iterations = 0           # (read by bench/bench_tasks.py)
+        for _ in range(CG_MAX_ITER):
+            self.cg_iterations += 1
+            Ap = apply(p)
+            curv = float(p @ Ap)
+            if not curv > 0:
+                break
+            a = rz / curv
+            v += a * p
+            r -= a * Ap
+            z = precond(r)
+            rz_new = float(r @ z)
+            if not rz_new > stop:
+                break
+            p = z + (rz_new / rz) * p
+            rz = rz_new
+        if not float(g @ v - 0.5 * v @ apply(v)) > 0:
+            v = np.zeros(2 * m)
+        return v[:m], v[m:]
+
+    def momentum_operator(self, inputs, dBT, scalars, dQT=None):
+        """``(v -> A v, g, (a11, a12, a22))`` of :meth:`two_direction_quadratic` without forming A:
+        ``(Sigma2 o D2 D2^T) v`` is ``[dots(dB, S), dots(dP, S)]`` with ``S = Sigma (diag(v1) dB + diag(v2) dP)``
+        (task rows), plus the per-task 2 x 2 conjugate blocks; ``a..``: A's per-task 2 x 2 diagonal blocks.
+        The second direction is ``dQT`` (box momentum) or ``inputs.dPT`` (free momentum)."""
+        space, lam, n = inputs.space, self.config.lam, inputs.n
+        c1, c2, c1q, c2q, cross = scalars.T
+        dPT = inputs.dPT if dQT is None else dQT
+        g = -np.concatenate([space.dots(inputs.WT, dBT), space.dots(inputs.WT, dPT)]) - np.concatenate([c1 / n, c1q / n])
+        sdiag = inputs.factors.diag()
+        a11 = sdiag * space.dots(dBT, dBT) / lam + c2 / n
+        a12 = sdiag * space.dots(dBT, dPT) / lam + cross / n
+        a22 = sdiag * space.dots(dPT, dPT) / lam + c2q / n
+        m = inputs.m
+
+        def apply(v):
+            x, y = v[:m], v[m:]
+            S = inputs.sigma_times(space.combine(x, dBT, y, dPT))
+            return np.concatenate([space.dots(dBT, S) / lam + (c2 * x + cross * y) / n,
+                                   space.dots(dPT, S) / lam + (cross * x + c2q * y) / n])
+        return apply, g, (a11, a12, a22)
+
     def steps_box_momentum(self, inputs, dBT, dQT, scalars):
         """Box losses: the better of per-task steps alone (eta in [0, 1]) and steps with momentum
         (``eta in [0, 1/2]``, ``beta in [0, beta_max / 2]``), each the exact maximizer of its box QP, then
         improved inside each task's whole triangle of feasible steps (:meth:`within_triangle`)."""
         m, cfg = inputs.m, self.config
         beta_max = scalars[:, 5]
-        A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
-        alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
-        gain_alone = float(g[:m] @ alone - 0.5 * alone @ (A[:m, :m] @ alone))
+        if matrix_free(inputs):         # the same QPs through Sigma's factors (box_qp_operator): no 2m x 2m matrix
+            times, g, (a11, _, a22) = self.momentum_operator(inputs, dBT, scalars[:, :5], dQT)
+            diag = np.concatenate([a11, a22])
+            alone_times = (lambda v: times(np.concatenate([v, np.zeros(m)]))[:m])
+            alone = box_qp_operator(alone_times, a11, g[:m], cfg.eta, start=inputs.step)
+            solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start))
+        else:
+            A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
+            alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
+            times, alone_times = (lambda v: A @ v), (lambda v: A[:m, :m] @ v)
+            solve = (lambda upper, start: box_qp(A, g, upper, start=start, max_iter=QP_ITERATIONS))
+        gain_alone = float(g[:m] @ alone - 0.5 * alone @ alone_times(alone))
         if not np.any(beta_max > 0):
             return alone, np.zeros(m)
         upper = np.concatenate([np.full(m, 0.5 * cfg.eta), 0.5 * np.minimum(beta_max, BETA_CAP)])
-        both = box_qp(A, g, upper, start=np.concatenate([inputs.step, inputs.beta]), max_iter=QP_ITERATIONS)
-        gain_both = float(g @ both - 0.5 * both @ (A @ both))
+        both = solve(upper, np.concatenate([inputs.step, inputs.beta]))
+        gain_both = float(g @ both - 0.5 * both @ times(both))
         x = both if gain_both > gain_alone else np.concatenate([alone, np.zeros(m)])
-        x = self.within_triangle(A, g, x, np.minimum(beta_max, BETA_CAP))
+        x = self.within_triangle(times, solve, g, x, np.minimum(beta_max, BETA_CAP))
         return x[:m], x[m:]
 
-    def within_triangle(self, A, g, x, beta_max):
+    def within_triangle(self, times, solve, g, x, beta_max):
         """Better steps ``(eta, beta)`` than ``x`` inside each task's triangle ``eta / eta_max + beta / beta_max
         <= 1`` (alpha + eta delta + beta q is then a convex combination of alpha, alpha + eta_max delta and
         alpha + beta_max q: feasible, and for the logistic loss the plane of :func:`conjugate_two` still bounds
         the conjugate from above).  Each pass solves the box QP over a box inside the triangle through
         ``x``'s corner on the side its gradient points to (eta up to ``eta_max (1 - beta / beta_max)`` with beta
-        at most its value, or the other way round), started from ``x``: never worse than ``x``."""
+        at most its value, or the other way round), started from ``x``: never worse than ``x``.  ``times(v)`` is
+        ``A v`` and ``solve(upper, start)`` the box QP of ``(A, g)`` over ``[0, upper]``."""
         m, top = x.size // 2, self.config.eta
         has = beta_max > 0
         share = np.where(has, 1.0 / np.where(has, beta_max, 1.0), 0.0)
         for _ in range(TRIANGLE_PASSES):
             eta, beta = x[:m], x[m:]
-            r = g - A @ x
+            r = g - times(x)
             up_eta = np.where(has, top * np.maximum(0.0, 1.0 - beta * share), top)
             up_beta = np.where(has, beta_max * np.maximum(0.0, 1.0 - eta / top), 0.0)
             towards_eta = r[:m] * top >= r[m:] * beta_max
             upper = np.concatenate([np.where(towards_eta, up_eta, eta), np.where(towards_eta, beta, up_beta)])
             upper = np.maximum(upper, x)
-            y = box_qp(A, g, upper, start=x, max_iter=QP_ITERATIONS)
-            if not float(g @ y - 0.5 * y @ (A @ y)) > float(g @ x - 0.5 * x @ (A @ x)):
+            y = solve(upper, x)
+            if not float(g @ y - 0.5 * y @ times(y)) > float(g @ x - 0.5 * x @ times(x)):
                 break
             x = y
         return x
 
     def adapt_rho(self, eta, rho_task, Sigma, blocks_per_task):
         """The next per-task rho: under 'adaptive', rho_i up (towards the task's Lemma 6.7 bound) when its step
-        was cut, down when taken whole; otherwise ``rho_task`` as it is."""
+        was cut, down when taken whole; otherwise ``rho_task`` as it is.  The bounds (``|Sigma| s``: m^2) are
+        kept while Sigma is the same array (a W-step's rounds: a new Sigma is a new array)."""
         if self.config.aggregation != "adaptive":
             return rho_task
-        bound = np.maximum(task_rho_bounds(Sigma, blocks_per_task), 1.0)
+        cached = getattr(self, "_bounds", None)
+        if cached is None or cached[0] is not Sigma or not np.array_equal(cached[1], blocks_per_task):
+            self._bounds = cached = (Sigma, np.array(blocks_per_task), task_rho_bounds(Sigma, blocks_per_task))
+        bound = np.maximum(cached[2], 1.0)
         full = eta >= 0.999 * self.config.eta
         grow = np.where(eta > 0, 1.0 / np.maximum(eta / self.config.eta, 1e-3), 2.0)
         rho = np.where(full, 0.5 * rho_task, rho_task * np.sqrt(grow))
@@ -266,7 +359,10 @@ class StepSolver:
         space = inputs.space
         dPT = inputs.dPT
         if self.momentum == "free":
-            eta, beta = self.steps_momentum(inputs, dBT, scalars)
+            if matrix_free(inputs):
+                eta, beta = self.steps_momentum_cg(inputs, dBT, scalars)
+            else:
+                eta, beta = self.steps_momentum(inputs, dBT, scalars)
             dPT = space.combine(eta, dBT, beta, dPT)
             space.add(inputs.BT, dPT)
         elif self.momentum == "box":
@@ -276,6 +372,122 @@ class StepSolver:
             eta, beta = self.steps(inputs, dBT, scalars[:, 0], scalars[:, 1]), np.zeros(inputs.m)
             space.add_scaled(inputs.BT, eta, dBT)
         return eta, beta, dPT
+
+
+CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, relative to the first (the step then
+                         # agrees with the pseudo-inverse's to about 1e-12 on small problems)
+CG_MAX_ITER = 500
+
+
+def matrix_free(inputs) -> bool:
+    """The per-round step problem through Sigma's factors (no 2m x 2m matrix): Sigma is held as factors
+    (a learned Sigma from :data:`.sigma.FACTORED_MIN_TASKS` tasks on)."""
+    return inputs.factors is not None
+
+
+def block_jacobi(a11, a12, a22):
+    """``r -> M^-1 r`` with M the per-task 2 x 2 diagonal blocks ``[[a11, a12], [a12, a22]]`` of A (both halves
+    of r: m each).  A block that is singular to rounding (the two directions parallel, or one of them zero)
+    falls back to its diagonal, and a zero diagonal entry to 0 (that direction's row of A is zero, its g too):
+    positive semidefinite, so CG stays a descent method."""
+    det = a11 * a22 - a12 * a12
+    good = det > 1e-12 * a11 * a22
+    safe = np.where(good, det, 1.0)
+    i11 = np.where(good, a22 / safe, np.where(a11 > 0, 1.0 / np.where(a11 > 0, a11, 1.0), 0.0))
+    i22 = np.where(good, a11 / safe, np.where(a22 > 0, 1.0 / np.where(a22 > 0, a22, 1.0), 0.0))
+    i12 = np.where(good, -a12 / safe, 0.0)
+    m = a11.size
+
+    def precond(r):
+        x, y = r[:m], r[m:]
+        return np.concatenate([i11 * x + i12 * y, i12 * x + i22 * y])
+    return precond
+
+
+NEWTON_CG_ITER = 50       # box_qp_operator: CG iterations of one Newton direction on the free coordinates
+SEARCH_HALVINGS = 12      # box_qp_operator: projected steps t = 1, 1/2, ... tried along a Newton direction
+
+
+def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, rtol=1e-12):
+    """:func:`box_qp` with A given only as ``times(v) = A v`` (and its diagonal ``diag``): a projected Newton-CG
+    method (Bertsekas' two-metric projection).  Each iteration holds the coordinates at a bound whose gradient
+    ``g - A x`` points out of the box, takes a Newton direction on the others by Jacobi-preconditioned CG (from
+    zero: the CG iterates' quadratic only rises), and projects steps ``t = 1, 1/2, ...`` along it onto the box,
+    keeping the first that gains; when none does, the projected gradient step, exact up to the first bound it
+    meets (it always gains while the projected gradient is not zero).  Starts from the better of 0 and
+    ``start`` (in the box); ends when the projected gradient is ``rtol`` of g's size, after ``max_iter``
+    iterations, or when no step gains: never worse than 0, deterministic, and O(iterations x a product)."""
+    g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
+    m = g.size
+    upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.asarray(upper, dtype=np.float64)
+    x, Ax, best = np.zeros(m), np.zeros(m), 0.0
+    if start is not None and np.shape(start) == (m,) and bool(np.isfinite(start).all()):
+        y = np.clip(start, 0.0, upper)
+        Ay = times(y)
+        if float(g @ y - 0.5 * y @ Ay) > best:
+            x, Ax, best = y, Ay, float(g @ y - 0.5 * y @ Ay)
+    inv_diag = np.where(diag > 0, 1.0 / np.where(diag > 0, diag, 1.0), 0.0)
+    size = max(float(np.linalg.norm(g)), 1e-300)
+    for _ in range(max_iter):
+        r = g - Ax
+        held = ((x <= 0) & (r <= 0)) | ((x >= upper) & (r >= 0))
+        pg = np.where(held, 0.0, r)
+        if not float(np.linalg.norm(pg)) > rtol * size:
+            break
+        d = free_newton_direction(times, inv_diag, ~held, pg)
+        moved = False
+        t = 1.0
+        for _ in range(SEARCH_HALVINGS):
+            y = np.clip(x + t * d, 0.0, upper)
+            Ay = times(y)
+            value = float(g @ y - 0.5 * y @ Ay)
+            if value > best:
+                x, Ax, best, moved = y, Ay, value, True
+                break
+            t *= 0.5
+        if moved:
+            continue
+        curv = float(pg @ times(pg))
+        up, down = pg > 0, pg < 0                # how far each moving coordinate may go before its bound
+        room = np.where(up, (upper - x) / np.where(up, pg, 1.0), np.where(down, -x / np.where(down, pg, -1.0), np.inf))
+        t = min(float(pg @ pg) / curv if curv > 0 else np.inf, float(np.min(room)))
+        if not (np.isfinite(t) and t > 0):
+            break
+        y = np.clip(x + t * pg, 0.0, upper)
+        Ay = times(y)
+        value = float(g @ y - 0.5 * y @ Ay)
+        if not value > best:
+            break
+        x, Ax, best = y, Ay, value
+    return x
+
+
+def free_newton_direction(times, inv_diag, free, r):
+    """``A_FF d_F = r_F`` (d zero off the free set F) by Jacobi-preconditioned CG from zero, at most
+    NEWTON_CG_ITER products, stopped at a preconditioned residual of 1e-10 of the first or on a direction of
+    no curvature."""
+    d = np.zeros(r.size)
+    res = np.where(free, r, 0.0)
+    z = inv_diag * res
+    rz = float(res @ z)
+    if not rz > 0:
+        return res
+    stop, p = 1e-20 * rz, z.copy()
+    for _ in range(NEWTON_CG_ITER):
+        Ap = np.where(free, times(p), 0.0)
+        curv = float(p @ Ap)
+        if not curv > 0:
+            break
+        a = rz / curv
+        d += a * p
+        res -= a * Ap
+        z = inv_diag * res
+        rz_new = float(res @ z)
+        if not rz_new > stop:
+            break
+        p = z + (rz_new / rz) * p
+        rz = rz_new
+    return d if d.any() else np.where(free, r, 0.0)
 
 
 class OrderedDenseSpace(DenseSpace):

@@ -1,0 +1,260 @@
+"""Many small tasks (issue 35): what a DMTRL round costs as the number of tasks m grows at fixed rows a task.
+
+For each m: m tasks of 20-40 rows (uniform), d features (default 20), squared loss, learned Sigma, the tasks
+in a few clusters of related weight vectors (so the learned Sigma has structure: rank about the cluster
+count, the rest at the eigenvalue floor).  One run per m and rank count (``--ranks 1,3``; P > 1 under
+``mpiexec -n P``), ``--outer`` W-steps (the first, at Sigma = I / m, is one exact round here; the others are the
+coupled rounds whose server step this benchmark is about), ``--max-rounds`` rounds a W-step at most.
+
+Printed per (m, P): the median seconds from one coupled round's start to the next's (``period``: the gap, the
+checks between rounds and the safe point included; the ratio at 10^4 over 10^3 is of these), of the
+round's own command (``round``: its server algebra: the step problem,
+``W = B Sigma / lam`` and the rho update, and its worker part: ``LocalBlocks.trial`` and ``apply`` summed
+over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
+the median bytes a coupled round moves, the rounds of each W-step and whether it was certified (``>``: it
+stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a round at m = 10^4 to m = 10^3
+(linear growth: <= 12 at 20-40 rows a task).
+
+    python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
+        [--factored-min-tasks N] [--json FILE] [--work DIR]
+
+``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
+always as factors, the step problems matrix-free; a huge number: the dense path of before).  ``--convergence`` instead runs
+bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
+matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
+bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from timing import save_json
+
+from hpcmtl import store
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_tasks(path, m, d, seed=0, clusters=5):
+    """m squared-loss tasks of 20-40 rows and d features, their weights in ``clusters`` groups plus noise."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, d))
+    Xs, ys = [], []
+    for t in range(m):
+        n = int(rng.integers(20, 41))
+        w = centers[t % clusters] + 0.3 * rng.normal(size=d)
+        X = rng.normal(size=(n, d))
+        Xs.append(X)
+        ys.append(X @ w + 0.5 * rng.normal(size=n))
+    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)], force=True)
+
+
+def timed(cls, name, log):
+    """Wrap ``cls.name`` so every call appends its seconds to ``log[name]``."""
+    inner = getattr(cls, name)
+
+    def wrapper(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return inner(self, *a, **k)
+        finally:
+            log.setdefault(name, []).append(time.perf_counter() - t)
+    setattr(cls, name, wrapper)
+
+
+def child(args):
+    """One training run on this rank (under mpiexec or alone): per-rank timings to ``args.out.RANK``."""
+    from hpcmtl import cluster as hc
+    from hpcmtl import dmtrl
+    from hpcmtl.dmtrl import server as srv, sigma, steps, worker
+    if args.factored_min_tasks is not None and hasattr(sigma, "FACTORED_MIN_TASKS"):
+        sigma.FACTORED_MIN_TASKS = args.factored_min_tasks
+    log = {}
+    for name in ("round_local", "omega", "recompute_w"):
+        timed(srv.Server, name, log)
+    timed(steps.StepSolver, "take_steps", log)
+    timed(steps.StepSolver, "adapt_rho", log)
+    for name in ("trial", "apply"):
+        timed(worker.LocalBlocks, name, log)
+    rounds = {"round": [], "server": [], "bytes": [], "start": [], "outer": []}
+    orig = srv.Server.round_steps
+    server_keys = ("take_steps", "adapt_rho", "recompute_w")
+
+    def round_steps(self, want_gap):         # one coupled round: its seconds, its server algebra, its bytes
+        spent = sum(sum(log.get(k, [])) for k in server_keys)
+        before, t = self.cluster.bytes_moved, time.perf_counter()
+        rounds["start"].append(t)
+        rounds["outer"].append(self.outer)
+        try:
+            return orig(self, want_gap)
+        finally:
+            rounds["round"].append(time.perf_counter() - t)
+            rounds["server"].append(sum(sum(log.get(k, [])) for k in server_keys) - spent)
+            rounds["bytes"].append(self.cluster.bytes_moved - before)
+    srv.Server.round_steps = round_steps
+    pairs = []                                # a worker's trial + the apply that follows it (a coupled round)
+    trial, apply = worker.LocalBlocks.trial, worker.LocalBlocks.apply
+    last = {}
+
+    def trial_w(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return trial(self, *a, **k)
+        finally:
+            last["trial"] = time.perf_counter() - t
+
+    def apply_w(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return apply(self, *a, **k)
+        finally:
+            if "trial" in last:
+                pairs.append(last.pop("trial") + time.perf_counter() - t)
+    worker.LocalBlocks.trial, worker.LocalBlocks.apply = trial_w, apply_w
+    cl = hc.connect()
+    config = dmtrl.DMTRLConfig(loss="squared", lam=args.lam, outer=args.outer, outer_tol=0.0, tol=args.tol,
+                               max_rounds=args.max_rounds)
+    t0 = time.perf_counter()
+    with store.TaskFile(args.data) as source:
+        res = dmtrl.train(cl, source, config, warn=lambda msg: None)
+    wall = time.perf_counter() - t0
+    out = {"rank": cl.rank, "log": log, "rounds": rounds, "pairs": pairs, "wall": wall,
+           "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    if res is not None:
+        out["wsteps"] = {k: np.asarray(v).tolist() for k, v in res.wsteps.items()}
+        out["n_rounds"] = int(res.n_rounds)
+        out["primal"] = float(res.history["primal"][-1])
+    with open(f"{args.out}.{cl.rank}", "w") as f:
+        json.dump(out, f)
+
+
+def run_case(args, path, m, ranks, work):
+    out = os.path.join(work, f"t-{m}-{ranks}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--data", path, "--out", out,
+           "--outer", str(args.outer), "--max-rounds", str(args.max_rounds), "--lam", str(args.lam),
+           "--tol", str(args.tol)]
+    if args.factored_min_tasks is not None:
+        cmd += ["--factored-min-tasks", str(args.factored_min_tasks)]
+    if ranks > 1:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"m={m} P={ranks}: exit {r.returncode}: {r.stderr.strip()[-2000:]}")
+    per_rank = []
+    for rank in range(ranks):
+        with open(f"{out}.{rank}") as f:
+            per_rank.append(json.load(f))
+    s = per_rank[0]
+    coupled = s["rounds"]["round"]
+    n = len(coupled)
+    # the workers' part of a coupled round: trial + apply, summed over the ranks (each rank's k-th pair is round k)
+    pairs = [np.array(r_["pairs"]) for r_ in per_rank if len(r_["pairs"]) == n and n]
+    worker_round = np.sum(pairs, axis=0) if pairs else np.zeros(0)
+    # a whole round: from one coupled round's start to the next's in the same W-step (the gap, the checks
+    # between rounds, the safe point included)
+    starts, outers = np.array(s["rounds"]["start"]), np.array(s["rounds"]["outer"])
+    periods = np.diff(starts)[outers[1:] == outers[:-1]] if n > 1 else np.zeros(0)
+    ws = s["wsteps"]
+    steps_rounds = np.diff(np.concatenate([[0], ws["round"]])).astype(int).tolist()
+    row = {"m": m, "ranks": ranks, "round_median": statistics.median(coupled) if n else float("nan"),
+           "coupled_rounds": n, "period_median": float(np.median(periods)) if periods.size else float("nan"),
+           "server_median": statistics.median(s["rounds"]["server"]) if n else float("nan"),
+           "worker_median": float(np.median(worker_round)) if worker_round.size else float("nan"),
+           "local_round_median": statistics.median(s["log"]["round_local"]) if s["log"].get("round_local") else
+           float("nan"),
+           "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
+           "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
+           "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
+           "wall": s["wall"], "primal": s["primal"]}
+    return row
+
+
+def convergence(args, work):
+    """bench_convergence.py's cases (``--cases``: default its squared-loss School cases), P = 1, in process: the
+    dense against the matrix-free step problems (``FACTORED_MIN_TASKS = 0``), bench_convergence's settings."""
+    sys.path.insert(0, HERE)
+    from bench_convergence import CASES, dataset
+    from hpcmtl import dmtrl
+    from hpcmtl.cluster import SerialCluster
+    from hpcmtl.dmtrl import sigma
+    rows = []
+    for case in args.cases.split(","):
+        key, loss, lam = CASES[case]
+        path = dataset(key, work)
+        if case == "school-default":
+            config = dmtrl.DMTRLConfig(loss=loss, lam=lam)
+        else:
+            config = dmtrl.DMTRLConfig(loss=loss, lam=lam, tol=1e-6, outer=10, outer_tol=0, max_rounds=5000)
+        row = {"case": case}
+        for label, threshold in (("dense", 10 ** 9), ("matrix-free", 0)):
+            sigma.FACTORED_MIN_TASKS = threshold
+            t = time.perf_counter()
+            with store.TaskFile(path) as source:
+                r = dmtrl.train(SerialCluster(), source, config, warn=lambda msg: None)
+            row[label] = {"rounds": int(r.n_rounds), "seconds": time.perf_counter() - t,
+                          "primal": float(r.history["primal"][-1]), "converged": bool(r.converged)}
+        rows.append(row)
+        d, f = row["dense"], row["matrix-free"]
+        print(f"{case:15s} dense {d['rounds']:5d} rounds {d['seconds']:6.2f} s   matrix-free {f['rounds']:5d} "
+              f"rounds {f['seconds']:6.2f} s   ratio {f['rounds'] / d['rounds']:.3f}   primal diff "
+              f"{abs(f['primal'] - d['primal']) / abs(d['primal']):.1e}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default="1000,10000")
+    ap.add_argument("--ranks", default="1,3")
+    ap.add_argument("--d", type=int, default=20)
+    ap.add_argument("--outer", type=int, default=3)
+    ap.add_argument("--max-rounds", type=int, default=100)
+    ap.add_argument("--lam", type=float, default=1e-3)
+    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--factored-min-tasks", type=int, default=None)
+    ap.add_argument("--convergence", action="store_true")
+    ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
+                    help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    work = args.work or tempfile.mkdtemp(prefix="hpcmtl-tasks-")
+    os.makedirs(work, exist_ok=True)
+    if args.convergence:
+        return save_json(args.json, convergence(args, work))
+    rows = []
+    print("     m  P  period s  round s  server s  worker s  omega s  peak MB  bytes/round  W-step rounds", flush=True)
+    for m in [int(x) for x in args.tasks.split(",")]:
+        path = os.path.join(work, f"tasks-{m}-{args.d}.h5")
+        if not os.path.exists(path):
+            make_tasks(path, m, args.d)
+        for ranks in [int(x) for x in args.ranks.split(",")]:
+            row = run_case(args, path, m, ranks, work)
+            rows.append(row)
+            marks = " ".join(f"{r}{'' if c else '>'}" for r, c in zip(row["wstep_rounds"], row["certified"]))
+            print(f"{m:6d} {ranks:2d} {row['period_median']:9.4f} {row['round_median']:8.4f} {row['server_median']:9.4f} "
+                  f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
+                  f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f}  {marks}   (wall {row['wall']:.1f} s)",
+                  flush=True)
+    for ranks in sorted({r["ranks"] for r in rows}):
+        by_m = {r["m"]: r["period_median"] for r in rows if r["ranks"] == ranks}
+        if 1000 in by_m and 10000 in by_m:
+            print(f"P = {ranks}: seconds a round at m = 10^4 / m = 10^3: {by_m[10000] / by_m[1000]:.2f} "
+                  f"(linear: 10)")
+    save_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
