@@ -161,7 +161,8 @@ def test_a_healthy_run_under_a_tiny_watchdog_is_unchanged(data, tmp_path):
     out = tmp_path / "r.h5"
     r = run_hpcmtl(["train", "dmtrl", "--train", tr, "--out", out, "--quiet", "--watchdog", "0.001"] + SETTINGS,
                    n_ranks=3, env={"HPCMTL_MPI_WAIT": "sleep"})
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    # (only the outer loop's own warning: 4 W-steps do not certify the learned Sigma at --outer-tol)
+    assert r.returncode == 0 and all("joint relative gap" in line for line in r.stderr.splitlines()), r.stderr
     assert same_model(out, reference)
 
 
