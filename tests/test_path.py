@@ -55,6 +55,27 @@ def test_kfold_split_deals_every_label_over_the_folds():
     assert np.bincount(reg).max() - np.bincount(reg).min() <= 1
 
 
+def test_task_auc_is_scikit_learns_roc_auc_exactly_counted():
+    """The selection's AUC (pair counts) against scikit-learn's ``roc_auc_score`` (ROC trapezoids): ties within
+    the scores (rounded to a few levels), one positive, one negative, heavy imbalance, and one class (NaN)."""
+    from sklearn.metrics import roc_auc_score
+    from hpcmtl.model_selection.split import task_auc
+    rng = np.random.default_rng(3)
+    for n, share, levels in ((2, 0.5, None), (3, 0.34, 2), (40, 0.06, None), (170, 0.06, 5), (500, 0.5, 3),
+                             (501, 0.1, None)):
+        y = np.where(rng.random(n) < share, 1.0, -1.0)
+        y[0], y[-1] = 1.0, -1.0                              # both classes
+        s = rng.normal(size=n)
+        if levels:
+            s = np.round(s * levels / 3) / levels            # many ties
+        assert task_auc(y, s) == pytest.approx(roc_auc_score(y, s), rel=1e-12, abs=1e-15)
+    assert np.isnan(task_auc(np.ones(4), rng.normal(size=4)))
+    # the same ranking of the rows gives the same AUC bit for bit, whatever the scale of the scores
+    y = np.where(rng.random(90) < 0.2, 1.0, -1.0)
+    s = rng.normal(size=90)
+    assert task_auc(y, s) == task_auc(y, 3.0 * s + 1.0)
+
+
 def test_validation_metrics_and_the_best_point():
     y = [np.array([1.0, -1.0, 1.0]), np.array([-1.0, 1.0])]
     s = [np.array([0.5, 0.2, -0.1]), np.array([-2.0, 3.0])]
