@@ -39,6 +39,7 @@ class Selection:
     warm_start: bool = True
     folds: list | None = None      # per task, each row's validation fold (a scikit-learn splitter's splits)
     name: str = "lam"              # the parameter of the grid: lam, or alpha of a graph kernel (one Sigma a point)
+    tol: float | None = None       # the fold fits' relative gaps (W-step and joint) at least this; None: the fit's
 
     def validate(self, loss: str, owner: str = "hpcmtl train"):
         """Check the grid and the split; fill the defaults (a fraction of 0.2, the loss's metric)."""
@@ -58,6 +59,11 @@ class Selection:
                 setattr(self, name, check_params({name: getattr(self, name)}, owner)[name])
         if not given:
             self.validation_fraction = DEFAULT_FRACTION
+        if self.tol is not None:
+            self.tol = float(self.tol)
+            if not 0 < self.tol < 1:
+                raise InputError(f"The 'selection_tol' parameter of {owner} must be in (0, 1). Got {self.tol!r} "
+                                 f"instead.")
         regression = not get_loss(loss).binary_labels
         self.metric = self.metric or ("rmse" if regression else "error")
         check_params({"metric": self.metric}, owner)
