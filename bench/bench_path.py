@@ -22,7 +22,8 @@ of 445-690 rows, 9 features, about 6 % positive labels, the tasks in two groups 
 Landmine's two terrains), a 17-point lam grid, 3-fold CV scored by AUC, the logistic
 loss, one process; ``hpcmtl train stl`` and ``hpcmtl train dmtrl`` (learned Sigma)
 against scikit-learn's ``LogisticRegressionCV`` fitted task by task in the same run
-(the same folds' count, stratified, the same grid as ``C = 1 / (lam n_task)``, AUC),
+(the same folds' count, stratified, the same grid as ``C = 1 / (lam n_task)``, AUC, one
+BLAS thread as hpcmtl's ranks),
 each the median of ``--repeats`` runs, and the ratio to scikit-learn's seconds, wall
 and CPU (user + system of every process: on a crowded node the wall clock mostly
 measures the others).  The hpcmtl seconds are whole commands (start, read, CV path,
@@ -130,7 +131,10 @@ def sklearn_cv(Xs, ys, grid, folds):
     import warnings
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
-    with warnings.catch_warnings():          # its FutureWarnings on the defaults of 1.10, once per task
+    from threadpoolctl import threadpool_limits
+    # one BLAS thread, as every hpcmtl rank runs (engine.one_blas_thread); its FutureWarnings on the defaults of
+    # 1.10, once per task, kept out
+    with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         for X, y in zip(Xs, ys):
             LogisticRegressionCV(Cs=[1.0 / (lam * len(y)) for lam in grid], cv=StratifiedKFold(folds),
