@@ -233,6 +233,9 @@ def test_edge_warning_is_printed_and_stored(synth, tmp_path):
     (["--lam", "1e-3,1e-2", "--validation-fraction", "1.5"],
      "The 'validation_fraction' parameter of hpcmtl train must be in (0, 1). Got 1.5 instead."),
     (["--lam", "1e-3,1e-2", "--validation-fraction", "0"], "--validation-fraction must be > 0, got 0"),
+    (["--lam", "1e-3", "--selection-tol", "1e-3"], "--selection-tol go with a lam grid"),
+    (["--lam", "1e-3,1e-2", "--selection-tol", "2"],
+     "The 'selection_tol' parameter of hpcmtl train must be in (0, 1). Got 2.0 instead."),
 ])
 def test_bad_grids_fail_with_one_line_on_every_rank(synth, tmp_path, option, message):
     tr, _ = synth
