@@ -130,6 +130,9 @@ def train_option_groups():
             param("--metric"),
             (("--no-warm-start",), dict(action="store_true", methods=DISTRIBUTED_SDCA,
                                         help="solve every grid point from zero (for comparisons)")),
+            (("--selection-tol",), dict(metavar="T", type=float, methods=DISTRIBUTED_SDCA,
+                                        help="the fold fits stop at relative gap T (W-steps and joint gap, when "
+                                             "looser than --tol / --outer-tol); the refit still runs to --tol")),
         ]),
         ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
             param("--aggregation"),
@@ -310,16 +313,16 @@ def lam_selection(args, config):
             raise InputError("a grid of --alpha goes with one --lam, not with a grid of lam")
         grid, name = args.alpha, "alpha"
     if not (isinstance(grid, list) or args.validation_fraction is not None or args.cv is not None):
-        if args.metric is not None or args.no_warm_start:
-            raise InputError("--metric and --no-warm-start go with a lam grid (--lam A,B,... or --lam-grid) or "
-                             "--validation-fraction / --cv")
+        if args.metric is not None or args.no_warm_start or args.selection_tol is not None:
+            raise InputError("--metric, --no-warm-start and --selection-tol go with a lam grid (--lam A,B,... or "
+                             "--lam-grid) or --validation-fraction / --cv")
         return None
     if args.method not in DISTRIBUTED_SDCA:
         raise InputError(f"a lam grid is for train {', '.join(DISTRIBUTED_SDCA)}, not for train {args.method}")
     if args.resume or args.checkpoint_every or args.checkpoint_seconds:
         raise InputError("checkpoints are for a single lam, not for a lam grid")
     return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
-                     warm_start=not args.no_warm_start, name=name).validate(config.loss)
+                     warm_start=not args.no_warm_start, name=name, tol=args.selection_tol).validate(config.loss)
 
 
 def radius_selection(args, config):

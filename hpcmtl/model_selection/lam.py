@@ -19,7 +19,12 @@ the file, the same bits at any rank count); a validation row is scored
 task's means as a single run does.
 
 Every point is certified like a single run: its W-steps' convergence is kept per
-point, and a path with an unconverged point says so.
+point, and a path with an unconverged point says so.  With ``selection.tol``
+(``--selection-tol``) the fold fits stop at that looser relative gap (W-steps and,
+with a learned Sigma, the joint gap), certified at it; the refit still runs to the
+config's ``--tol`` / ``--outer-tol`` from the chosen point's alpha.  The choice is
+made on scores of models within that gap of the optimum: where two grid points
+score closer than the gap moves a score, it may differ from the exhaustive path's.
 """
 from __future__ import annotations
 
@@ -139,6 +144,13 @@ class LamSearch(Search):
         return ((dataclasses.replace(self.config, lam=value) if self.selection.name == "lam" else self.config),
                 self.sigmas[g])
 
+    def fold_config(self, cfg):
+        """A fold fit's config: ``cfg`` with its tolerances loosened to ``selection.tol`` (when given)."""
+        tol = self.selection.tol
+        if tol is None:
+            return cfg
+        return dataclasses.replace(cfg, tol=max(cfg.tol, tol), outer_tol=max(cfg.outer_tol, tol))
+
     def load(self, whole, source, test_source):
         return engine.load_blocks(whole, source, self.config, test_source, prepare=not self.center)
 
@@ -169,6 +181,7 @@ class LamSearch(Search):
         local = None
         for g, value in enumerate(split.grid):
             cfg, sigma = self.point(g)
+            cfg = self.fold_config(cfg)
             if local is None or not warm:
                 local = PathBlocks(fold, train_blocks, cfg, held_out=held)
             local.config = cfg
@@ -224,6 +237,7 @@ class LamSearch(Search):
         path[name] = np.asarray(grid)
         chosen_info = dict(split.how(), parameter=name, chosen_lam=cfg.lam, chosen_index=chosen,
                            metric=selection.metric, warm_start=selection.warm_start,
+                           **({"selection_tol": selection.tol} if selection.tol is not None else {}),
                            split_digest=split.info["digest"], converged=bool(converged.all()), warnings=warnings,
                            **({"chosen_alpha": grid[chosen]} if name == "alpha" else {}))
         out = PathTrainResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(dmtrl.TrainResult)},

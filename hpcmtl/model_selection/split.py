@@ -39,6 +39,7 @@ class Selection:
     warm_start: bool = True
     folds: list | None = None      # per task, each row's validation fold (a scikit-learn splitter's splits)
     name: str = "lam"              # the parameter of the grid: lam, or alpha of a graph kernel (one Sigma a point)
+    tol: float | None = None       # the fold fits' relative gaps (W-step and joint) at least this; None: the fit's
 
     def validate(self, loss: str, owner: str = "hpcmtl train"):
         """Check the grid and the split; fill the defaults (a fraction of 0.2, the loss's metric)."""
@@ -58,6 +59,11 @@ class Selection:
                 setattr(self, name, check_params({name: getattr(self, name)}, owner)[name])
         if not given:
             self.validation_fraction = DEFAULT_FRACTION
+        if self.tol is not None:
+            self.tol = float(self.tol)
+            if not 0 < self.tol < 1:
+                raise InputError(f"The 'selection_tol' parameter of {owner} must be in (0, 1). Got {self.tol!r} "
+                                 f"instead.")
         regression = not get_loss(loss).binary_labels
         self.metric = self.metric or ("rmse" if regression else "error")
         check_params({"metric": self.metric}, owner)
@@ -120,11 +126,31 @@ def task_folds(y, seed: int, task: int, selection: Selection, stratify: bool) ->
     return folds
 
 
+def task_auc(y, s) -> float:
+    """The ROC AUC of one task's scores ``s`` for labels ``y`` (+1 positive), NaN unless both classes occur.
+
+    The Mann-Whitney count: the pairs (positive, negative) ranked right, ties
+    counted a half, over all pairs -- the area under the ROC curve with
+    scikit-learn's trapezoids (``roc_auc_score``).  Counted exactly in
+    integers (twice the pairs), so two grid points that rank the rows alike
+    tie exactly and the choice keeps the larger lam; about 100x faster than
+    ``roc_auc_score`` on a few hundred rows, which a 17-point grid with 3 folds
+    on 29 tasks called 1,479 times (8 s of a 26 s job).
+    """
+    y, s = np.asarray(y), np.asarray(s, dtype=np.float64)
+    pos, neg = s[y == 1], np.sort(s[y != 1])
+    if not pos.size or not neg.size:
+        return float("nan")
+    # per positive: 2 * (negatives below it) + (negatives equal to it) = left + right insertion points
+    twice = int(np.searchsorted(neg, pos, "left").sum()) + int(np.searchsorted(neg, pos, "right").sum())
+    return twice / (2.0 * pos.size * neg.size)
+
+
 def validation_score(metric: str, ys, scores) -> float:
-    """The metric over validation rows given per task (pooled over rows; ``auc``: the mean of per-task AUCs)."""
+    """The metric over validation rows given per task (pooled over rows; ``auc``: the mean of per-task AUCs,
+    tasks with one class left out)."""
     if metric == "auc":
-        from sklearn.metrics import roc_auc_score
-        aucs = [roc_auc_score(y, s) for y, s in zip(ys, scores) if len(np.unique(y)) == 2]
+        aucs = [a for a in (task_auc(y, s) for y, s in zip(ys, scores)) if not np.isnan(a)]
         return float(np.mean(aucs)) if aucs else float("nan")
     y, s = np.concatenate(ys), np.concatenate(scores)
     if metric == "rmse":
