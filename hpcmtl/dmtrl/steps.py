@@ -234,31 +234,9 @@ class StepSolver:
         at every rank count: the server computes it alone)."""
         m = inputs.m
         apply, g, blocks = self.momentum_operator(inputs, dBT, scalars)
-        precond = block_jacobi(*blocks)
-        v = np.zeros(2 * m)
-        r = g.copy()
-        z = precond(r)
-        rz = float(r @ z)
-        if not rz > 0:
+        v, self.cg_iterations = preconditioned_cg(apply, block_jacobi(*blocks), g, CG_RTOL * CG_RTOL, CG_MAX_ITER)
+        if v is None:
             return np.zeros(m), np.zeros(m)
-        stop = CG_RTOL * CG_RTOL * rz
-        p = z.copy()
-        self.cg_iterations = 0           # (read by bench/bench_tasks.py)
-        for _ in range(CG_MAX_ITER):
-            self.cg_iterations += 1
-            Ap = apply(p)
-            curv = float(p @ Ap)
-            if not curv > 0:
-                break
-            a = rz / curv
-            v += a * p
-            r -= a * Ap
-            z = precond(r)
-            rz_new = float(r @ z)
-            if not rz_new > stop:
-                break
-            p = z + (rz_new / rz) * p
-            rz = rz_new
         if not float(g @ v - 0.5 * v @ apply(v)) > 0:
             v = np.zeros(2 * m)
         return v[:m], v[m:]
@@ -466,28 +444,41 @@ def free_newton_direction(times, inv_diag, free, r):
     """``A_FF d_F = r_F`` (d zero off the free set F) by Jacobi-preconditioned CG from zero, at most
     NEWTON_CG_ITER products, stopped at a preconditioned residual of 1e-10 of the first or on a direction of
     no curvature."""
-    d = np.zeros(r.size)
-    res = np.where(free, r, 0.0)
-    z = inv_diag * res
-    rz = float(res @ z)
+    d, _ = preconditioned_cg(lambda p: np.where(free, times(p), 0.0), lambda res: inv_diag * res,
+                             np.where(free, r, 0.0), 1e-20, NEWTON_CG_ITER)
+    if d is None:
+        return np.where(free, r, 0.0)
+    return d if d.any() else np.where(free, r, 0.0)
+
+
+def preconditioned_cg(apply, precond, r, rtol2, max_iter):
+    """``(x, products)``: preconditioned conjugate gradients on ``A x = r`` from x = 0 (``apply``: v -> A v,
+    ``precond``: the preconditioner's solve), stopped when ``r.M r`` falls to ``rtol2`` of its start, on a
+    direction of no curvature or after ``max_iter`` products; x is None when ``r.M r <= 0`` at the start.
+    Fixed operations in a fixed order (the server's steps: the same bits at every rank count)."""
+    x = np.zeros(r.size)
+    r = r.copy()
+    z = precond(r)
+    rz = float(r @ z)
     if not rz > 0:
-        return res
-    stop, p = 1e-20 * rz, z.copy()
-    for _ in range(NEWTON_CG_ITER):
-        Ap = np.where(free, times(p), 0.0)
+        return None, 0
+    stop, p, products = rtol2 * rz, z.copy(), 0
+    for _ in range(max_iter):
+        products += 1
+        Ap = apply(p)
         curv = float(p @ Ap)
         if not curv > 0:
             break
         a = rz / curv
-        d += a * p
-        res -= a * Ap
-        z = inv_diag * res
-        rz_new = float(res @ z)
+        x += a * p
+        r -= a * Ap
+        z = precond(r)
+        rz_new = float(r @ z)
         if not rz_new > stop:
             break
         p = z + (rz_new / rz) * p
         rz = rz_new
-    return d if d.any() else np.where(free, r, 0.0)
+    return x, products
 
 
 class OrderedDenseSpace(DenseSpace):
