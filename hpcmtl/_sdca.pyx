@@ -576,3 +576,80 @@ def ssdca_epoch(Rows rows not None, const double[::1] y, double[::1] alpha,
                 if c_w != 0.0:
                     row_axpy(&view, j, c_w, WTp + t * d)     # WT[t] += c_w x_j
     return step
+
+
+# ---------------------------------------------------------------------------
+# The learned-Sigma problem's accelerated outer step (hpcmtl.dmtrl.joint)
+# ---------------------------------------------------------------------------
+cdef inline double loss_slope(int loss, double z, double y, double gamma) noexcept nogil:
+    """dl/dz (smooth losses; a subgradient for the hinge)."""
+    cdef double m
+    if loss == HINGE:
+        return -y if y * z < 1.0 else 0.0
+    elif loss == SMOOTHED_HINGE:
+        m = 1.0 - y * z
+        return -y * clip01(m / gamma)
+    elif loss == SQUARED:
+        return z - y
+    else:  # LOGISTIC: -y sigmoid(-y z)
+        return -y * sigmoid(-y * z)
+
+
+def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_prox, const double[::1] w_ext,
+                   int loss, double gamma, double shift_prox, double shift_ext, const double[::1] scales,
+                   double[::1] grad, double[::1] scalars):
+    """One block's terms of an accelerated outer step: with ``z_j = w_ext . x_j - shift_ext`` and
+    ``alpha_j = -l'(z_j)``, adds ``sum_j l'(z_j) x_j`` to ``grad`` (the rows as stored: an implicit centering
+    is the caller's, from ``sum_j l'(z_j)``) and writes ``scalars = [sum_j l(w_prox . x_j - shift_prox),
+    sum_j l(z_j), sum_j l*(-s alpha_j) for each s of scales, max_j y_j alpha_j (0 without rows),
+    sum_j l'(z_j)]``.  The conjugates of the hinge, smoothed hinge and squared losses are ``s lin + s^2 quad``
+    in the scale: two sums a row, not one a scale."""
+    cdef Py_ssize_t n = y.shape[0], S = scales.shape[0], j, k
+    cdef RowView view
+    cdef const double* wp
+    cdef const double* we
+    cdef double* gp
+    cdef double* out
+    cdef double z, slope, a, b, box = 0.0, lin = 0.0, quad = 0.0
+    check_rows(rows, 0, n, True)
+    check_length("w_prox", w_prox.shape[0], rows.n_features)
+    check_length("w_ext", w_ext.shape[0], rows.n_features)
+    check_length("grad", grad.shape[0], rows.n_features)
+    check_length("scalars", scalars.shape[0], S + 4)
+    check_loss(loss)
+    view = rows.view
+    wp = cptr(w_prox)
+    we = cptr(w_ext)
+    gp = &grad[0] if grad.shape[0] > 0 else hpcmtl_no_doubles
+    out = &scalars[0]
+    with nogil:
+        for k in range(S + 4):
+            out[k] = 0.0
+        if n > 0:
+            box = -INFINITY
+        for j in range(n):
+            out[0] += primal_loss(loss, row_dot(&view, j, wp) - shift_prox, y[j], gamma)
+            z = row_dot(&view, j, we) - shift_ext
+            out[1] += primal_loss(loss, z, y[j], gamma)
+            slope = loss_slope(loss, z, y[j], gamma)
+            out[S + 3] += slope
+            if slope != 0.0:
+                row_axpy(&view, j, slope, gp)
+            a = -slope
+            if loss == LOGISTIC:
+                for k in range(S):
+                    out[2 + k] += conjugate_neg(loss, scales[k] * a, y[j], gamma)
+            else:
+                lin += -y[j] * a
+                quad += 0.5 * a * a
+            b = y[j] * a
+            if b > box:
+                box = b
+        if loss != LOGISTIC:
+            if loss == SMOOTHED_HINGE:
+                quad *= gamma
+            elif loss == HINGE:
+                quad = 0.0
+            for k in range(S):
+                out[2 + k] = scales[k] * lin + scales[k] * scales[k] * quad
+        out[S + 2] = box

@@ -23,7 +23,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from . import _sdca
-from .dmtrl.joint import block_joint_terms, joint_step
+from .dmtrl.joint import block_gradient_terms, block_joint_terms, joint_step
 from .dmtrl import (DMTRLConfig, GapHistory, OuterState, TrainResult, block_seed, check_sigma, outer_loop,
                     omega_step, primal_dual)
 from .engine import check_finite_rows, check_scale, intercept_mode, split_intercept, with_intercept
@@ -88,7 +88,17 @@ class _Centralized:
                              for i, b in enumerate(self.blocks)])
             return rows[:, :-1], float(np.max(rows[:, -1]))
 
-        out, self.next_wt = joint_step(self.outer_state, cfg.loss, cfg.lam, cfg.eig_floor, self.n, self.WT, self.BT, evaluate)
+        def gradient(prox_t, ext_t):
+            parts = [block_gradient_terms(b, prox_t[i], ext_t[i], self.loss, cfg.gamma)
+                     for i, b in enumerate(self.blocks)]
+            grad = np.array([g for g, _ in parts]).reshape(self.m, self.d)
+            sc = np.array([s for _, s in parts])
+            check_finite_rows(np.hstack([grad, sc[:, :-1]]), self.round, self.names,
+                              "accelerated step's gradient, loss or conjugate sum", self.outer_state.outer)
+            return grad, sc[:, 0], sc[:, 1], sc[:, 2:-1], float(np.max(sc[:, -1]))
+
+        out, self.next_wt = joint_step(self.outer_state, cfg.loss, cfg.lam, cfg.eig_floor, self.n, self.WT, self.BT,
+                                       evaluate, gradient if self.loss.smooth else None, cfg.outer_tol)
         return out
 
     def omega(self):

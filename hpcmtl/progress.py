@@ -130,7 +130,9 @@ class Progress:
         elif self.pending is not None:
             self.print(self.pending)
         print(f"outer {outer:2d}  joint primal {joint['joint_primal']:.10g}  joint dual {joint['joint_dual']:.10g}  "
-              f"joint_rel_gap {joint['joint_rel_gap']:.3e}  prox_step {joint['prox_step']:.3g}",
+              f"joint_rel_gap {joint['joint_rel_gap']:.3e}  prox_step {joint['prox_step']:.3g}"
+              + (f"  accelerated {joint['apg_iterations']} steps to P {joint['prox_primal']:.10g}"
+                 if joint.get("apg_iterations") else ""),
               file=self.stream, flush=True)
 
     def close(self):

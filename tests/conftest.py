@@ -210,7 +210,8 @@ def fake_slurm(directory):
 # They go to build/kernels-debug/<hash of the sources>/ (gitignored), built once per source
 # hash under a lock, so the in-place optimized modules are never touched.
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
-KERNEL_USERS = {"_sdca": ("hpcmtl.dmtrl.worker", "hpcmtl.dmtrl.interior_rounds", "hpcmtl.baselines", "hpcmtl.checkpoint"),
+KERNEL_USERS = {"_sdca": ("hpcmtl.dmtrl.worker", "hpcmtl.dmtrl.joint", "hpcmtl.dmtrl.interior_rounds",
+                          "hpcmtl.baselines", "hpcmtl.checkpoint"),
                 "_blockops": ("hpcmtl.taskdata", "hpcmtl.dmtrl.steps", "hpcmtl.dmtrl.local_rounds", "hpcmtl.interior"),
                 "_projections": ("hpcmtl.projection",),
                 "_box_qp": ("hpcmtl.dmtrl.steps",),

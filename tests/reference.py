@@ -596,3 +596,44 @@ def mtrl_squared_optimum(Xs, ys, lam, iters=20000, tol=1e-13):
                 break
             last = value
     return W
+
+
+def _loss_slope(loss, z, y, gamma):
+    """dl/dz of the smooth losses, written out here (not hpcmtl.losses')."""
+    if loss == "squared":
+        return z - y
+    if loss == "logistic":
+        return -y / (1.0 + np.exp(y * z))
+    if loss == "smoothed-hinge":
+        return -y * np.clip((1.0 - y * z) / gamma, 0.0, 1.0)
+    raise KeyError(loss)
+
+
+def mtrl_objective(W, Xs, ys, lam, loss, gamma=1.0):
+    """MTRL's objective minimized over Sigma for any loss: ``sum_i mean_j l(x_ij . w_i, y_ij) + (lam/2) ||W||_*^2``."""
+    from hpcmtl.losses import primal_reference
+    value = sum(np.mean(primal_reference(loss, X @ W[:, i], y, gamma)) for i, (X, y) in enumerate(zip(Xs, ys)))
+    return value + 0.5 * lam * np.linalg.svd(W, compute_uv=False).sum() ** 2
+
+
+def mtrl_optimum(Xs, ys, lam, loss, gamma=1.0, iters=40000, tol=1e-14):
+    """The global MTRL optimum of a smooth loss (no intercept) by plain FISTA with the loss's global Lipschitz
+    step (1 / (curvature max_i ||X_i||_2^2 / n_i)) and the bisection prox; slow and plain."""
+    d, m = Xs[0].shape[1], len(Xs)
+    curvature = {"squared": 1.0, "logistic": 0.25, "smoothed-hinge": 1.0 / gamma}[loss]
+    step = 1.0 / (curvature * max(np.linalg.norm(X, 2) ** 2 / len(X) for X in Xs))
+    W = np.zeros((d, m))
+    Y, t, last = W.copy(), 1.0, np.inf
+    for k in range(iters):
+        G = np.column_stack([X.T @ _loss_slope(loss, X @ Y[:, i], y, gamma) / len(y)
+                             for i, (X, y) in enumerate(zip(Xs, ys))])
+        W_next = trace_norm_squared_prox(Y - step * G, step * lam)
+        t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+        Y = W_next + (t - 1.0) / t_next * (W_next - W)
+        W, t = W_next, t_next
+        if k % 500 == 499:
+            value = mtrl_objective(W, Xs, ys, lam, loss, gamma)
+            if last - value <= tol * abs(value):
+                break
+            last = value
+    return W

@@ -717,3 +717,61 @@ def test_box_qp_kernel_edges(kernels):
     assert_allclose(x, np.ones(4))
     with pytest.raises(ValueError):
         kernels.box_qp(np.eye(2), np.ones(3), np.ones(3), np.ones(3), False, np.zeros(3), 10, 1e-12)
+
+
+# ---------------------------------------------------------------------------
+# the accelerated outer step's per-block terms (hpcmtl.dmtrl.joint.block_gradient_terms)
+# ---------------------------------------------------------------------------
+SMOOTH_LOSSES = [name for name, loss in LOSSES.items() if loss.smooth]
+
+
+def _gradient_blocks(rng, n, d):
+    """The same rows as dense float64, CSR, float32 (values rounded to float32 first) and implicitly centered
+    CSR, with that block's dense reference rows (what its scores read)."""
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.5)
+    if n > 1:
+        X[0] = 0.0                                          # a row without non-zeros
+    X32 = X.astype(np.float32).astype(np.float64)
+    y = rng.normal(size=n)
+    mu = X.mean(axis=0) if n else np.zeros(d)
+    return [("dense", TaskBlock(0, "t", max(n, 1), 0, X, y), X),
+            ("csr", TaskBlock(0, "t", max(n, 1), 0, sp.csr_matrix(X), y), X),
+            ("float32", TaskBlock(0, "t", max(n, 1), 0, X32.astype(np.float32), y), X32),
+            ("centered", TaskBlock(0, "t", max(n, 1), 0, sp.csr_matrix(X), y).centered(mu, 0.0), X - mu)]
+
+
+@pytest.mark.parametrize("loss", SMOOTH_LOSSES)
+def test_gradient_terms_match_the_numpy_reference(kernels, loss):
+    """Every row (the first and the last included), every column, an empty block and one feature: the loss sums
+    at both points, X^T l', the conjugate at every dual scale and max y alpha equal the reference."""
+    from hpcmtl.dmtrl.joint import DUAL_SCALES, block_gradient_terms
+    from hpcmtl.losses import loss_and_derivative
+    rng = np.random.default_rng(11)
+    gamma = 0.7
+    for n, d in ((25, 6), (1, 3), (3, 1), (0, 4)):
+        for kind, blk, Xref in _gradient_blocks(rng, n, d):
+            if loss != "squared":
+                blk.y = np.where(blk.y >= 0, 1.0, -1.0)
+            w_prox, w_ext = rng.normal(size=d), rng.normal(size=d)
+            grad, scalars = block_gradient_terms(blk, w_prox, w_ext, LOSSES[loss], gamma)
+            assert np.all(np.isfinite(grad)) and np.all(np.isfinite(scalars)), kind
+            lp, _ = loss_and_derivative(loss, Xref @ w_prox, blk.y, gamma)
+            le, slope = loss_and_derivative(loss, Xref @ w_ext, blk.y, gamma)
+            alpha = -slope
+            want = np.concatenate([[lp.sum(), le.sum()],
+                                   [np.sum(conjugate_reference(loss, s * alpha, blk.y, gamma)) for s in DUAL_SCALES],
+                                   [np.max(blk.y * alpha) if n else 0.0]])
+            assert scalars.shape == want.shape, kind
+            assert_allclose(scalars, want, rtol=1e-10, atol=1e-12, err_msg=f"{kind} n={n} d={d}")
+            assert_allclose(grad, Xref.T @ slope, rtol=1e-10, atol=1e-12, err_msg=f"{kind} n={n} d={d}")
+
+
+def test_gradient_terms_refuse_mismatched_lengths(kernels):
+    blk = TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4))
+    scales = np.ones(2)
+    good = dict(w_prox=np.zeros(3), w_ext=np.zeros(3), grad=np.zeros(3), scalars=np.zeros(6))
+    for name, bad in (("w_prox", np.zeros(2)), ("w_ext", np.zeros(4)), ("grad", np.zeros(2)), ("scalars", np.zeros(5))):
+        args = dict(good, **{name: bad})
+        with pytest.raises(ValueError, match=name):
+            kernels.gradient_terms(blk.rows, blk.y, args["w_prox"], args["w_ext"], LOSSES["squared"].kernel_id, 1.0,
+                                   0.0, 0.0, scales, args["grad"], args["scalars"])

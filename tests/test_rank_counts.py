@@ -253,6 +253,26 @@ def many_tasks_args(loss):
     return args
 
 
+def accelerated_args(tr, out, *extra):
+    """Smoothed hinge, learned Sigma, the default --outer and --outer-tol: the accelerated outer step runs."""
+    return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "smoothed-hinge", "--lam", "1e-3", "--tol", "1e-6",
+            "--quiet", "--force", *extra]
+
+
+def check_accelerated(runs, data, args, tmp_path):
+    ref = converged(runs)
+    steps = ref["wsteps"]
+    assert steps["apg_iterations"][0] > 0 and ref["model"]["converged"]
+    assert steps["joint_rel_gap"][-1] <= 1e-3 and steps["joint_dual"][-1] <= steps["joint_primal"][-1]
+    # killed in W-step 2, after the first accelerated phase: the checkpoint carries its step size, the resumed
+    # run (another rank count) takes the same phases, bitwise
+    out = tmp_path / "r.h5"
+    kill = int(steps["round"][0]) + 2
+    res = assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "1"), out, ref, kill, kill - 1)
+    for key in ("joint_primal", "joint_dual", "apg_iterations", "prox_primal"):
+        assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key
+
+
 def converged(runs):
     ref = runs[1]
     assert wsteps_certified(ref) and ref["wsteps"]["converged"].all()
@@ -518,6 +538,9 @@ CASES = {
                                                 counts=(1, 2, 3)),
     "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
                                               counts=(1, 3)),
+    "accelerated outer step": Case(SYNTH_AGGREGATION, accelerated_args, check_accelerated, counts=(1, 2, 3),
+                                   compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
+                                                              ("wsteps", "apg_iterations"))),
     "exact box steps": Case(synth_file("--scale", "0.025", "--seed", "5"), learned("1e-3", "3"),
                             check_exact_box),
     "interior-point W-steps": Case(written(interior_small_raw), learned("1e-4", "4"), check_interior_learned),

@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import _sdca
 from ..engine import Command, Down, Up, check_finite_rows
+from ..losses import get_loss
 
 # the prox step t: STEP_SPREAD candidates on each side of the last chosen t (or of the first guess), a factor
 # STEP_FACTOR apart; t = 0 (W itself) is always a candidate
@@ -44,6 +45,15 @@ DUAL_SCALES = np.unique(np.concatenate([[0.5, 1.0], 1.0 - _NEAR_ONE, 1.0 + _NEAR
 # at most FLOOR_START, never rising, never below --eig-floor (a larger start slows W-steps under the safe rule)
 FLOOR_START = 1e-3
 FLOOR_PER_GAP = 0.1
+# the accelerated phase (smooth losses): APG_FIRST iterations after the first W-step that does not certify the
+# optimum, twice as many after each later one, at most APG_MOST; it ends early once its own joint gap is below
+# APG_TARGET times --outer-tol (the W-step after it then certifies with room to spare)
+APG_FIRST = 200
+APG_MOST = 6400
+APG_TARGET = 0.5
+# after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
+# halves it again when the quadratic model fails)
+STEP_TRIAL_AFTER = 10
 
 
 class JointCommand(Command):
@@ -51,6 +61,10 @@ class JointCommand(Command):
     # per block [K candidate w's (K d)] -> per block [loss sum at each candidate (K), conjugate sum at each
     # DUAL_SCALES s (S), max_j y_j alpha_j]
     JOINT_TERMS = 40, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "count"), "joint_terms"
+    # per block [w at the prox point, w at the extrapolated point (2 d)] -> per block [X^T l'(scores at the
+    # extrapolated point) (d), loss sum at the prox point, loss sum at the extrapolated point, conjugate sum of
+    # alpha = -l'(those scores) at each DUAL_SCALES s (S), max_j y_j alpha_j] (count: that row's width)
+    GRADIENT_TERMS = 41, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "count"), "gradient_terms"
 
 
 def prox_trace_norm_squared(Z: np.ndarray, t: float):
@@ -147,8 +161,100 @@ def choose(loss_name, steps, norms, loss_sums, conj_sums, box_max, n, BT, lam):
             "prox_step": float(steps[best]), "prox_primal": float(primals[best]), "best": best}
 
 
+def block_gradient_terms(blk, w_prox, w_ext, loss, gamma):
+    """One block's GRADIENT_TERMS: ``(X^T l'(z), [loss sum at w_prox, loss sum at w_ext, conjugate sums of
+    alpha = -l'(z) at DUAL_SCALES, max_j y_j alpha_j])`` with z the block's scores at ``w_ext`` (on the
+    block's own columns; implicitly centered rows score ``(x - mu) . w``: :meth:`TaskBlock.decision`)."""
+    w_prox = np.ascontiguousarray(w_prox, dtype=np.float64)
+    w_ext = np.ascontiguousarray(w_ext, dtype=np.float64)
+    grad = np.zeros(blk.n_features)
+    scalars = np.empty(DUAL_SCALES.size + 4)
+    _sdca.gradient_terms(blk.rows, blk.y, w_prox, w_ext, loss.kernel_id, gamma, blk.z_shift(w_prox),
+                         blk.z_shift(w_ext), DUAL_SCALES, grad, scalars)
+    if blk.mu is not None:                # X^T l' - mu sum(l'): the centered rows' gradient
+        grad -= blk.mu * scalars[-1]
+    return grad, scalars[:-1]
+
+
+def joint_dual_at(loss_name, conj_sums, box_max, n, GT, lam):
+    """``max_s D(s alpha)`` and its s for ``alpha = -l'(z)``: V(alpha) is minus the loss's gradient ``G``."""
+    spectral2 = float(np.linalg.norm(GT, 2)) ** 2 if GT.size else 0.0
+    duals = -np.sum(conj_sums / n[:, None], axis=0) - DUAL_SCALES ** 2 * spectral2 / (2.0 * lam)
+    if loss_name != "squared":
+        duals = np.where(DUAL_SCALES * box_max <= 1.0 + 1e-12, duals, -np.inf)
+    j = int(np.argmax(duals))
+    return float(duals[j]), float(DUAL_SCALES[j])
+
+
+def accelerated_phase(loss_name, lam, n, WT0, evaluate, budget, target, step=None, stop=None):
+    """Accelerated proximal gradient on P(W) from W0 (FISTA with backtracking and the gradient restart of
+    O'Donoghue & Candes 2015): the outer step of the smooth losses.
+
+    The W-steps solve each Sigma's problem to the certificate, but the alternation only crawls towards P*
+    once W's task subspace is nearly right; proximal gradient on P itself has no such stall.  Each iteration
+    is one collective: ``evaluate(W_prox^T, W_ext^T)`` returns per-task sums ``(X^T l' at W_ext (m x d), loss
+    at W_prox (m), loss at W_ext (m), conjugates at DUAL_SCALES (m x S), max y alpha)``; the scores at the
+    extrapolated point give the next gradient and a dual bound (alpha = -l').  Ends after ``budget``
+    iterations, when ``(P(W_best) - best dual) / P <= target``, when ``stop()`` says so (a signal), or when the
+    step collapses.  Returns a dict: ``wt`` (the best W^T by P), ``primal``, ``dual``, ``dual_scale``,
+    ``iterations`` and ``step`` (the last step size, the next phase's first guess).
+    """
+    inv_n = 1.0 / n
+
+    def sums(out):
+        grad, loss_prox, loss_ext, conj, box = out
+        return grad * inv_n[:, None], float(loss_prox @ inv_n), float(loss_ext @ inv_n), conj, box
+
+    G, _, f_ext, conj, box = sums(evaluate(WT0, WT0))
+    best = {"wt": WT0, "primal": f_ext + 0.5 * lam * float(np.linalg.svd(WT0, compute_uv=False).sum()) ** 2,
+            "dual": -np.inf, "dual_scale": 1.0, "iterations": 0}
+    best["dual"], best["dual_scale"] = joint_dual_at(loss_name, conj, box, n, G, lam)
+    if step is None:                          # ||W|| / ||G||: a step that moves W by its own size
+        step = first_step(WT0, G)
+    prev, ext, momentum, k, accepted = WT0, WT0, 1.0, 0, 0
+    while k < budget and step > 0:
+        if stop is not None and stop():
+            break
+        k += 1
+        prox, nuc = prox_trace_norm_squared((ext - step * G).T, step * lam)
+        prox = prox.T
+        restart = float(np.sum((ext - prox) * (prox - prev))) > 0.0
+        following = 1.0 if restart else 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
+        ext_next = prox if restart else prox + ((momentum - 1.0) / following) * (prox - prev)
+        G_next, f_prox, f_next, conj, box = sums(evaluate(prox, ext_next))
+        move = prox - ext
+        bound = f_ext + float(np.sum(G * move)) + float(np.sum(move * move)) / (2.0 * step)
+        if not np.isfinite(f_prox) or f_prox > bound + 1e-12 * abs(f_ext):
+            step *= 0.5                       # backtracking: the quadratic model did not hold
+            accepted = 0
+            continue
+        primal = f_prox + 0.5 * lam * nuc * nuc
+        if primal < best["primal"]:
+            best.update(wt=prox, primal=primal)
+        dual, scale = joint_dual_at(loss_name, conj, box, n, G_next, lam)
+        if dual > best["dual"]:
+            best.update(dual=dual, dual_scale=scale)
+        prev, ext, G, f_ext, momentum = prox, ext_next, G_next, f_next, following
+        accepted += 1
+        if accepted == STEP_TRIAL_AFTER:      # the curvature may have dropped: try a longer step
+            step, accepted = step * STEP_FACTOR, 0
+        if best["primal"] - best["dual"] <= target * abs(best["primal"]):
+            break
+    best.update(iterations=k, step=step)
+    return best
+
+
 class JointBlocks:
-    """Worker half: JOINT_TERMS on this rank's blocks."""
+    """Worker half: JOINT_TERMS and GRADIENT_TERMS on this rank's blocks."""
+
+    def gradient_terms(self, ctrl, rows):
+        """GRADIENT_TERMS: per block ``[w_prox, w_ext]`` -> per block :func:`block_gradient_terms` (the gradient
+        on all d features)."""
+        parts = []
+        for k, (vecs, _) in enumerate(self.from_rows(rows, 2)):
+            grad, scalars = block_gradient_terms(self.blocks[k], vecs[0], vecs[1], self.loss, self.config.gamma)
+            parts.append(([grad], scalars))
+        return self.dense_rows(parts, 1, ctrl.count)
 
     def joint_terms(self, ctrl, rows):
         """JOINT_TERMS: per block ``[K candidate w's]`` -> per block :func:`block_joint_terms`."""
@@ -158,12 +264,16 @@ class JointBlocks:
         return out
 
 
-def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate):
-    """The joint certificate at W and the chosen prox step: ``(fields, W(t)^T or None)``.
+def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
+               stop=None):
+    """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
     ``wts`` and ``max y alpha``; the center of the next prox steps moves to the chosen t (a quarter of it
-    when W itself was best).  Shared by the server and the centralized baselines.
+    when W itself was best).  ``gradient`` (smooth losses): GRADIENT_TERMS' evaluation for
+    :func:`accelerated_phase`, which then runs from the best candidate while the joint gap is above
+    ``outer_tol``; its dual bounds join the certificate and its best W, when better, is the next Omega-step's.
+    ``stop()`` ends the phase early (a signal).  Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
     steps, wts, norms = candidates(WT, BT, lam, center)
@@ -171,16 +281,35 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate):
     K = len(wts)
     out = choose(loss_name, steps, norms, sums[:, :K], sums[:, K:], box_max, n, BT, lam)
     best = out.pop("best")
+    chosen = wts[best] if best > 0 else None
     # every earlier W-step's dual bound still bounds P*: the certificate keeps the best one
-    earlier = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
-    if earlier and max(earlier) > out["joint_dual"]:
-        out["joint_dual"] = max(earlier)
+    bounds = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
+    floor_gap = None
+    out["apg_iterations"] = 0
+    if gradient is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
+                                                   outer_tol * abs(out["joint_primal"])):
+        phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
+        phase = accelerated_phase(loss_name, lam, n, wts[best], gradient, min(APG_FIRST * 2 ** phases, APG_MOST),
+                                  APG_TARGET * outer_tol, outer_state.apg_step, stop)
+        outer_state.apg_step = phase["step"]
+        out["apg_iterations"] = phase["iterations"]
+        bounds.append(phase["dual"])
+        if phase["dual"] > out["joint_dual"] and phase["dual"] >= max(bounds):
+            out["dual_scale"] = phase["dual_scale"]
+        if phase["primal"] < out["prox_primal"]:
+            out["prox_primal"], chosen = phase["primal"], phase["wt"]
+        # W is near P*: a floor of FLOOR_PER_GAP gap / m costs the next W-step's majorizer at most that
+        # fraction of the gap ((m - r) floored directions, each floor x top <= ||W||_*)
+        floor_gap = (phase["primal"] - max(bounds + [out["joint_dual"]])) / max(abs(phase["primal"]), 1e-300)
+        floor_gap /= len(n)
+    if bounds and max(bounds) > out["joint_dual"]:
+        out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
         out["joint_rel_gap"] = out["joint_gap"] / max(abs(out["joint_primal"]), 1e-300)
     outer_state.prox_center = out["prox_step"] if best > 0 else center / STEP_FACTOR ** 2
-    outer_state.floor = float(np.clip(FLOOR_PER_GAP * out["joint_rel_gap"], eig_floor,
-                                      min(FLOOR_START, outer_state.floor or FLOOR_START)))
-    return out, (wts[best] if best > 0 else None)
+    outer_state.floor = float(np.clip(FLOOR_PER_GAP * (out["joint_rel_gap"] if floor_gap is None else floor_gap),
+                                      eig_floor, min(FLOOR_START, outer_state.floor or FLOOR_START)))
+    return out, chosen
 
 
 class JointServer:
@@ -200,8 +329,25 @@ class JointServer:
             check_finite_rows(sums, self.round, self.names, "joint certificate's loss or conjugate sum", self.outer)
             return sums, (float(np.max(rows[:, -1])) if rows.shape[0] else 0.0)
 
+        def gradient(prox_t, ext_t):
+            payload = np.concatenate([prox_t[self.block_task], ext_t[self.block_task]], axis=1)
+            width = self.d + 3 + DUAL_SCALES.size
+            raw = self.command(JointCommand.GRADIENT_TERMS, payload=payload, width=payload.shape[1], count=width)
+            rows = self.per_task(raw[:, :-1])
+            check_finite_rows(rows, self.round, self.names, "accelerated step's gradient, loss or conjugate sum",
+                              self.outer)
+            box = float(np.max(raw[:, -1])) if raw.shape[0] else 0.0
+            return rows[:, :self.d], rows[:, self.d], rows[:, self.d + 1], rows[:, self.d + 2:], box
+
+        def stop():
+            ck = self.checkpointer
+            return ck is not None and ck.signals is not None and bool(ck.signal_received() or
+                                                                      self.cluster.signal_elsewhere())
+
+        smooth = get_loss(self.config.loss).smooth
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
-                                       self.n, self.dense_wt(), self.space.dense(self.BT), evaluate)
+                                       self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
+                                       gradient if smooth else None, self.config.outer_tol, stop)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

@@ -16,8 +16,8 @@ from .config import DMTRLConvergenceWarning
 
 
 # learned Sigma: a joint gap that shrank by less than STALL_SHRINK (a fraction of itself) over the last STALL_STEPS
-# W-steps, the last with no prox step taken (hpcmtl.dmtrl.joint), ends the outer loop as stalled (with --outer-tol 0
-# the loop runs --outer W-steps)
+# W-steps, the last with no better W found after it (prox step or accelerated phase: hpcmtl.dmtrl.joint), ends
+# the outer loop as stalled (with --outer-tol 0 the loop runs --outer W-steps)
 STALL_SHRINK = 0.03
 STALL_STEPS = 3
 
@@ -27,20 +27,23 @@ class OuterState:
     the center of the next prox steps and the Omega-step's floor (learned Sigma, :mod:`.joint`)."""
 
     KEYS = ("outer", "round", "rel_gap", "converged")
-    JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal")
+    JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal",
+                  "apg_iterations")
 
-    def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None):
+    def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None, apg_step=None):
         self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
         self.previous = previous
         self.wsteps = list(wsteps or [])     # dicts: KEYS, and JOINT_KEYS under a learned Sigma
         self.prox_center = prox_center
         self.floor = floor                   # the Omega-step's eigenvalue floor (None: --eig-floor)
+        self.apg_step = apg_step             # the accelerated phase's last step size (None: none ran yet)
 
     def wstep_arrays(self):
         out = {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
                for k in self.KEYS}
-        if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS):
-            out.update({k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64) for k in self.JOINT_KEYS})
+        if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS[:-1]):
+            # apg_iterations: absent from the W-steps of a checkpoint written before the accelerated phase
+            out.update({k: np.asarray([w.get(k, 0) for w in self.wsteps], dtype=np.float64) for k in self.JOINT_KEYS})
         return out
 
 
@@ -115,7 +118,8 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
             certified = True
             break
         gaps = [w["joint_rel_gap"] for w in state.wsteps if "joint_rel_gap" in w]
-        stalled = (config.outer_tol > 0 and step["prox_step"] == 0.0 and len(gaps) > STALL_STEPS and
+        moved = step["prox_primal"] < step["joint_primal"]      # a prox step or the accelerated phase
+        stalled = (config.outer_tol > 0 and not moved and len(gaps) > STALL_STEPS and
                    gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
         if stalled or state.outer + 1 == config.outer:
             warn(outer_not_certified_message(step, config, stalled))

@@ -322,6 +322,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
                     "prox_center": self.outer_state.prox_center, "floor": self.outer_state.floor,
+                    "apg_step": self.outer_state.apg_step,
                     **self.momentum_counters(), **self.interior_counters()}
         return arrays, blocks, counters
 
@@ -353,7 +354,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.restore_momentum_counters(c)
         self.restore_interior_counters(c)
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []), c.get("prox_center"),
-                                      c.get("floor"))
+                                      c.get("floor"), c.get("apg_step"))
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])
