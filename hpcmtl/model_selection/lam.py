@@ -45,6 +45,8 @@ class PathCommand(Command):
     DUAL_B = 110, Down.NOTHING, Up.GATHER_ROWS, ("width",), "dual_b"
     # the scores of every block's validation rows, concatenated in plan order, per rank
     VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, (), "validation_scores"
+    # a checkpoint in the last fold: every block's alpha at the end of an earlier point (the refit's warm start)
+    SNAPSHOT = 113, Down.NOTHING, Up.GATHER_VECTORS, ("point",), "snapshot_of"
 
 
 class PathBlocks(dmtrl.LocalBlocks):
@@ -55,8 +57,14 @@ class PathBlocks(dmtrl.LocalBlocks):
     def __init__(self, cluster, blocks, config, test_blocks=None, held_out=None, alpha=None):
         super().__init__(cluster, blocks, config, test_blocks)
         self.held_out = held_out or [None] * len(blocks)
+        self.snapshots = None             # the path's per-point alpha of this rank's blocks (the last fold's)
         for st, a in zip(self.state, alpha or ()):
             st.alpha = np.array(a, dtype=np.float64)
+
+    def snapshot_of(self, ctrl, inputs):
+        """SNAPSHOT: the alpha of every block at the end of point ``ctrl.point``, concatenated in plan order."""
+        parts = self.snapshots[ctrl.point]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def dual_b(self, ctrl, inputs):
         """DUAL_B: ``b = X^T alpha / n_task`` of every block (of the centered rows when centered)."""
@@ -74,14 +82,17 @@ class PathBlocks(dmtrl.LocalBlocks):
 class PathServer(dmtrl.Server):
     """A DMTRL server that may start from the workers' alpha, and scores validation rows."""
 
-    def __init__(self, *args, warm=False, validate=False, **kwargs):
+    def __init__(self, *args, warm=False, validate=False, resume_state=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.warm, self.validate = warm, validate
+        self.warm, self.validate, self.resume_state = warm, validate, resume_state
         self.score_rows_off_supports(validate)
         self.scores = None
 
     def run(self, resume=None):
-        if self.warm:
+        if self.resume_state is not None:        # a grid's checkpoint: this point's solver state, read and checked
+            state = self.resume_state
+            resume = lambda: state               # noqa: E731
+        elif self.warm:
             self.start_from_alpha()
         converged = super().run(resume)
         if self.validate:
@@ -106,12 +117,17 @@ class PathTrainResult(dmtrl.TrainResult):
     selection: dict = field(default_factory=dict)
 
 
-def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None):
+def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None,
+        checkpointer=None, resume_state=None):
     """One grid point (or the refit): a DMTRL fit over ``local``'s blocks (its cluster's plan); (result, server)
-    on the server, (None, None) on workers."""
-    maker = ServerMaker(PathServer, warm=warm, validate=validate)
+    on the server, (None, None) on workers.  ``checkpointer`` (server): the path's
+    (:class:`hpcmtl.checkpoint.PathCheckpointer`); ``resume_state`` (server): a checkpoint whose solver state
+    this fit continues (instead of a warm start)."""
+    if checkpointer is not None:
+        checkpointer.point_started()
+    maker = ServerMaker(PathServer, warm=warm, validate=validate, resume_state=resume_state)
     result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
-                         make_local=lambda: local, server_class=maker)
+                         make_local=lambda: local, server_class=maker, checkpointer=checkpointer)
     return result, maker.server
 
 
@@ -168,6 +184,8 @@ class LamSearch(Search):
                           else fold_means(source, split.task_ids, n_folds, phi))
         G = len(split.grid)
         self.converged, self.snapshots = np.ones(G, dtype=np.int64), [None] * G
+        # kept: the server's copies of the last fold's snapshots (a checkpoint's); the resume's points and phase
+        self.split, self.kept, self.server_points, self.refit_resumed = split, {}, set(), False
 
     def fold_means(self, f):
         return {t: m[f] for t, m in self.all_means.items()} if self.all_means is not None else None
@@ -175,17 +193,60 @@ class LamSearch(Search):
     def rank_means(self):
         return self.means
 
-    def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
-        """The grid on fold f, each point warm-started from the previous one's alpha."""
+    keeps_point = True            # a checkpoint holds the running point's DMTRL state: it continues on resume
+
+    def path_key(self, split):
+        """The grid's must-match record, with every point's fixed Sigma (a graph kernel's at each alpha)."""
+        from ..checkpoint import sigma_signature
+        return dict(super().path_key(split), sigmas=[sigma_signature(s) for s in self.sigmas])
+
+    def path_arrays(self, server):
+        """Every point's certification so far and, in the last fold with warm starts, the earlier points' alpha
+        (the refit starts from the chosen one's): gathered from the ranks, one vector a point, tasks in order."""
+        out = {"converged": self.converged}
+        position, K = self.position, len(self.split.shared["plans"])
+        if position["phase"] != "fit" or position["fold"] != K - 1 or not self.selection.warm_start:
+            return out
+        counts = self.split.shared["counts"][K - 1]
+        for g in range(position["point"]):
+            if g not in self.kept:
+                pieces = server.command(PathCommand.SNAPSHOT, point=g)
+                tasks = [np.zeros(int(n)) for n in counts]
+                for b, values in server.block_slices(pieces, lambda b: b.n_rows):
+                    tasks[b.task][b.start:b.stop] = values
+                self.kept[g] = np.concatenate(tasks) if tasks else np.zeros(0)
+            out[f"snapshot_{g:04d}"] = self.kept[g]
+        return out
+
+    def restore_path(self, arrays):
+        self.converged[...] = arrays["converged"]
+        self.kept = {int(k.split("_")[1]): v for k, v in arrays.items() if k.startswith("snapshot_")}
+
+    def resumed(self, split):
+        """The last fold's points before the resumed one left their alpha on the server only (the checkpoint's):
+        the refit takes the chosen one's from there."""
+        p, K = self.position, split.n_folds
+        self.refit_resumed = p["phase"] == "refit"
+        self.server_points = set(range(p["point"])) if p["phase"] == "fit" and p["fold"] == K - 1 else set()
+
+    def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
+        """The grid on fold f, each point warm-started from the previous one's alpha (from ``first`` on: a resumed
+        path, whose point ``first`` continues from the checkpoint's state)."""
         selection, warm, n_folds = self.selection, self.selection.warm_start, split.n_folds
         local = None
         for g, value in enumerate(split.grid):
+            if g < first:
+                continue
+            self.position["point"] = g
             cfg, sigma = self.point(g)
             cfg = self.fold_config(cfg)
+            pending, self.pending = self.pending, None
             if local is None or not warm:
                 local = PathBlocks(fold, train_blocks, cfg, held_out=held)
+                local.snapshots = self.snapshots
             local.config = cfg
-            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and g > 0, validate=True)
+            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and g > first,
+                                 validate=True, checkpointer=self.checkpointer, resume_state=pending)
             if f == n_folds - 1 and warm:
                 self.snapshots[g] = [st.alpha.copy() for st in local.state]
             if result is None:
@@ -203,10 +264,14 @@ class LamSearch(Search):
         """The chosen point on every training row, from its alpha of the last fold (zero on its validation rows)."""
         warm, n_folds, config = self.selection.warm_start, split.n_folds, self.config
         cfg, sigma = self.point(chosen)
+        pending, self.pending = self.pending, None       # a resumed refit continues from its own state
         alpha = None
-        if warm:
+        if warm and not self.refit_resumed:
+            snapshots = self.snapshots[chosen]
+            if chosen in self.server_points:     # a resumed path: the chosen point's alpha is the checkpoint's
+                snapshots = self.snapshot_from_server(split, chosen)
             alpha = []
-            for ids, a in zip(split.folds, self.snapshots[chosen]):
+            for ids, a in zip(split.folds, snapshots):
                 full = np.zeros(ids.size)
                 full[ids != n_folds - 1] = a
                 alpha.append(full)
@@ -214,10 +279,20 @@ class LamSearch(Search):
         if self.center:                         # the refit: centered on the whole task's means, as a single run
             blocks = [engine.with_intercept(b, config, split.source, self.phi) for b in blocks]
         local = PathBlocks(split.whole, blocks, cfg, split.tests, alpha=alpha)
-        result, _ = fit(split.whole, split.source, cfg, local, sigma, self.warn, warm=warm, progress=self.progress,
-                        test_source=self.test_source)
+        result, _ = fit(split.whole, split.source, cfg, local, sigma, self.warn, warm=warm and alpha is not None,
+                        progress=self.progress, test_source=self.test_source, checkpointer=self.checkpointer,
+                        resume_state=pending)
         self.chosen_config = cfg
         return result
+
+    def snapshot_from_server(self, split, g):
+        """Every rank: its blocks' alpha of the last fold at point g, from the server's copy (a resumed path)."""
+        K = split.n_folds
+        whole = split.whole.planned(split.shared["plans"][K - 1])
+        counts = split.shared["counts"][K - 1]
+        values = whole.bcast_object(self.kept[g] if whole.is_server else None)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return [values[starts[b.task] + b.start:starts[b.task] + b.stop] for b in whole.my_blocks]
 
     def finish(self, split, result, chosen, table):
         selection, grid, converged = self.selection, split.grid, self.converged
@@ -247,7 +322,7 @@ class LamSearch(Search):
 
 
 def train_path(cluster, source, config, selection: Selection, test_source=None, sigma_fixed=None, progress=None,
-               warn=None, note=None, sigma_of=None):
+               warn=None, note=None, sigma_of=None, checkpointer=None, resume=None):
     """Solve ``selection.grid`` on every rank, choose lam by validation, refit on all rows (server: a
     :class:`PathTrainResult`; workers: None).
 
@@ -257,7 +332,9 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     ``selection.name == "alpha"``: the grid is of a graph kernel's alpha at
     ``config.lam``, ``sigma_of(alpha)`` the fixed Sigma of a point (warm
     starts keep alpha of the dual: its boxes depend on neither lam nor Sigma).
+    ``checkpointer`` (server, a :class:`hpcmtl.checkpoint.PathCheckpointer`) and ``resume`` (every rank, its
+    path): the path's checkpoints (:func:`hpcmtl.model_selection.driver.cross_validate`).
     """
     search = LamSearch(config, selection, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
                        note=note, sigma_of=sigma_of)
-    return cross_validate(cluster, source, config, selection, search, test_source)
+    return cross_validate(cluster, source, config, selection, search, test_source, checkpointer, resume)
