@@ -169,7 +169,7 @@ def resume_path(cluster, split, search, table, checkpointer, resume):
                     raise InputError(f"{resume}: cannot resume: field 'path/arrays/{name}' has shape "
                                      f"{np.shape(arrays.get(name))}, expected {table[name].shape}")
                 table[name][...] = arrays[name]
-            position = {k: info[k] for k in ("phase", "fold", "point")}
+            position = {k: info[k] for k in ("phase", "fold", "point", "bytes_before_refit") if k in info}
             search.restore_path(arrays)
             search.pending = ck if search.keeps_point else None
         except InputError as exc:
@@ -219,6 +219,9 @@ def cross_validate(cluster, source, config, selection, search: Search, test_sour
                             first=position["point"] if f == first_fold else 0)
         table["validation_score"] = scores = table["fold_scores"].mean(axis=1)
         chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
+        # the path's traffic before the refit (the server's count; a resumed refit keeps the checkpoint's): the
+        # refit's own bytes are its history's minus this (report's MB-moved panel)
+        position.setdefault("bytes_before_refit", int(cluster.bytes_moved))
         position.update(phase="refit", point=chosen)
         result = search.refit(split, chosen)
     except Preempted as exc:                 # say where the grid stood (the round is the running fit's)
@@ -229,4 +232,6 @@ def cross_validate(cluster, source, config, selection, search: Search, test_sour
         raise Preempted(f"{exc} (the grid: {where})") from None
     if result is None:
         return None
-    return search.finish(split, result, chosen, table)
+    out = search.finish(split, result, chosen, table)
+    out.path["selection_bytes"] = np.int64(position["bytes_before_refit"])
+    return out
