@@ -217,3 +217,20 @@ def test_sigterm_to_a_rank_of_a_grid_under_mpiexec_then_resume(data, tmp_path, r
     r = run_hpcmtl(grid_args(data, out, "--quiet", "--resume"), n_ranks=3, timeout=300)
     assert r.returncode == 0, r.stderr
     same_result(out, ref)
+
+
+@pytest.mark.mpi
+def test_a_grid_killed_at_p3_resumes_at_p2_to_the_uninterrupted_path(data, tmp_path):
+    """A node failure (rank 1 SIGKILLed in a fit) after a --checkpoint-every checkpoint: the resume at another rank
+    count (blocks re-cut by task, the warm starts stored per task) still gives the uninterrupted path bitwise (the
+    path itself is the same at every rank count)."""
+    ref = tmp_path / "ref.h5"
+    assert run_hpcmtl(grid_args(data, ref, "--quiet"), n_ranks=2, timeout=300).returncode == 0
+    out = tmp_path / "out.h5"
+    killed = run_hpcmtl(grid_args(data, out, "--quiet", "--checkpoint-every", "4"), n_ranks=3, timeout=300,
+                        env={"HPCMTL_FAULT": "1:9:kill"})
+    assert killed.returncode != 0 and not out.exists()
+    assert store.read_checkpoint(str(out) + ".checkpoint.h5")["grid"]["info"]["phase"] == "fit"
+    r = run_hpcmtl(grid_args(data, out, "--quiet", "--resume"), n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    same_result(out, ref)
