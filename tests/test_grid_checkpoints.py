@@ -234,3 +234,37 @@ def test_a_grid_killed_at_p3_resumes_at_p2_to_the_uninterrupted_path(data, tmp_p
     r = run_hpcmtl(grid_args(data, out, "--quiet", "--resume"), n_ranks=2, timeout=300)
     assert r.returncode == 0, r.stderr
     same_result(out, ref)
+
+
+def test_a_damaged_grid_checkpoint_is_refused_in_one_line(data, tmp_path):
+    """A position out of the grid, a running fit's block gone, a missing path array: one line (exit 2), no
+    traceback and no result."""
+    import json
+    import shutil
+    import h5py
+    out = tmp_path / "out.h5"
+    r = run_hpcmtl(grid_args(data, out, "--quiet", "--checkpoint-every", "7", "--max-rounds", "50"))
+    assert r.returncode == 0, r.stderr
+    ck = str(out) + ".checkpoint.h5"
+    os.remove(out)
+    good = tmp_path / "good.h5"
+    shutil.copy(ck, good)
+
+    def damaged(edit, message):
+        shutil.copy(good, ck)
+        with h5py.File(ck, "r+") as f:
+            edit(f)
+        r = run_hpcmtl(grid_args(data, out, "--quiet", "--resume", "--max-rounds", "50"))
+        assert r.returncode == 2 and message in one_error_line(r), r.stderr
+        assert not out.exists()
+
+    def position(f, **change):
+        info = json.loads(f["path"].attrs["path"])
+        info.update(change)
+        f["path"].attrs["path"] = json.dumps(info)
+
+    damaged(lambda f: position(f, phase="fit", fold=3), "the grid's position")
+    damaged(lambda f: position(f, point=-1), "the grid's position")
+    damaged(lambda f: f["blocks"].__delitem__(sorted(f["blocks"])[1]), "do not cover its")
+    damaged(lambda f: f["path/arrays"].__delitem__("converged"), "an incomplete grid checkpoint")
+    damaged(lambda f: f["path/arrays"].__delitem__("fold_scores"), "field 'path/arrays/fold_scores' has shape")

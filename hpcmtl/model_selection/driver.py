@@ -155,6 +155,31 @@ class ServerMaker:
 TABLE = ("rounds", "seconds", "fold_scores")
 
 
+def check_position(path, position, split):
+    """A checkpoint's position is one this grid has: a phase, a fold and a grid point in range."""
+    ok = (position.get("phase") in ("fit", "refit")
+          and all(isinstance(position.get(k), int) and not isinstance(position.get(k), bool) for k in ("fold", "point"))
+          and 0 <= position["fold"] < split.n_folds and 0 <= position["point"] < len(split.grid))
+    if not ok:
+        raise InputError(f"{path}: cannot resume: the grid's position {position} is not one of this grid "
+                         f"({split.n_folds} folds, {len(split.grid)} points)")
+
+
+def check_tiles(path, blocks, counts):
+    """The running fit's saved blocks tile each task's rows exactly (``counts``: the fit's rows a task)."""
+    by_task = {}
+    for b in blocks:
+        by_task.setdefault(int(b["task"]), []).append((int(b["start"]), int(b["stop"])))
+    for t, n in enumerate(counts):
+        spans = sorted(by_task.pop(t, []))
+        ends = [0] + [stop for _, stop in spans]
+        if [start for start, _ in spans] != ends[:-1] or ends[-1] != int(n):
+            raise InputError(f"{path}: cannot resume: the saved blocks of task #{t} do not cover its {int(n)} rows "
+                             f"of the running fit exactly")
+    if by_task:
+        raise InputError(f"{path}: cannot resume: blocks of task #{min(by_task)}, but the data has {len(counts)} tasks")
+
+
 def resume_path(cluster, split, search, table, checkpointer, resume):
     """Every rank: where a resumed path stands (the server reads the checkpoint, refused together on every rank
     when it is not this grid's); the server's table and the search's arrays restored."""
@@ -170,10 +195,16 @@ def resume_path(cluster, split, search, table, checkpointer, resume):
                                      f"{np.shape(arrays.get(name))}, expected {table[name].shape}")
                 table[name][...] = arrays[name]
             position = {k: info[k] for k in ("phase", "fold", "point", "bytes_before_refit") if k in info}
+            check_position(resume, position, split)
             search.restore_path(arrays)
-            search.pending = ck if search.keeps_point else None
+            if search.keeps_point:              # the running fit's blocks: its rows (a fold's, or every row)
+                check_tiles(resume, ck["blocks"], split.shared["counts"][position["fold"]]
+                            if position["phase"] == "fit" else split.source.n_samples)
+                search.pending = ck
         except InputError as exc:
             error = str(exc)
+        except (KeyError, ValueError, IndexError, TypeError) as exc:     # a damaged record: one line, every rank
+            error = f"{resume}: cannot resume: an incomplete grid checkpoint ({type(exc).__name__}: {exc})"
     cluster.agree(error)
     return cluster.bcast_object(position)
 
