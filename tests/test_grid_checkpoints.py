@@ -268,3 +268,23 @@ def test_a_damaged_grid_checkpoint_is_refused_in_one_line(data, tmp_path):
     damaged(lambda f: f["blocks"].__delitem__(sorted(f["blocks"])[1]), "do not cover its")
     damaged(lambda f: f["path/arrays"].__delitem__("converged"), "an incomplete grid checkpoint")
     damaged(lambda f: f["path/arrays"].__delitem__("fold_scores"), "field 'path/arrays/fold_scores' has shape")
+
+
+def test_a_graph_kernels_alpha_grid_resumes_and_refuses_another_graph(data, tmp_path):
+    """train graph --alpha A,B,C: every point's Sigma is in the grid's must-match key; a node failure after a
+    checkpoint resumes to the uninterrupted path, and the same checkpoint with another --graph is refused."""
+    def args(out, graph="cycle", *extra):
+        return ["train", "graph", "--graph", graph, "--alpha", "1,0.1,0.01", "--lam", "1e-2", "--train", data,
+                "--loss", "hinge", "--cv", "3", "--tol", "1e-8", "--quiet", "--out", out, *extra]
+    ref, out = tmp_path / "ref.h5", tmp_path / "out.h5"
+    assert run_hpcmtl(args(ref)).returncode == 0
+    killed = run_hpcmtl(args(out, "cycle", "--checkpoint-every", "4"), env={"HPCMTL_FAULT": "0:9:kill"})
+    assert killed.returncode != 0 and not out.exists()
+    r = run_hpcmtl(args(out, "chain", "--resume"))
+    assert r.returncode == 2 and "the grid's 'sigmas' differs" in one_error_line(r)
+    r = run_hpcmtl(args(out, "cycle", "--resume"))
+    assert r.returncode == 0, r.stderr
+    a, b = store.read_result(out), store.read_result(ref)
+    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+    assert a["path"]["fold_scores"].tobytes() == b["path"]["fold_scores"].tobytes()
+    assert a["config"]["selection"]["chosen_alpha"] == b["config"]["selection"]["chosen_alpha"]
