@@ -125,6 +125,20 @@ class PathCheckpointer(Checkpointer):
     def point_started(self):
         self.last_round = None
 
+    def pending_signal(self, cluster):
+        """(signal name, ``"rank R "`` or ``""``) of a termination signal this rank or a worker received, else
+        (None, ""): what a safe point between the path's fits asks (the fits' own ask the same in the engine)."""
+        name = self.signal_received()
+        if not name and self.signals is not None:
+            remote = cluster.signal_elsewhere()
+            if remote is not None:
+                return remote[1], f"rank {remote[0]} "
+        return name, ""
+
+    def time_due(self) -> bool:
+        """--checkpoint-seconds has passed since the last checkpoint."""
+        return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
+
     def save(self, server, state=None):
         record, keep = self.path_state(server)
         arrays, blocks, counters = ((state if state is not None else server.checkpoint_state()) if keep

@@ -99,6 +99,7 @@ class Search(abc.ABC):
     checkpointer = None
     position = None
     pending = None          # server: the checkpoint whose running fit is resumed (its solver state)
+    warm_state = None       # server: the checkpoint written between two points (the next one's warm start)
 
     def path_key(self, split) -> dict:
         """What must match to resume a grid (server): JSON-able; the grid, the split and its digest, the metric."""
@@ -113,8 +114,9 @@ class Search(abc.ABC):
     def restore_path(self, arrays):
         """Server: the search's own arrays from a checkpoint (what :meth:`path_arrays` wrote)."""
 
-    def resumed(self, split):
-        """Every rank, after the position of a resume is known (``self.position``)."""
+    def resumed(self, split, saved):
+        """Every rank, after the position of a resume is known (``self.position``; ``saved``: as the checkpoint
+        has it, ``done`` when it was written after its point was solved)."""
 
     @abc.abstractmethod
     def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
@@ -194,13 +196,16 @@ def resume_path(cluster, split, search, table, checkpointer, resume):
                     raise InputError(f"{resume}: cannot resume: field 'path/arrays/{name}' has shape "
                                      f"{np.shape(arrays.get(name))}, expected {table[name].shape}")
                 table[name][...] = arrays[name]
-            position = {k: info[k] for k in ("phase", "fold", "point", "bytes_before_refit") if k in info}
+            position = {k: info[k] for k in ("phase", "fold", "point", "done", "bytes_before_refit") if k in info}
             check_position(resume, position, split)
             search.restore_path(arrays)
             if search.keeps_point:              # the running fit's blocks: its rows (a fold's, or every row)
                 check_tiles(resume, ck["blocks"], split.shared["counts"][position["fold"]]
                             if position["phase"] == "fit" else split.source.n_samples)
-                search.pending = ck
+                if not position.get("done"):
+                    search.pending = ck         # the running fit continues from its state
+                elif position["point"] + 1 < len(split.grid):
+                    search.warm_state = ck      # the next point starts from the solved one's block states
         except InputError as exc:
             error = str(exc)
         except (KeyError, ValueError, IndexError, TypeError) as exc:     # a damaged record: one line, every rank
@@ -236,8 +241,13 @@ def cross_validate(cluster, source, config, selection, search: Search, test_sour
             {"info": dict(position, key=key), "arrays": dict({k: table[k] for k in TABLE},
                                                              **search.path_arrays(server))}, search.keeps_point)
     if resume is not None:
-        position.update(resume_path(cluster, split, search, table, checkpointer, resume))
-        search.resumed(split)
+        saved = resume_path(cluster, split, search, table, checkpointer, resume)
+        position.update(saved)
+        if position.pop("done", False):      # written after its point was solved: the path goes on at the next
+            position["point"] += 1
+            if position["point"] == G:
+                position.update(fold=position["fold"] + 1, point=0)
+        search.resumed(split, saved)
     try:
         first_fold = position["fold"] if position["phase"] == "fit" else n_folds
         for f in range(first_fold, n_folds):

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import dmtrl, engine, features
+from ..checkpoint import block_payloads
+from ..dmtrl.commands import DMTRLCommand
 from ..engine import Command, Down, Up
 from .driver import Search, ServerMaker, cross_validate, edge_warning
 from .split import Selection, fold_means, score_of, server_task_folds
@@ -44,7 +46,7 @@ class PathCommand(Command):
     # every block's b = X^T alpha / n_task (n_blocks x d): a warm start from the dual variables kept in memory
     DUAL_B = 110, Down.NOTHING, Up.GATHER_ROWS, ("width",), "dual_b"
     # the scores of every block's validation rows, concatenated in plan order, per rank
-    VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, (), "validation_scores"
+    VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, ("point",), "validation_scores"
     # a checkpoint in the last fold: every block's alpha at the end of an earlier point (the refit's warm start)
     SNAPSHOT = 113, Down.NOTHING, Up.GATHER_VECTORS, ("point",), "snapshot_of"
 
@@ -58,6 +60,7 @@ class PathBlocks(dmtrl.LocalBlocks):
         super().__init__(cluster, blocks, config, test_blocks)
         self.held_out = held_out or [None] * len(blocks)
         self.snapshots = None             # the path's per-point alpha of this rank's blocks (the last fold's)
+        self.record = False               # keep each point's alpha in snapshots when it is validated
         for st, a in zip(self.state, alpha or ()):
             st.alpha = np.array(a, dtype=np.float64)
 
@@ -74,6 +77,8 @@ class PathBlocks(dmtrl.LocalBlocks):
     def validation_scores(self, ctrl, inputs):
         """VALIDATE: ``X w + b`` of every block's validation rows (b of the training block: ``ybar_f - mu_f.w``
         when centered, else 0), in plan order."""
+        if self.record:                   # the point is solved: its alpha is the refit's start if it is chosen
+            self.snapshots[ctrl.point] = [st.alpha.copy() for st in self.state]
         parts = [h.decision(self.full_w(k)) + self.blocks[k].intercept(self.w[k])
                  for k, h in enumerate(self.held_out) if h is not None]
         return np.concatenate(parts) if parts else np.zeros(0)
@@ -82,9 +87,11 @@ class PathBlocks(dmtrl.LocalBlocks):
 class PathServer(dmtrl.Server):
     """A DMTRL server that may start from the workers' alpha, and scores validation rows."""
 
-    def __init__(self, *args, warm=False, validate=False, resume_state=None, **kwargs):
+    def __init__(self, *args, warm=False, validate=False, resume_state=None, warm_state=None, point=0,
+                 solved=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.warm, self.validate, self.resume_state = warm, validate, resume_state
+        self.warm, self.validate, self.resume_state, self.warm_state = warm, validate, resume_state, warm_state
+        self.point, self.solved = point, solved
         self.score_rows_off_supports(validate)
         self.scores = None
 
@@ -93,10 +100,15 @@ class PathServer(dmtrl.Server):
             state = self.resume_state
             resume = lambda: state               # noqa: E731
         elif self.warm:
+            if self.warm_state is not None:      # a checkpoint between points: the previous point's block states
+                self.command(DMTRLCommand.SET_STATE, payload=block_payloads(self.warm_state, self.blocks,
+                                                                            self.cluster))
             self.start_from_alpha()
         converged = super().run(resume)
         if self.validate:
-            self.scores = self.command(PathCommand.VALIDATE)
+            self.scores = self.command(PathCommand.VALIDATE, point=self.point)
+        if self.solved is not None:              # the path's safe point between points (workers still serving)
+            self.solved(self, converged)
         return converged
 
     def start_from_alpha(self):
@@ -118,14 +130,14 @@ class PathTrainResult(dmtrl.TrainResult):
 
 
 def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None,
-        checkpointer=None, resume_state=None):
+        checkpointer=None, resume_state=None, **options):
     """One grid point (or the refit): a DMTRL fit over ``local``'s blocks (its cluster's plan); (result, server)
     on the server, (None, None) on workers.  ``checkpointer`` (server): the path's
     (:class:`hpcmtl.checkpoint.PathCheckpointer`); ``resume_state`` (server): a checkpoint whose solver state
-    this fit continues (instead of a warm start)."""
+    this fit continues (instead of a warm start); ``options``: the rest of :class:`PathServer`'s."""
     if checkpointer is not None:
         checkpointer.point_started()
-    maker = ServerMaker(PathServer, warm=warm, validate=validate, resume_state=resume_state)
+    maker = ServerMaker(PathServer, warm=warm, validate=validate, resume_state=resume_state, **options)
     result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
                          make_local=lambda: local, server_class=maker, checkpointer=checkpointer)
     return result, maker.server
@@ -186,6 +198,7 @@ class LamSearch(Search):
         self.converged, self.snapshots = np.ones(G, dtype=np.int64), [None] * G
         # kept: the server's copies of the last fold's snapshots (a checkpoint's); the resume's points and phase
         self.split, self.kept, self.server_points, self.refit_resumed = split, {}, set(), False
+        self.warm_state = self.recorded = None     # server: a resume's block states of the point before
 
     def fold_means(self, f):
         return {t: m[f] for t, m in self.all_means.items()} if self.all_means is not None else None
@@ -208,7 +221,7 @@ class LamSearch(Search):
         if position["phase"] != "fit" or position["fold"] != K - 1 or not self.selection.warm_start:
             return out
         counts = self.split.shared["counts"][K - 1]
-        for g in range(position["point"]):
+        for g in range(position["point"] + bool(position.get("done"))):
             if g not in self.kept:
                 pieces = server.command(PathCommand.SNAPSHOT, point=g)
                 tasks = [np.zeros(int(n)) for n in counts]
@@ -222,12 +235,47 @@ class LamSearch(Search):
         self.converged[...] = arrays["converged"]
         self.kept = {int(k.split("_")[1]): v for k, v in arrays.items() if k.startswith("snapshot_")}
 
-    def resumed(self, split):
+    def resumed(self, split, saved):
         """The last fold's points before the resumed one left their alpha on the server only (the checkpoint's):
-        the refit takes the chosen one's from there."""
-        p, K = self.position, split.n_folds
-        self.refit_resumed = p["phase"] == "refit"
-        self.server_points = set(range(p["point"])) if p["phase"] == "fit" and p["fold"] == K - 1 else set()
+        the refit takes the chosen one's from there.  ``saved``: the position as the checkpoint has it."""
+        K = split.n_folds
+        self.refit_resumed = saved["phase"] == "refit"
+        self.server_points = (set(range(saved["point"] + bool(saved.get("done"))))
+                              if saved["phase"] == "fit" and saved["fold"] == K - 1 else set())
+
+    def solved(self, f, table):
+        """The path's safe point after a point is solved and scored (``PathServer.solved``): on a signal (or when
+        --checkpoint-seconds is due) the path is written as of that point, with its block states for the next
+        point's warm start, and the job stops (a fit that converges in its first round has no safe point of its
+        own: an STL grid's points do)."""
+        ck = self.checkpointer
+        if ck is None:
+            return None
+
+        def at(server, converged):
+            signal_name, who = ck.pending_signal(server.cluster)
+            if not signal_name and not (ck.seconds and ck.time_due()):
+                return
+            g = self.position["point"]
+            self.record_point(server, f, g, converged, table)
+            self.position["done"] = True
+            blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop, "alpha": st.alpha,
+                       "order": st.order, "shrink": st.shrink} for b, st in server.gather_state()]
+            ck.save(server, ({}, blocks, {}))
+            self.position["done"] = False
+            self.recorded = g
+            if signal_name:
+                from ..errors import Preempted
+                raise Preempted(f"{who}received {signal_name}: checkpoint written to {ck.path} after "
+                                f"{self.selection.name} {self.split.grid[g]:.4g} was solved; continue with --resume")
+        return at
+
+    def record_point(self, server, f, g, converged, table):
+        """Point g of fold f into the table (server): its rounds, seconds, certification and validation score."""
+        table["rounds"][g] += server.round
+        table["seconds"][g] += server.elapsed()
+        self.converged[g] &= int(converged)
+        table["fold_scores"][g, f] = score_of(server, self.split.info, f, self.selection.metric)
 
     def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
         """The grid on fold f, each point warm-started from the previous one's alpha (from ``first`` on: a resumed
@@ -241,20 +289,20 @@ class LamSearch(Search):
             cfg, sigma = self.point(g)
             cfg = self.fold_config(cfg)
             pending, self.pending = self.pending, None
+            between, self.warm_state = self.warm_state, None       # a resume between points: g - 1's blocks
             if local is None or not warm:
                 local = PathBlocks(fold, train_blocks, cfg, held_out=held)
-                local.snapshots = self.snapshots
+                local.snapshots, local.record = self.snapshots, f == n_folds - 1 and warm
             local.config = cfg
-            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and g > first,
-                                 validate=True, checkpointer=self.checkpointer, resume_state=pending)
-            if f == n_folds - 1 and warm:
-                self.snapshots[g] = [st.alpha.copy() for st in local.state]
+            self.recorded = None
+            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and (g > first or between
+                                                                                          is not None),
+                                 validate=True, checkpointer=self.checkpointer, resume_state=pending,
+                                 warm_state=between, point=g, solved=self.solved(f, table))
             if result is None:
                 continue
-            table["rounds"][g] += result.n_rounds
-            table["seconds"][g] += result.seconds
-            self.converged[g] &= int(result.converged)
-            table["fold_scores"][g, f] = score_of(server, split.info, f, selection.metric)
+            if self.recorded != g:               # (the safe point after the point recorded it already)
+                self.record_point(server, f, g, result.converged, table)
             if self.note is not None:
                 self.note(f"{selection.name} {value:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
                           f"{'converged' if result.converged else 'NOT converged'}, validation {selection.metric} "
