@@ -110,6 +110,47 @@ class Checkpointer:
         self.written += 1
 
 
+class PathCheckpointer(Checkpointer):
+    """A grid's checkpoint policy (server): the same triggers as a single run's, the grid's state written with it.
+
+    ``path_state(server)`` (set by the grid's driver) returns ``(path_state, keep)``: the path's record for
+    :func:`hpcmtl.store.write_checkpoint` (where the path stands, the finished points' scores, what it carries
+    forward) and whether the running point's solver state is saved with it (``keep``; else the point restarts
+    on resume).  Every fit of the path runs under this one checkpointer; :meth:`point_started` makes the
+    every-N-rounds rule count each point's own rounds.
+    """
+
+    path_state = None
+
+    def point_started(self):
+        self.last_round = None
+
+    def pending_signal(self, cluster):
+        """(signal name, ``"rank R "`` or ``""``) of a termination signal this rank or a worker received, else
+        (None, ""): what a safe point between the path's fits asks (the fits' own ask the same in the engine)."""
+        name = self.signal_received()
+        if not name and self.signals is not None:
+            remote = cluster.signal_elsewhere()
+            if remote is not None:
+                return remote[1], f"rank {remote[0]} "
+        return name, ""
+
+    def time_due(self) -> bool:
+        """--checkpoint-seconds has passed since the last checkpoint."""
+        return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
+
+    def save(self, server, state=None):
+        record, keep = self.path_state(server)
+        arrays, blocks, counters = ((state if state is not None else server.checkpoint_state()) if keep
+                                    else ({}, [], {}))
+        counters = dict(counters, n_ranks=server.cluster.size, data_signature=self.data_signature,
+                        train=self.train_path, sigma_signature=self.sigma_signature)
+        store.write_checkpoint(self.path, arrays, blocks, self.config, counters,
+                               fingerprints=getattr(self.source, "content_fingerprints", None), path_state=record)
+        self.last = time.monotonic()
+        self.written += 1
+
+
 def config_mismatch(ck: dict, now: dict) -> str | None:
     """The first setting of :data:`MUST_MATCH` that differs between a checkpoint and ``now`` (None: all match)."""
     for key in MUST_MATCH:
@@ -146,13 +187,43 @@ def foreign_checkpoint(path, method: str, config=None) -> str | None:
 def read_compatible(path, config, source, sigma=None) -> dict:
     """Read a checkpoint and refuse it, naming the mismatch, if it belongs to another run."""
     ck = store.read_checkpoint(path)
+    if ck.get("grid") is not None:
+        raise InputError(f"{path}: cannot resume: a checkpoint of a grid ({ck['grid']['info'].get('parameter')} "
+                         f"chosen by validation), not of a single run; resume it with the same grid options")
+    check_same_run(path, ck, config, source, sigma)
+    check_blocks(path, ck, config, source)
+    return ck
+
+
+def read_path_compatible(path, config, source, key: dict) -> dict:
+    """Read a grid's checkpoint (:class:`PathCheckpointer`) and refuse it, naming the mismatch, if it belongs to
+    another run: the single run's must-match settings and data, and the grid's ``key`` (the grid, the split and
+    its digest, the metric, the warm start, every point's fixed Sigma).  The blocks of its current point are a
+    fold's training rows, checked when they are restored (:func:`block_payloads`)."""
+    ck = store.read_checkpoint(path)
+    if ck.get("grid") is None:
+        raise InputError(f"{path}: cannot resume: a checkpoint of a single run, not of a grid chosen by "
+                         f"validation; resume it without the grid options")
+    check_same_run(path, ck, config, source, sigma_too=False)      # the key holds every point's Sigma
+    saved = ck["grid"]["info"].get("key", {})
+    for name in sorted(set(saved) | set(key)):
+        if saved.get(name) != key.get(name):
+            what = {"split_digest": "the validation split (its fold ids)", "sigmas": "a grid point's fixed Sigma"}
+            raise InputError(f"{path}: cannot resume: the grid's '{name}' differs"
+                             + (f" ({what[name]})" if name in what else
+                                f": {saved.get(name)!r} in the checkpoint but {key.get(name)!r} now"))
+    return ck
+
+
+def check_same_run(path, ck, config, source, sigma=None, sigma_too=True):
+    """Refuse a checkpoint whose must-match settings, training data or fixed Sigma differ from this run's."""
     mismatch = config_mismatch(ck, config.to_dict())
     if mismatch is not None:
         raise InputError(f"{path}: cannot resume: {mismatch}")
     if ck["counters"].get("data_signature") != data_signature(source):
         raise InputError(f"{path}: cannot resume: the checkpoint was written for other training data "
                          f"({ck['counters'].get('train')}), not {source.path}")
-    if ck["counters"].get("sigma_signature") != sigma_signature(sigma):
+    if sigma_too and ck["counters"].get("sigma_signature") != sigma_signature(sigma):
         raise InputError(f"{path}: cannot resume: the fixed task covariance differs from the checkpoint's")
     saved, now_read = ck.get("fingerprints"), getattr(source, "content_fingerprints", None)
     if now_read and not saved:      # nothing to compare with: the data may have changed, so refuse
@@ -169,8 +240,6 @@ def read_compatible(path, config, source, sigma=None) -> dict:
                 raise InputError(f"{path}: cannot resume: task '{name}' (#{i}) of {source.path} has changed since the "
                                  f"checkpoint was written: {what} differ (content fingerprint {b}, the "
                                  f"checkpoint's {a})")
-    check_blocks(path, ck, config, source)
-    return ck
 
 
 BOX_TOLERANCE = 1e-9      # y alpha of a saved box dual: in [0, 1] up to the rounding of a few aggregated steps

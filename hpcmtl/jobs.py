@@ -19,8 +19,8 @@ rendered: numbers must be numbers, ``time`` a SLURM time, ``method`` and
 
 Three placeholders are computed, not set (each word rendered with a space before it):
 ``{{lam_option}}`` (``--lam=LAM``, a grid ``--lam=A,B`` too; nothing when
-``lam-grid`` is set), ``{{checkpoint_option}}`` (``--checkpoint-seconds=600``;
-nothing for a grid, which ``hpcmtl train`` does not checkpoint) and
+``lam-grid`` is set), ``{{checkpoint_option}}`` (``--checkpoint-seconds=600``, a
+grid's too: a grid checkpoints its path and resumes like a single run) and
 ``{{train_options}}``: every ``--set KEY=VALUE`` whose key is not a parameter
 of the template but an option of ``hpcmtl train METHOD`` (``lam-grid``,
 ``cv``, ``max-rounds``, ``no-intercept=true`` ...), checked against that
@@ -81,8 +81,7 @@ _OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)")
 # the computed placeholders and the train options they render
 COMPUTED = {"lam_option": "--lam", "checkpoint_option": "--checkpoint-seconds", "train_options": None}
 CHECKPOINT_SECONDS = "600"
-# options that make a run a grid (chosen by validation): hpcmtl train refuses checkpoints with them
-# (methods.lam_selection / radius_selection), so a grid's job script passes none
+# options that make a run a grid (chosen by validation): one job, which a template of one lam a job cannot run
 GRID_OPTIONS = ("--lam-grid", "--cv", "--validation-fraction")
 
 
@@ -172,14 +171,8 @@ def train_words(name, path, params, values, method) -> dict:
     if grid and "--lam" in own and "{{lam_option}}" not in open(path, encoding="utf-8").read():
         raise InputError(f"template '{name}' runs one lam a job; a grid chosen by validation is one job: "
                          f"use template 'train' (hpcmtl jobs render train --set lam=A,B,C --set cv=3)")
-    if grid and "--checkpoint-seconds" in given:
-        raise InputError("--set checkpoint-seconds=...: a grid chosen by validation writes no checkpoint")
-    if grid and name == "preemptible":
-        raise InputError("template 'preemptible' continues a requeued attempt from its checkpoint, and a grid "
-                         "(chosen by validation) writes none: use template 'train' with a --set time= that fits "
-                         "the grid")
     lam_words = [] if "--lam-grid" in given else [f"--lam={lam}"] if lam else []
-    checkpoint = [] if grid else [f"--checkpoint-seconds={checkpoint_seconds}"]
+    checkpoint = [f"--checkpoint-seconds={checkpoint_seconds}"]     # a grid's path state too (hpcmtl >= issue 38)
     return {"lam_option": lam_words, "checkpoint_option": checkpoint, "train_options": extra}
 
 

@@ -319,8 +319,6 @@ def lam_selection(args, config):
         return None
     if args.method not in DISTRIBUTED_SDCA:
         raise InputError(f"a lam grid is for train {', '.join(DISTRIBUTED_SDCA)}, not for train {args.method}")
-    if args.resume or args.checkpoint_every or args.checkpoint_seconds:
-        raise InputError("checkpoints are for a single lam, not for a lam grid")
     return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
                      warm_start=not args.no_warm_start, name=name, tol=args.selection_tol).validate(config.loss)
 
@@ -332,9 +330,6 @@ def radius_selection(args, config):
         if args.metric is not None:
             raise InputError("--metric goes with --validation-fraction or --cv")
         return None
-    if args.resume or args.checkpoint_every or args.checkpoint_seconds:
-        raise InputError("checkpoints are for a radius path without validation, not with --validation-fraction "
-                         "or --cv")
     grid = parse_radii(args.path) if args.path else [args.radius]
     return Selection(grid, args.validation_fraction, args.cv, args.metric, name="radius").validate(config.loss)
 
@@ -425,11 +420,13 @@ def open_tasks(run, covariance=fixed_sigma):
 
 
 def checkpointer_of(run):
-    """The server's checkpoint policy (None on workers)."""
-    from .checkpoint import Checkpointer
+    """The server's checkpoint policy (None on workers): a grid's (:class:`hpcmtl.checkpoint.PathCheckpointer`,
+    the path's state with it) when a selection runs."""
+    from .checkpoint import Checkpointer, PathCheckpointer
     args = run.args
-    return (Checkpointer(run.checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, run.signals,
-                         run.config.to_dict(), run.source, run.sigma) if run.cluster.is_server else None)
+    kind = PathCheckpointer if run.selection is not None else Checkpointer
+    return (kind(run.checkpoint, args.checkpoint_every, args.checkpoint_seconds or 0.0, run.signals,
+                 run.config.to_dict(), run.source, run.sigma) if run.cluster.is_server else None)
 
 
 def closed(run, result):
@@ -445,14 +442,15 @@ def train_sdca(covariance=fixed_sigma):
         from .dmtrl import train
         open_tasks(run, covariance)
         args, cluster = run.args, run.cluster
-        if run.selection is not None:
+        checkpointer = checkpointer_of(run)
+        resume = run.checkpoint if args.resume else None
+        if run.selection is not None:               # the path checkpoints and resumes as a whole
             from .model_selection import train_path
             return closed(run, train_path(cluster, run.source, run.config, run.selection, run.test_source,
                                           sigma_fixed=run.sigma, progress=run.progress,
                                           warn=warn_line(args, run.progress),
-                                          note=warn_line(args, run.progress, kind="path"), sigma_of=run.sigma_of))
-        checkpointer = checkpointer_of(run)
-        resume = run.checkpoint if args.resume else None
+                                          note=warn_line(args, run.progress, kind="path"), sigma_of=run.sigma_of,
+                                          checkpointer=checkpointer, resume=resume))
         return closed(run, train(cluster, run.source, run.config, run.test_source, sigma_fixed=run.sigma,
                                  progress=run.progress, checkpointer=checkpointer, resume=resume,
                                  warn=warn_line(args, run.progress)))
@@ -488,7 +486,8 @@ def train_l1inf(run):
         from .model_selection import train_radius_path
         return closed(run, train_radius_path(cluster, run.source, run.config, run.selection, run.test_source,
                                              progress=run.progress,
-                                             note=warn_line(args, run.progress, kind="path")))
+                                             note=warn_line(args, run.progress, kind="path"),
+                                             checkpointer=checkpointer, resume=resume))
     from .joint_sparse import train
     radii = parse_radii(args.path) if args.path else None
     return closed(run, train(cluster, run.source, run.config, run.test_source, progress=run.progress,

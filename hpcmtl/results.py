@@ -142,6 +142,18 @@ def correlation_order(C, limit=MAX_TASKS_SHOWN, seed=0):
     return picked, caption
 
 
+def refit_bytes(res):
+    """(bytes moved at each history row, the grid's fold fits' MB or None) of a run: a grid's history is its refit,
+    whose byte count starts after the whole path's (``/path/selection_bytes``; files written before it: the
+    refit from its first row); the MB-moved panel plots the refit's own, so a CV path does not dwarf it."""
+    moved = np.asarray(res["history"]["bytes"], dtype=np.float64)
+    path = res.get("path") or {}
+    if not isinstance(res["config"].get("selection"), dict) or not moved.size:
+        return moved, None
+    before = float(path["selection_bytes"]) if "selection_bytes" in path else float(moved[0])
+    return moved - before, before / 1e6
+
+
 def omega_step_rounds(history) -> list:
     """The first round of every W-step after the first (where ``outer`` changes): an Omega-step came before it."""
     outer = np.asarray(history.get("outer", []))
@@ -200,25 +212,31 @@ def report(paths, out_dir) -> dict:
     gap_runs = [(p, r) for p, r in runs if "rel_gap" in r["history"]]
     if gap_runs:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        marked = False
+        marked, path_notes = False, []
         for p, r in gap_runs:
             h = r["history"]
             gap = np.maximum(h["rel_gap"], 1e-16)       # a gap of exactly 0 sits on the floor, still drawn
             # markers: a run of one or a few rounds (STL) is a point, invisible as a line
             style = dict(marker="o", markersize=3) if len(gap) <= 20 else {}
+            moved, path_mb = refit_bytes(r)
+            if path_mb is not None:
+                path_notes.append(f"{os.path.basename(os.fspath(p))}: its grid's path moved {path_mb:.3g} MB "
+                                  f"before the refit")
             for ax, x in zip(axes, ("round", "seconds", "bytes")):
-                line, = ax.semilogy(h[x] / (1e6 if x == "bytes" else 1), gap, label=_label(p, r), **style)
+                line, = ax.semilogy(moved / 1e6 if x == "bytes" else h[x], gap, label=_label(p, r), **style)
             for k in omega_step_rounds(h):
                 # an Omega-step between two W-steps: the gap of the next W-step starts high again (the saw-tooth)
                 axes[0].axvline(k, color=line.get_color(), linestyle=":", linewidth=0.8)
                 marked = True
-        for ax, xl in zip(axes, ("rounds", "seconds (training; a grid: its refit)", "MB moved")):
+        for ax, xl in zip(axes, ("rounds", "seconds (training; a grid: its refit)", "MB moved (a grid: its refit)")):
             ax.set_xlabel(xl)
             ax.set_ylabel("relative duality gap")
         if marked:
             axes[0].set_title("dotted: an Omega-step (Sigma updated), then a new W-step", fontsize=8)
         if all(not np.any(r["history"]["bytes"]) for _, r in gap_runs):
             axes[2].set_title("no bytes moved: every run on one process", fontsize=8)
+        elif path_notes:                  # a grid's refit is plotted alone: its path's traffic said here
+            axes[2].set_title("\n".join(path_notes), fontsize=8)
         axes[0].legend(fontsize=7)
         _save(plt, fig, written, "gap", os.path.join(out_dir, "gap.png"))
 

@@ -277,8 +277,9 @@ def sample_value(flag, kw):
         return "true"
     if kw.get("choices"):
         return str(list(kw["choices"])[-1])
-    if flag in ("--lam-grid",):
-        return "1e-4:1e-2:3"
+    grid = {"--lam-grid": "1e-4:1e-2:3", "--cv": "3", "--validation-fraction": "0.25", "--selection-tol": "1e-3"}
+    if flag in grid:
+        return grid[flag]
     if kw.get("default") is not None and not isinstance(kw["default"], (list, bool)):
         return str(kw["default"])
     return None
@@ -292,7 +293,7 @@ def test_train_template_renders_every_option_of_the_method(method):
     rendered = 0
     for flag, (_, kw) in table.items():
         value = sample_value(flag, kw)
-        if flag in own or value is None or flag in jobs.GRID_OPTIONS:
+        if flag in own or value is None:           # a grid's options too: a grid is one job, checkpointed
             continue
         key = flag[2:]
         text = jobs.render("train", dict(EXAMPLE, test="t.h5", method=method, **{key: value}))
@@ -305,7 +306,7 @@ def test_train_template_renders_every_option_of_the_method(method):
     assert rendered >= 20
 
 
-def test_a_grid_renders_without_checkpoints_and_runs(tmp_path):
+def test_a_grid_renders_with_checkpoints_and_runs(tmp_path):
     tr, te = tmp_path / "tr.h5", tmp_path / "te.h5"
     assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--test", te, "--scale", "0.03"]).returncode == 0
     for extra, grid in (({"lam": "1e-3,1e-2"}, [1e-3, 1e-2]),
@@ -313,7 +314,7 @@ def test_a_grid_renders_without_checkpoints_and_runs(tmp_path):
         text = jobs.render("train", dict(train=str(tr), test=str(te), out=str(tmp_path / "g.h5"), method="stl",
                                          loss="logistic", **extra))
         argv = srun_argv(text)
-        assert not any(a.startswith("--checkpoint") for a in argv)          # a grid writes no checkpoint
+        assert "--checkpoint-seconds=600" in argv                          # a grid checkpoints its path
         assert ("--lam-grid=1e-3:1e-1:3" in argv and not any(a.startswith("--lam=") for a in argv)) \
             if "lam-grid" in extra else "--lam=1e-3,1e-2" in argv
         r = run_hpcmtl(argv + ["--force", "--quiet"])
@@ -331,8 +332,6 @@ def test_a_grid_renders_without_checkpoints_and_runs(tmp_path):
     ("train", {"train_": "x"}, "template 'train' has no parameter 'train_'"),
     ("train", {"no-intercept": "maybe"}, "is a switch: true or false"),
     ("train", {"lam": "1e-3,x"}, "a comma-separated grid such as 1e-5,1e-4,1e-3"),
-    ("train", {"lam-grid": "1e-3:1:3", "checkpoint-seconds": "60"}, "a grid chosen by validation writes no checkpoint"),
-    ("preemptible", {"cv": "3"}, "template 'preemptible' continues a requeued attempt from its checkpoint"),
     ("sweep", {"cv": "3"}, "template 'sweep' runs one lam a job"),
     ("train", {"radius": "3"}, "train dmtrl has no option --radius"),
 ])
@@ -342,3 +341,59 @@ def test_train_options_are_checked_at_render_time(template, values, message):
     with pytest.raises(InputError) as err:
         jobs.render(template, dict({k: v for k, v in base.items() if k in params}, **values))
     assert message in str(err.value)
+
+
+FAKE_PREEMPTING_SRUN = """#!{python}
+# srun that runs the command and, on its first attempt, sends SIGUSR1 (SLURM's --signal) once the grid reached
+# its second fold: the preemption of a grid job, at a place that is neither the start nor the end
+import os, signal, subprocess, sys
+mark = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preempted-once")
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True)
+for line in proc.stdout:
+    sys.stdout.write(line)
+    if not os.path.exists(mark) and line.startswith("hpcmtl: path:") and "(fold 2/" in line:
+        open(mark, "w").close()
+        proc.send_signal(signal.SIGUSR1)
+sys.exit(proc.wait())
+"""
+
+
+@pytest.mark.parametrize("grid", [{"lam-grid": "1e-4:1:4", "cv": "3"}, {"lam": "1,1e-2,1e-4", "cv": "3"}])
+def test_the_preemptible_template_runs_a_grid_through_a_preemption(tmp_path, grid):
+    """The preemptible script of a grid: its command line parses, the first attempt is preempted mid-grid
+    (SIGUSR1 -> exit 75 -> scontrol requeue), the requeued attempt resumes (--resume) and gives the result of an
+    uninterrupted run bitwise."""
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.04", "--seed", "5"]).returncode == 0
+    out = tmp_path / "g.h5"
+    settings = dict(grid, tol="1e-8", outer="2", **{"outer-tol": "0", "progress-seconds": "0"})
+    text = jobs.render("preemptible", dict(train=str(tr), out=str(out), **settings))
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    argv = [w for w in srun_argv(text.replace('"$out"', str(out))) if not w.startswith("${resume")]
+    args = cli.build_parser().parse_args(argv)               # hpcmtl train takes the rendered command line
+    assert args.checkpoint_seconds == 600 and args.cv == 3 and not args.resume
+    ref = tmp_path / "ref.h5"
+    r = run_hpcmtl([f"--out={ref}" if a == f"--out={out}" else a for a in argv] + ["--quiet"])
+    assert r.returncode == 0 and ref.exists(), r.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    write_tool(bin_dir, "scontrol", 'echo "$@" >> "$(dirname "$0")/requeued"\n')
+    with open(bin_dir / "srun", "w") as f:
+        f.write(FAKE_PREEMPTING_SRUN.format(python=sys.executable))
+    os.chmod(bin_dir / "srun", 0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+               SLURM_JOB_ID="42")
+    first = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr                 # requeued: the attempt itself ends well
+    assert (bin_dir / "requeued").read_text().split() == ["requeue", "42"]
+    assert "received SIGUSR1: checkpoint written to" in first.stderr and not out.exists()
+    second = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert (bin_dir / "requeued").read_text().split() == ["requeue", "42"]      # not requeued again
+    a, b = store.read_result(out), store.read_result(ref)
+    assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+    assert a["path"]["fold_scores"].tobytes() == b["path"]["fold_scores"].tobytes()
+    assert a["config"]["selection"]["chosen_lam"] == b["config"]["selection"]["chosen_lam"]

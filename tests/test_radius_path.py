@@ -66,7 +66,6 @@ def js_file(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("option,message", [
     (["--radius", "1", "--metric", "auc"], "--metric goes with --validation-fraction or --cv"),
-    (["--path", "1,2", "--cv", "3", "--checkpoint-every", "5"], "checkpoints are for a radius path without validation"),
     (["--path", "1,2", "--cv", "3", "--metric", "rmse"], "The 'metric' parameter of hpcmtl train must be error, auc or "
                                                          "logloss for the hinge loss. Got 'rmse' instead."),
 ])

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import dmtrl, engine, features
+from ..checkpoint import block_payloads
+from ..dmtrl.commands import DMTRLCommand
 from ..engine import Command, Down, Up
 from .driver import Search, ServerMaker, cross_validate, edge_warning
 from .split import Selection, fold_means, score_of, server_task_folds
@@ -44,7 +46,9 @@ class PathCommand(Command):
     # every block's b = X^T alpha / n_task (n_blocks x d): a warm start from the dual variables kept in memory
     DUAL_B = 110, Down.NOTHING, Up.GATHER_ROWS, ("width",), "dual_b"
     # the scores of every block's validation rows, concatenated in plan order, per rank
-    VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, (), "validation_scores"
+    VALIDATE = 111, Down.NOTHING, Up.GATHER_VECTORS, ("point",), "validation_scores"
+    # a checkpoint in the last fold: every block's alpha at the end of an earlier point (the refit's warm start)
+    SNAPSHOT = 113, Down.NOTHING, Up.GATHER_VECTORS, ("point",), "snapshot_of"
 
 
 class PathBlocks(dmtrl.LocalBlocks):
@@ -55,8 +59,15 @@ class PathBlocks(dmtrl.LocalBlocks):
     def __init__(self, cluster, blocks, config, test_blocks=None, held_out=None, alpha=None):
         super().__init__(cluster, blocks, config, test_blocks)
         self.held_out = held_out or [None] * len(blocks)
+        self.snapshots = None             # the path's per-point alpha of this rank's blocks (the last fold's)
+        self.record = False               # keep each point's alpha in snapshots when it is validated
         for st, a in zip(self.state, alpha or ()):
             st.alpha = np.array(a, dtype=np.float64)
+
+    def snapshot_of(self, ctrl, inputs):
+        """SNAPSHOT: the alpha of every block at the end of point ``ctrl.point``, concatenated in plan order."""
+        parts = self.snapshots[ctrl.point]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def dual_b(self, ctrl, inputs):
         """DUAL_B: ``b = X^T alpha / n_task`` of every block (of the centered rows when centered)."""
@@ -66,6 +77,8 @@ class PathBlocks(dmtrl.LocalBlocks):
     def validation_scores(self, ctrl, inputs):
         """VALIDATE: ``X w + b`` of every block's validation rows (b of the training block: ``ybar_f - mu_f.w``
         when centered, else 0), in plan order."""
+        if self.record:                   # the point is solved: its alpha is the refit's start if it is chosen
+            self.snapshots[ctrl.point] = [st.alpha.copy() for st in self.state]
         parts = [h.decision(self.full_w(k)) + self.blocks[k].intercept(self.w[k])
                  for k, h in enumerate(self.held_out) if h is not None]
         return np.concatenate(parts) if parts else np.zeros(0)
@@ -74,18 +87,28 @@ class PathBlocks(dmtrl.LocalBlocks):
 class PathServer(dmtrl.Server):
     """A DMTRL server that may start from the workers' alpha, and scores validation rows."""
 
-    def __init__(self, *args, warm=False, validate=False, **kwargs):
+    def __init__(self, *args, warm=False, validate=False, resume_state=None, warm_state=None, point=0,
+                 solved=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.warm, self.validate = warm, validate
+        self.warm, self.validate, self.resume_state, self.warm_state = warm, validate, resume_state, warm_state
+        self.point, self.solved = point, solved
         self.score_rows_off_supports(validate)
         self.scores = None
 
     def run(self, resume=None):
-        if self.warm:
+        if self.resume_state is not None:        # a grid's checkpoint: this point's solver state, read and checked
+            state = self.resume_state
+            resume = lambda: state               # noqa: E731
+        elif self.warm:
+            if self.warm_state is not None:      # a checkpoint between points: the previous point's block states
+                self.command(DMTRLCommand.SET_STATE, payload=block_payloads(self.warm_state, self.blocks,
+                                                                            self.cluster))
             self.start_from_alpha()
         converged = super().run(resume)
         if self.validate:
-            self.scores = self.command(PathCommand.VALIDATE)
+            self.scores = self.command(PathCommand.VALIDATE, point=self.point)
+        if self.solved is not None:              # the path's safe point between points (workers still serving)
+            self.solved(self, converged)
         return converged
 
     def start_from_alpha(self):
@@ -106,12 +129,17 @@ class PathTrainResult(dmtrl.TrainResult):
     selection: dict = field(default_factory=dict)
 
 
-def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None):
+def fit(cluster, rows, cfg, local, sigma_fixed, warn, warm, validate=False, progress=None, test_source=None,
+        checkpointer=None, resume_state=None, **options):
     """One grid point (or the refit): a DMTRL fit over ``local``'s blocks (its cluster's plan); (result, server)
-    on the server, (None, None) on workers."""
-    maker = ServerMaker(PathServer, warm=warm, validate=validate)
+    on the server, (None, None) on workers.  ``checkpointer`` (server): the path's
+    (:class:`hpcmtl.checkpoint.PathCheckpointer`); ``resume_state`` (server): a checkpoint whose solver state
+    this fit continues (instead of a warm start); ``options``: the rest of :class:`PathServer`'s."""
+    if checkpointer is not None:
+        checkpointer.point_started()
+    maker = ServerMaker(PathServer, warm=warm, validate=validate, resume_state=resume_state, **options)
     result = dmtrl.train(cluster, rows, cfg, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
-                         make_local=lambda: local, server_class=maker)
+                         make_local=lambda: local, server_class=maker, checkpointer=checkpointer)
     return result, maker.server
 
 
@@ -168,6 +196,9 @@ class LamSearch(Search):
                           else fold_means(source, split.task_ids, n_folds, phi))
         G = len(split.grid)
         self.converged, self.snapshots = np.ones(G, dtype=np.int64), [None] * G
+        # kept: the server's copies of the last fold's snapshots (a checkpoint's); the resume's points and phase
+        self.split, self.kept, self.server_points, self.refit_resumed = split, {}, set(), False
+        self.warm_state = self.recorded = None     # server: a resume's block states of the point before
 
     def fold_means(self, f):
         return {t: m[f] for t, m in self.all_means.items()} if self.all_means is not None else None
@@ -175,25 +206,103 @@ class LamSearch(Search):
     def rank_means(self):
         return self.means
 
-    def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
-        """The grid on fold f, each point warm-started from the previous one's alpha."""
+    keeps_point = True            # a checkpoint holds the running point's DMTRL state: it continues on resume
+
+    def path_key(self, split):
+        """The grid's must-match record, with every point's fixed Sigma (a graph kernel's at each alpha)."""
+        from ..checkpoint import sigma_signature
+        return dict(super().path_key(split), sigmas=[sigma_signature(s) for s in self.sigmas])
+
+    def path_arrays(self, server):
+        """Every point's certification so far and, in the last fold with warm starts, the earlier points' alpha
+        (the refit starts from the chosen one's): gathered from the ranks, one vector a point, tasks in order."""
+        out = {"converged": self.converged}
+        position, K = self.position, len(self.split.shared["plans"])
+        if position["phase"] != "fit" or position["fold"] != K - 1 or not self.selection.warm_start:
+            return out
+        counts = self.split.shared["counts"][K - 1]
+        for g in range(position["point"] + bool(position.get("done"))):
+            if g not in self.kept:
+                pieces = server.command(PathCommand.SNAPSHOT, point=g)
+                tasks = [np.zeros(int(n)) for n in counts]
+                for b, values in server.block_slices(pieces, lambda b: b.n_rows):
+                    tasks[b.task][b.start:b.stop] = values
+                self.kept[g] = np.concatenate(tasks) if tasks else np.zeros(0)
+            out[f"snapshot_{g:04d}"] = self.kept[g]
+        return out
+
+    def restore_path(self, arrays):
+        self.converged[...] = arrays["converged"]
+        self.kept = {int(k.split("_")[1]): v for k, v in arrays.items() if k.startswith("snapshot_")}
+
+    def resumed(self, split, saved):
+        """The last fold's points before the resumed one left their alpha on the server only (the checkpoint's):
+        the refit takes the chosen one's from there.  ``saved``: the position as the checkpoint has it."""
+        K = split.n_folds
+        self.refit_resumed = saved["phase"] == "refit"
+        self.server_points = (set(range(saved["point"] + bool(saved.get("done"))))
+                              if saved["phase"] == "fit" and saved["fold"] == K - 1 else set())
+
+    def solved(self, f, table):
+        """The path's safe point after a point is solved and scored (``PathServer.solved``): on a signal (or when
+        --checkpoint-seconds is due) the path is written as of that point, with its block states for the next
+        point's warm start, and the job stops (a fit that converges in its first round has no safe point of its
+        own: an STL grid's points do)."""
+        ck = self.checkpointer
+        if ck is None:
+            return None
+
+        def at(server, converged):
+            signal_name, who = ck.pending_signal(server.cluster)
+            if not signal_name and not (ck.seconds and ck.time_due()):
+                return
+            g = self.position["point"]
+            self.record_point(server, f, g, converged, table)
+            self.position["done"] = True
+            blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop, "alpha": st.alpha,
+                       "order": st.order, "shrink": st.shrink} for b, st in server.gather_state()]
+            ck.save(server, ({}, blocks, {}))
+            self.position["done"] = False
+            self.recorded = g
+            if signal_name:
+                from ..errors import Preempted
+                raise Preempted(f"{who}received {signal_name}: checkpoint written to {ck.path} after "
+                                f"{self.selection.name} {self.split.grid[g]:.4g} was solved; continue with --resume")
+        return at
+
+    def record_point(self, server, f, g, converged, table):
+        """Point g of fold f into the table (server): its rounds, seconds, certification and validation score."""
+        table["rounds"][g] += server.round
+        table["seconds"][g] += server.elapsed()
+        self.converged[g] &= int(converged)
+        table["fold_scores"][g, f] = score_of(server, self.split.info, f, self.selection.metric)
+
+    def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
+        """The grid on fold f, each point warm-started from the previous one's alpha (from ``first`` on: a resumed
+        path, whose point ``first`` continues from the checkpoint's state)."""
         selection, warm, n_folds = self.selection, self.selection.warm_start, split.n_folds
         local = None
         for g, value in enumerate(split.grid):
+            if g < first:
+                continue
+            self.position["point"] = g
             cfg, sigma = self.point(g)
             cfg = self.fold_config(cfg)
+            pending, self.pending = self.pending, None
+            between, self.warm_state = self.warm_state, None       # a resume between points: g - 1's blocks
             if local is None or not warm:
                 local = PathBlocks(fold, train_blocks, cfg, held_out=held)
+                local.snapshots, local.record = self.snapshots, f == n_folds - 1 and warm
             local.config = cfg
-            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and g > 0, validate=True)
-            if f == n_folds - 1 and warm:
-                self.snapshots[g] = [st.alpha.copy() for st in local.state]
+            self.recorded = None
+            result, server = fit(fold, rows, cfg, local, sigma, self.warn, warm=warm and (g > first or between
+                                                                                          is not None),
+                                 validate=True, checkpointer=self.checkpointer, resume_state=pending,
+                                 warm_state=between, point=g, solved=self.solved(f, table))
             if result is None:
                 continue
-            table["rounds"][g] += result.n_rounds
-            table["seconds"][g] += result.seconds
-            self.converged[g] &= int(result.converged)
-            table["fold_scores"][g, f] = score_of(server, split.info, f, selection.metric)
+            if self.recorded != g:               # (the safe point after the point recorded it already)
+                self.record_point(server, f, g, result.converged, table)
             if self.note is not None:
                 self.note(f"{selection.name} {value:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
                           f"{'converged' if result.converged else 'NOT converged'}, validation {selection.metric} "
@@ -203,10 +312,14 @@ class LamSearch(Search):
         """The chosen point on every training row, from its alpha of the last fold (zero on its validation rows)."""
         warm, n_folds, config = self.selection.warm_start, split.n_folds, self.config
         cfg, sigma = self.point(chosen)
+        pending, self.pending = self.pending, None       # a resumed refit continues from its own state
         alpha = None
-        if warm:
+        if warm and not self.refit_resumed:
+            snapshots = self.snapshots[chosen]
+            if chosen in self.server_points:     # a resumed path: the chosen point's alpha is the checkpoint's
+                snapshots = self.snapshot_from_server(split, chosen)
             alpha = []
-            for ids, a in zip(split.folds, self.snapshots[chosen]):
+            for ids, a in zip(split.folds, snapshots):
                 full = np.zeros(ids.size)
                 full[ids != n_folds - 1] = a
                 alpha.append(full)
@@ -214,10 +327,20 @@ class LamSearch(Search):
         if self.center:                         # the refit: centered on the whole task's means, as a single run
             blocks = [engine.with_intercept(b, config, split.source, self.phi) for b in blocks]
         local = PathBlocks(split.whole, blocks, cfg, split.tests, alpha=alpha)
-        result, _ = fit(split.whole, split.source, cfg, local, sigma, self.warn, warm=warm, progress=self.progress,
-                        test_source=self.test_source)
+        result, _ = fit(split.whole, split.source, cfg, local, sigma, self.warn, warm=warm and alpha is not None,
+                        progress=self.progress, test_source=self.test_source, checkpointer=self.checkpointer,
+                        resume_state=pending)
         self.chosen_config = cfg
         return result
+
+    def snapshot_from_server(self, split, g):
+        """Every rank: its blocks' alpha of the last fold at point g, from the server's copy (a resumed path)."""
+        K = split.n_folds
+        whole = split.whole.planned(split.shared["plans"][K - 1])
+        counts = split.shared["counts"][K - 1]
+        values = whole.bcast_object(self.kept[g] if whole.is_server else None)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return [values[starts[b.task] + b.start:starts[b.task] + b.stop] for b in whole.my_blocks]
 
     def finish(self, split, result, chosen, table):
         selection, grid, converged = self.selection, split.grid, self.converged
@@ -247,7 +370,7 @@ class LamSearch(Search):
 
 
 def train_path(cluster, source, config, selection: Selection, test_source=None, sigma_fixed=None, progress=None,
-               warn=None, note=None, sigma_of=None):
+               warn=None, note=None, sigma_of=None, checkpointer=None, resume=None):
     """Solve ``selection.grid`` on every rank, choose lam by validation, refit on all rows (server: a
     :class:`PathTrainResult`; workers: None).
 
@@ -257,7 +380,9 @@ def train_path(cluster, source, config, selection: Selection, test_source=None, 
     ``selection.name == "alpha"``: the grid is of a graph kernel's alpha at
     ``config.lam``, ``sigma_of(alpha)`` the fixed Sigma of a point (warm
     starts keep alpha of the dual: its boxes depend on neither lam nor Sigma).
+    ``checkpointer`` (server, a :class:`hpcmtl.checkpoint.PathCheckpointer`) and ``resume`` (every rank, its
+    path): the path's checkpoints (:func:`hpcmtl.model_selection.driver.cross_validate`).
     """
     search = LamSearch(config, selection, test_source, sigma_fixed=sigma_fixed, progress=progress, warn=warn,
                        note=note, sigma_of=sigma_of)
-    return cross_validate(cluster, source, config, selection, search, test_source)
+    return cross_validate(cluster, source, config, selection, search, test_source, checkpointer, resume)

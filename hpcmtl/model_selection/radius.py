@@ -7,6 +7,10 @@ scores its validation rows at every radius.  The refit solves the chosen radius 
 all the rows, warm-started from the last fold's solution there (``max_rounds``
 steps, like every radius).  A subgradient method has no certificate: every point
 runs ``max_rounds``.
+
+A checkpoint (a signal, ``--checkpoint-every`` / ``--checkpoint-seconds``) holds the finished folds'
+scores and selections and, during the refit, the chosen radius's warm start; a fold or the refit that was
+running restarts on resume (each is a deterministic function of its rows, so the result is the same).
 """
 from __future__ import annotations
 
@@ -61,19 +65,35 @@ class RadiusSearch(Search):
     def __init__(self, config, selection, test_source=None, progress=None, note=None):
         self.config, self.selection, self.test_source, self.progress, self.note = (config, selection, test_source,
                                                                                    progress, note)
-        self.last = None
+        self.last = self.warm = None
 
     def start(self, split):
         G = len(split.grid)
         self.selected = np.zeros((G, split.n_folds), dtype=np.int64)
 
-    def fit_fold(self, split, f, fold, rows, train_blocks, held, table):
-        """The whole path on fold f's training rows; its validation rows scored after every radius."""
+    def path_arrays(self, server):
+        """The folds' selections; in the refit, its warm start (the last fold's solution at the chosen radius)."""
+        out = {"selected": self.selected}
+        if self.position["phase"] == "refit" and self.warm is not None:
+            out.update(refit_W0=self.warm[0], refit_b0=self.warm[1])
+        return out
+
+    def restore_path(self, arrays):
+        self.selected[...] = arrays["selected"]
+        if "refit_W0" in arrays:
+            self.warm = (arrays["refit_W0"], arrays["refit_b0"])
+
+    def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
+        """The whole path on fold f's training rows; its validation rows scored after every radius (a resumed
+        fold runs from its start: ``first`` is 0)."""
         config, grid, n_folds, metric = self.config, split.grid, split.n_folds, self.selection.metric
+        self.position["point"] = 0
+        if self.checkpointer is not None:
+            self.checkpointer.point_started()
         maker = ServerMaker(RadiusServer)
         result = joint_sparse.train(fold, rows, config, radii=grid,
                                     make_local=lambda: RadiusBlocks(fold, train_blocks, config, held),
-                                    server_class=maker)
+                                    server_class=maker, checkpointer=self.checkpointer)
         if result is None:
             return
         server, self.last = maker.server, result
@@ -90,11 +110,13 @@ class RadiusSearch(Search):
     def refit(self, split, chosen):
         """The chosen radius on every row, from the last fold's solution there."""
         config, whole, blocks, tests = self.config, split.whole, split.blocks, split.tests
-        W0 = b0 = None
         if self.last is not None and self.selection.warm_start:
-            W0, b0 = self.last.path["W"][chosen], self.last.path["intercept"][chosen]
+            self.warm = (self.last.path["W"][chosen], self.last.path["intercept"][chosen])
+        W0, b0 = self.warm if self.warm is not None else (None, None)     # a resumed refit: the checkpoint's
+        if self.checkpointer is not None:
+            self.checkpointer.point_started()
         return joint_sparse.train(whole, split.source, config, self.test_source, W0=W0, b0=b0,
-                                  progress=self.progress, radii=[split.grid[chosen]],
+                                  progress=self.progress, radii=[split.grid[chosen]], checkpointer=self.checkpointer,
                                   make_local=lambda: joint_sparse.LocalGradients(whole, blocks, config, tests))
 
     def finish(self, split, result, chosen, table):
@@ -112,11 +134,12 @@ class RadiusSearch(Search):
         return result
 
 
-def train_radius_path(cluster, source, config, selection: Selection, test_source=None, progress=None, note=None):
+def train_radius_path(cluster, source, config, selection: Selection, test_source=None, progress=None, note=None,
+                      checkpointer=None, resume=None):
     """Joint-sparse (paper 002): choose the ball's radius from ``selection.grid`` by validation, refit on all rows
     (server: a :class:`hpcmtl.joint_sparse.JointSparseResult` whose ``path`` is the selection's and whose
     ``selection`` says what was chosen; workers: None)."""
     if selection.name != "radius":
         raise ValueError(f"train_radius_path chooses a radius, not {selection.name!r}")
     search = RadiusSearch(config, selection, test_source, progress=progress, note=note)
-    return cross_validate(cluster, source, config, selection, search, test_source)
+    return cross_validate(cluster, source, config, selection, search, test_source, checkpointer, resume)

@@ -3,7 +3,11 @@
 A checkpoint holds the server's arrays (``/state``), one group per task block
 (``/blocks/TTTTTT_PPPP``: alpha, coordinate order, shrinking state), the
 config and counters (JSON root attributes) and the fingerprints of the
-training data read (``/fingerprints``, verified on resume).  It is written
+training data read (``/fingerprints``, verified on resume).  A grid's checkpoint (a lam grid, ``--cv``, a
+radius path with validation) adds ``/path``: its JSON attribute ``path`` (where the path stands and what
+must match to resume it) and ``/path/arrays`` (the finished points' scores, the warm starts it carries
+forward); ``/state`` and ``/blocks`` then hold the current grid point's solver state (or nothing: the
+point restarts).  It is written
 atomically (:mod:`hpcmtl.store.atomic`), so a crash mid-write never destroys
 the last good checkpoint.
 """
@@ -20,6 +24,7 @@ from .atomic import atomic_h5
 from .hdf5 import CHECKPOINT_FORMAT, FORMAT_VERSION, open_read
 
 _FINGERPRINTS = "fingerprints"
+_PATH = "path"
 # the checkpoint layout's own version (root attribute ``checkpoint_version``): 2 since checkpoints always carry
 # the training data's content fingerprints when the data has them; absent (1): written before that, when a
 # checkpoint without /fingerprints could be either an old file or one whose group was removed
@@ -30,14 +35,16 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: dict, fingerprints: dict | None = None):
+def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: dict, fingerprints: dict | None = None,
+                     path_state: dict | None = None):
     """Full training state, written atomically (the previous checkpoint survives a crash).
 
     ``arrays``: server state (B, Sigma, rho, history columns); ``blocks``: one
     dict per task block with ``task, part, start, stop`` and the arrays
     ``alpha``, ``order`` (coordinate order) and ``shrink`` (shrinking state);
     ``fingerprints``: ``{task name: content fingerprint}`` of the training data
-    read (``/fingerprints/{name,value}``; verified on resume).
+    read (``/fingerprints/{name,value}``; verified on resume); ``path_state``: a grid's
+    ``{"info": JSON-able dict, "arrays": {name: array}}`` (``/path``).
     """
     with atomic_h5(path, force=True, what="checkpoint") as f:
         f.attrs["format"] = CHECKPOINT_FORMAT
@@ -60,6 +67,13 @@ def write_checkpoint(path, arrays: dict, blocks: list, config: dict, counters: d
             g = f.create_group(_FINGERPRINTS)
             g.create_dataset("name", data=np.array(list(fingerprints), dtype=h5py.string_dtype()))
             g.create_dataset("value", data=np.array(list(fingerprints.values()), dtype=h5py.string_dtype()))
+        if path_state is not None:
+            g = f.create_group(_PATH)
+            g.attrs["path"] = json.dumps(path_state["info"], sort_keys=True,
+                                         default=lambda v: v.item() if isinstance(v, np.generic) else str(v))
+            a = g.create_group("arrays")
+            for key, value in path_state.get("arrays", {}).items():
+                a.create_dataset(key, data=np.asarray(value))
 
 
 def _version(path, value) -> int:
@@ -120,6 +134,12 @@ def _block(path, name, h) -> dict:
     return out
 
 
+def _path_state(path, g) -> dict:
+    """A grid's ``/path``: its JSON record and its arrays (real numbers; scores may be NaN before they exist)."""
+    return {"info": _json(path, g, "path"),
+            "arrays": {k: _real(path, f"path/arrays/{k}", v, finite=False) for k, v in g["arrays"].items()}}
+
+
 def read_checkpoint(path) -> dict:
     """A checkpoint as plain values, validated by type and shape (one-line InputErrors, never a traceback)."""
     with open_read(path, CHECKPOINT_FORMAT) as f:
@@ -135,6 +155,7 @@ def read_checkpoint(path) -> dict:
                 "fingerprints": ({_text(n): _text(v) for n, v in zip(f[_FINGERPRINTS]["name"][()],
                                                                      f[_FINGERPRINTS]["value"][()])}
                                  if _FINGERPRINTS in f else None),     # None: written before fingerprints
+                "grid": _path_state(path, f[_PATH]) if _PATH in f else None,     # None: a single run's
             }
         except KeyError as exc:
             raise InputError(f"{path}: incomplete checkpoint (missing {exc.args[0]})") from None
