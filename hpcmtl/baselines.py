@@ -93,7 +93,7 @@ class _Centralized:
                      for i, b in enumerate(self.blocks)]
             grad = np.array([g for g, _ in parts]).reshape(self.m, self.d)
             sc = np.array([s for _, s in parts])
-            check_finite_rows(np.hstack([grad, sc[:, :-1]]), self.round, self.names,
+            check_finite_rows(np.hstack([grad, sc[:, 1:-1]]), self.round, self.names,
                               "accelerated step's gradient, loss or conjugate sum", self.outer_state.outer)
             return grad, sc[:, 0], sc[:, 1], sc[:, 2:-1], float(np.max(sc[:, -1]))
 

@@ -173,3 +173,24 @@ def test_without_the_accelerated_step_the_alternation_needs_many_more_w_steps(mo
     result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
     assert not result.converged and result.wsteps["joint_rel_gap"][-1] > 1e-5
     assert not result.wsteps["apg_iterations"].any()
+
+
+@pytest.mark.parametrize("shape", [(6, 9), (9, 6), (4, 4)])
+def test_the_floor_after_a_phase_keeps_the_majorizer_within_its_budget(shape):
+    """majorizer_excess is (lam/2)(tr(W Sigma^-1 W^T) - ||W||_*^2) for the floored Omega-step computed densely
+    (omega_step), and floor_within returns the largest floor within the budget (a 1 % larger one exceeds it)."""
+    from hpcmtl.dmtrl.joint import floor_within, majorizer_excess
+    rng = np.random.default_rng(5)
+    d, m = shape
+    W = rng.normal(size=(d, 2)) @ rng.normal(size=(2, m)) + 1e-3 * rng.normal(size=(d, m))
+    s = np.linalg.svd(W, compute_uv=False)
+    lam = 0.3
+    for floor in (1e-6, 1e-3, 0.05, 0.5):
+        Sigma = omega_step(W, floor)
+        dense = 0.5 * lam * (np.trace(W @ np.linalg.solve(Sigma, W.T)) - s.sum() ** 2)
+        assert majorizer_excess(s, m, lam, floor) == pytest.approx(dense, rel=1e-8, abs=1e-12)
+    budget = 0.5 * majorizer_excess(s, m, lam, 0.05)
+    f = floor_within(s, m, lam, budget, 1e-8, 1e-3 * 1e3)
+    assert majorizer_excess(s, m, lam, f) <= budget < majorizer_excess(s, m, lam, 1.01 * f)
+    assert floor_within(s, m, lam, 0.0, 1e-8, 1e-3) == 1e-8
+    assert floor_within(s, m, lam, 1e9, 1e-8, 1e-3) == 1e-3

@@ -195,8 +195,8 @@ def accelerated_phase(loss_name, lam, n, WT0, evaluate, budget, target, step=Non
     is one collective: ``evaluate(W_prox^T, W_ext^T)`` returns per-task sums ``(X^T l' at W_ext (m x d), loss
     at W_prox (m), loss at W_ext (m), conjugates at DUAL_SCALES (m x S), max y alpha)``; the scores at the
     extrapolated point give the next gradient and a dual bound (alpha = -l').  Ends after ``budget``
-    iterations, when ``(P(W_best) - best dual) / P <= target``, when ``stop()`` says so (a signal), or when the
-    step collapses.  Returns a dict: ``wt`` (the best W^T by P), ``primal``, ``dual``, ``dual_scale``,
+    iterations, when ``(P(W_best) - best dual) / P <= target`` or when ``stop()`` says so (a signal); every
+    trial, rejected or not, counts against ``budget``.  Returns a dict: ``wt`` (the best W^T by P), ``primal``, ``dual``, ``dual_scale``,
     ``iterations`` and ``step`` (the last step size, the next phase's first guess).
     """
     inv_n = 1.0 / n
@@ -284,7 +284,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     chosen = wts[best] if best > 0 else None
     # every earlier W-step's dual bound still bounds P*: the certificate keeps the best one
     bounds = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
-    floor_gap = None
+    floor = None
     out["apg_iterations"] = 0
     if gradient is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
                                                    outer_tol * abs(out["joint_primal"])):
@@ -298,18 +298,51 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
             out["dual_scale"] = phase["dual_scale"]
         if phase["primal"] < out["prox_primal"]:
             out["prox_primal"], chosen = phase["primal"], phase["wt"]
-        # W is near P*: a floor of FLOOR_PER_GAP gap / m costs the next W-step's majorizer at most that
-        # fraction of the gap ((m - r) floored directions, each floor x top <= ||W||_*)
-        floor_gap = (phase["primal"] - max(bounds + [out["joint_dual"]])) / max(abs(phase["primal"]), 1e-300)
-        floor_gap /= len(n)
+        # W is near P*: the largest floor whose majorizer exceeds P at the phase's W by at most FLOOR_PER_GAP of
+        # the gap left (a larger floor keeps the next W-step well conditioned, a smaller one keeps it near P*)
+        budget = FLOOR_PER_GAP * (phase["primal"] - max(bounds + [out["joint_dual"]]))
+        floor = floor_within(np.linalg.svd(phase["wt"], compute_uv=False), len(n), lam, budget, eig_floor,
+                             min(FLOOR_START, outer_state.floor or FLOOR_START))
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
         out["joint_rel_gap"] = out["joint_gap"] / max(abs(out["joint_primal"]), 1e-300)
     outer_state.prox_center = out["prox_step"] if best > 0 else center / STEP_FACTOR ** 2
-    outer_state.floor = float(np.clip(FLOOR_PER_GAP * (out["joint_rel_gap"] if floor_gap is None else floor_gap),
-                                      eig_floor, min(FLOOR_START, outer_state.floor or FLOOR_START)))
+    if floor is None:
+        floor = float(np.clip(FLOOR_PER_GAP * out["joint_rel_gap"], eig_floor,
+                              min(FLOOR_START, outer_state.floor or FLOOR_START)))
+    outer_state.floor = floor
     return out, chosen
+
+
+def majorizer_excess(singular, m, lam, floor):
+    """``(lam/2) (tr(W Sigma^-1 W^T) - ||W||_*^2)`` for the Omega-step of W floored at ``floor`` times its largest
+    singular value: ``Sigma = diag(max(s, f s_1)) / T`` on W's singular directions (and ``f s_1 / T`` on the
+    m - len(s) others), ``T`` its trace, so ``tr(W Sigma^-1 W^T) = T sum_k s_k^2 / max(s_k, f s_1)``."""
+    s = np.asarray(singular, dtype=np.float64)
+    if s.size == 0 or not s[0] > 0:
+        return 0.0
+    level = floor * s[0]
+    floored = np.maximum(s, level)
+    trace = float(floored.sum()) + level * (m - s.size)
+    return 0.5 * lam * (trace * float(np.sum(s * s / floored)) - float(s.sum()) ** 2)
+
+
+def floor_within(singular, m, lam, budget, lowest, highest):
+    """The largest Omega-step floor in ``[lowest, highest]`` whose :func:`majorizer_excess` is at most ``budget``
+    (``lowest`` when none is): the excess grows with the floor, so a bisection on its logarithm."""
+    if not budget > 0 or majorizer_excess(singular, m, lam, lowest) > budget:
+        return float(lowest)
+    if majorizer_excess(singular, m, lam, highest) <= budget:
+        return float(highest)
+    lo, hi = np.log(lowest), np.log(highest)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if majorizer_excess(singular, m, lam, np.exp(mid)) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return float(np.exp(lo))
 
 
 class JointServer:
@@ -334,8 +367,9 @@ class JointServer:
             width = self.d + 3 + DUAL_SCALES.size
             raw = self.command(JointCommand.GRADIENT_TERMS, payload=payload, width=payload.shape[1], count=width)
             rows = self.per_task(raw[:, :-1])
-            check_finite_rows(rows, self.round, self.names, "accelerated step's gradient, loss or conjugate sum",
-                              self.outer)
+            # the prox point's loss may overflow (a step too long): the phase rejects it and halves the step
+            check_finite_rows(np.delete(rows, self.d, axis=1), self.round, self.names,
+                              "accelerated step's gradient, loss or conjugate sum", self.outer)
             box = float(np.max(raw[:, -1])) if raw.shape[0] else 0.0
             return rows[:, :self.d], rows[:, self.d], rows[:, self.d + 1], rows[:, self.d + 2:], box
 

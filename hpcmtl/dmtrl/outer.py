@@ -16,8 +16,9 @@ from .config import DMTRLConvergenceWarning
 
 
 # learned Sigma: a joint gap that shrank by less than STALL_SHRINK (a fraction of itself) over the last STALL_STEPS
-# W-steps, the last with no better W found after it (prox step or accelerated phase: hpcmtl.dmtrl.joint), ends
-# the outer loop as stalled (with --outer-tol 0 the loop runs --outer W-steps)
+# W-steps, the last with no W found after it (prox step or accelerated phase: hpcmtl.dmtrl.joint) lower than the
+# W-step's by STALL_SHRINK of the joint gap, ends the outer loop as stalled (with --outer-tol 0 the loop runs
+# --outer W-steps)
 STALL_SHRINK = 0.03
 STALL_STEPS = 3
 
@@ -118,7 +119,8 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
             certified = True
             break
         gaps = [w["joint_rel_gap"] for w in state.wsteps if "joint_rel_gap" in w]
-        moved = step["prox_primal"] < step["joint_primal"]      # a prox step or the accelerated phase
+        # a prox step or the accelerated phase that lowered P by a part of the gap worth another W-step
+        moved = step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * (step["joint_primal"] - step["joint_dual"])
         stalled = (config.outer_tol > 0 and not moved and len(gaps) > STALL_STEPS and
                    gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
         if stalled or state.outer + 1 == config.outer:
