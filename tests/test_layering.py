@@ -24,7 +24,7 @@ LAYERS = [
     ("foundations", {"errors", "_rows", "_sdca", "_blockops", "_projections", "_box_qp", "_online", "features",
                      "progress", "memory"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
-              "online_rules", "output_codes", "stream_scaling", "interior"}),
+              "online_rules", "output_codes", "stream_scaling", "interior", "covariance"}),
     # the only modules that talk to MPI and to HDF5
     ("io", {"cluster", "store"}),
     ("files", {"checkpoint", "formats", "results"}),
