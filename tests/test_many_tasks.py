@@ -396,3 +396,76 @@ def test_a_result_file_with_bad_factors_is_one_line_error(change, message, tmp_p
     with pytest.raises(InputError, match=message):
         store.read_result(out)
 
+
+# -- the workers' batched blocks (many tiny tasks: hpcmtl/dmtrl/batched.py) -----------------------------------
+def local_state(Xs, ys, monkeypatch, batch, momentum_loss="squared", aggregation="qp"):
+    """A serial rank's LocalBlocks over the tasks, batched or not, with random alpha, w, previous steps, rho."""
+    from hpcmtl import engine
+    from hpcmtl.dmtrl import batched
+    from hpcmtl.dmtrl.worker import LocalBlocks
+    monkeypatch.setattr(batched, "BATCH_MIN_TASKS", 0 if batch else 10 ** 9)
+    config = DMTRLConfig(loss=momentum_loss, lam=0.05, fit_intercept=False, aggregation=aggregation)
+    local = engine.local_reader(LocalBlocks, Cluster.serial(), MemoryTasks(Xs, ys), config)()
+    rng = np.random.default_rng(5)
+    for k, blk in enumerate(local.blocks):
+        local.state[k].alpha = rng.normal(size=blk.n_rows)
+        local.previous[k] = rng.normal(size=blk.n_rows)
+        local.w[k] = rng.normal(size=blk.n_features)
+    local.rho_block = rng.uniform(0.5, 1.0, len(local.blocks))
+    local.sigma_ii = rng.uniform(0.01, 0.1, len(local.blocks))
+    return local
+
+
+def control(command, **fields):
+    from hpcmtl.engine import Control
+    return Control(command, np.array([int(command)] + [fields.get(f, 0) for f in command.fields]))
+
+
+def round_of(local, round_, width, seed, offset=0):
+    """TRIAL, then APPLY with random steps: (trial rows, objective terms, alphas, previous steps)."""
+    from hpcmtl.dmtrl.commands import DMTRLCommand
+    rows = local.trial(control(DMTRLCommand.TRIAL, round=round_, width=width), None)
+    d = local.d
+    down = np.zeros((len(local.blocks), d + 3))
+    for k, blk in enumerate(local.blocks):         # a task's values whatever the other blocks
+        rng = np.random.default_rng([round_, seed, offset + blk.task])
+        down[k] = np.concatenate([rng.normal(size=d), rng.uniform(0, 1, 1), rng.uniform(0, 0.5, 1),
+                                  rng.uniform(0.5, 1, 1)])
+        if (offset + blk.task) % 3 == 0:
+            down[k, d:d + 2] = 0.0                 # some blocks take no step: their alpha keeps its bits
+    terms = local.apply(control(DMTRLCommand.APPLY, with_objective=1, width=d + 3), down)
+    return rows, terms, [st.alpha.copy() for st in local.state], [p.copy() for p in local.previous]
+
+
+@pytest.mark.parametrize("aggregation", ["qp", "line"])
+def test_batched_blocks_are_the_per_block_arithmetic_and_independent_of_the_batch(aggregation, monkeypatch):
+    m, d = 30, 6
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(int(rng.integers(3, 12)), d)) for _ in range(m)]
+    ys = [X @ rng.normal(size=d) + rng.normal(size=len(X)) for X in Xs]
+    one = local_state(Xs, ys, monkeypatch, batch=False, aggregation=aggregation)
+    many = local_state(Xs, ys, monkeypatch, batch=True, aggregation=aggregation)
+    assert one.batch is None and many.batch is not None and many.batch.size == m and not many.batch.others
+    width = d + (5 if many.momentum == "free" else 2)
+    for r in range(1, 4):
+        a, b = round_of(one, r, width, 0), round_of(many, r, width, 0)
+        assert_allclose(b[0], a[0], rtol=1e-10, atol=1e-12)          # TRIAL rows: delta b and the scalars
+        assert_allclose(b[1], a[1], rtol=1e-12)                       # objective terms
+        for x, y in zip(b[2] + b[3], a[2] + a[3]):
+            assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    # a block's bits do not depend on the other blocks of its batch (so not on the rank count): the tasks
+    # split over two batches give every block the bits of the whole batch
+    first = local_state(Xs[:11], ys[:11], monkeypatch, batch=True, aggregation=aggregation)
+    rest = local_state(Xs[11:], ys[11:], monkeypatch, batch=True, aggregation=aggregation)
+    whole = local_state(Xs, ys, monkeypatch, batch=True, aggregation=aggregation)
+    for local, offset in ((first, 0), (rest, 11), (whole, 0)):   # the same starting state for each task
+        for k, blk in enumerate(local.blocks):
+            t = np.random.default_rng(100 + offset + blk.task)
+            local.state[k].alpha, local.previous[k] = t.normal(size=blk.n_rows), t.normal(size=blk.n_rows)
+            local.w[k] = t.normal(size=d)
+            local.rho_block[k], local.sigma_ii[k] = t.uniform(0.5, 1), t.uniform(0.01, 0.1)
+    for r in range(1, 3):
+        parts = [round_of(x, r, width, 0, offset)[:1] for x, offset in ((first, 0), (rest, 11))]
+        assert np.concatenate([p[0] for p in parts]).tobytes() == round_of(whole, r, width, 0)[0].tobytes()
+        assert b"".join(st.alpha.tobytes() for st in first.state + rest.state) == \
+            b"".join(st.alpha.tobytes() for st in whole.state)
