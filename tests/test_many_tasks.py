@@ -469,3 +469,15 @@ def test_batched_blocks_are_the_per_block_arithmetic_and_independent_of_the_batc
         assert np.concatenate([p[0] for p in parts]).tobytes() == round_of(whole, r, width, 0)[0].tobytes()
         assert b"".join(st.alpha.tobytes() for st in first.state + rest.state) == \
             b"".join(st.alpha.tobytes() for st in whole.state)
+
+
+def test_a_fixed_sigma_from_a_factored_result_file_is_its_dense_matrix(tmp_path):
+    """``train fixed --sigma RESULT.h5`` reads a result file of many tasks (factors) as the m x m matrix (a fixed
+    Sigma keeps its dense arithmetic), and today's dense files as before."""
+    from hpcmtl import store
+    from hpcmtl.methods import read_sigma
+    f = random_factors(20, 3, 4)
+    for name, sigma in (("f.h5", f), ("d.h5", f.dense())):
+        store.write_result(tmp_path / name, np.zeros((2, 20)), sigma, {"round": np.arange(2)}, {}, 1, "test")
+        got = read_sigma(str(tmp_path / name))
+        assert got.shape == (20, 20) and np.array_equal(got, f.dense())
