@@ -16,10 +16,12 @@ stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a rou
 (linear growth: <= 12 at 20-40 rows a task).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
-        [--factored-min-tasks N] [--json FILE] [--work DIR]
+        [--factored-min-tasks N] [--batch-min-tasks N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
-always as factors, the step problems matrix-free; a huge number: the dense path of before).  ``--convergence`` instead runs
+always as factors, the step problems matrix-free; a huge number: the dense path of before);
+``--batch-min-tasks`` sets :data:`hpcmtl.dmtrl.batched.BATCH_MIN_TASKS` (a huge number: every block on its own on
+the workers, the per-block path of before).  ``--convergence`` instead runs
 bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
 matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
 bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
@@ -77,6 +79,9 @@ def child(args):
     from hpcmtl.dmtrl import server as srv, sigma, steps, worker
     if args.factored_min_tasks is not None and hasattr(sigma, "FACTORED_MIN_TASKS"):
         sigma.FACTORED_MIN_TASKS = args.factored_min_tasks
+    if args.batch_min_tasks is not None:
+        from hpcmtl.dmtrl import batched
+        batched.BATCH_MIN_TASKS = args.batch_min_tasks
     log = {}
     for name in ("round_local", "omega", "recompute_w"):
         timed(srv.Server, name, log)
@@ -143,6 +148,8 @@ def run_case(args, path, m, ranks, work):
            "--tol", str(args.tol)]
     if args.factored_min_tasks is not None:
         cmd += ["--factored-min-tasks", str(args.factored_min_tasks)]
+    if args.batch_min_tasks is not None:
+        cmd += ["--batch-min-tasks", str(args.batch_min_tasks)]
     if ranks > 1:
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -219,6 +226,7 @@ def main():
     ap.add_argument("--lam", type=float, default=1e-3)
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--factored-min-tasks", type=int, default=None)
+    ap.add_argument("--batch-min-tasks", type=int, default=None)
     ap.add_argument("--convergence", action="store_true")
     ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
                     help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")

@@ -239,7 +239,9 @@ class DMTRL(_MultiTaskLinear):
     paper 001's Lemma 6.7 rho; ``fit_intercept``: per-task intercepts, exact and
     unpenalized for the squared loss, liblinear's augmented feature of value
     ``intercept_scaling`` otherwise).  Fitted attributes: ``W_`` (d x m), ``intercept_`` (m), ``Sigma_``
-    (m x m), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
+    (m x m; a learned Sigma of many tasks, from ``hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS`` = 512 on, its
+    :class:`hpcmtl.covariance.SigmaFactors` ``(V, s, c)``: ``Sigma = V diag(s) V^T + c (I - V V^T)``, with
+    ``.diag()``, ``.matmul(X)``, ``.rows(idx)``, ``.correlation(idx)`` and ``.dense()``), ``history_`` (dict of arrays), ``tasks_`` (task ids in column
     order), ``converged_`` (every W-step reached ``tol``), ``wsteps_`` (per
     W-step: outer, round, rel_gap, converged).
 

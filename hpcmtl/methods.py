@@ -361,11 +361,12 @@ def read_sigma(path):
         if not isinstance(Sigma, np.ndarray) or Sigma.dtype.kind not in "biuf" or Sigma.ndim != 2:
             raise InputError(f"{path}: --sigma must be a 2-D array of real numbers (m x m)")
         return Sigma
-    model = store.read_result(path)["model"]
-    if "Sigma" not in model:
+    from .covariance import as_dense, model_sigma
+    Sigma = model_sigma(store.read_result(path)["model"], path)
+    if Sigma is None:
         raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
                          f"learns one, or a .npy file")
-    return model["Sigma"]
+    return as_dense(Sigma)        # a fixed Sigma is dense arithmetic (docs/many-tasks.md): factors of many tasks too
 
 
 def online_config(args):

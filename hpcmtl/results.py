@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from . import store
+from .covariance import is_factored, model_sigma
 from .errors import InputError
 from .metrics import ordered_summary_keys
 
@@ -118,21 +119,40 @@ MAX_TASK_TICKS = 40           # the correlation plot names its tasks up to this 
 MAX_TASKS_SHOWN = 60          # and draws a sample of this many when there are more (a 5000-pixel matrix is noise)
 
 
-def correlation_order(C, limit=MAX_TASKS_SHOWN, seed=0):
+def sampled_tasks(m, limit=MAX_TASKS_SHOWN, seed=0):
+    """The tasks a correlation plot draws: all m, or a random sample of ``limit`` (drawn from ``seed``), sorted."""
+    if m > limit:
+        return np.sort(np.random.default_rng(seed).choice(m, size=limit, replace=False))
+    return np.arange(m)
+
+
+def task_correlation(Sigma, picked):
+    """The correlation ``Sigma_ij / sqrt(sigma_ii sigma_jj)`` of the tasks ``picked`` only: from a dense Sigma,
+    or from :class:`hpcmtl.covariance.SigmaFactors` (many tasks: never an m x m array)."""
+    if is_factored(Sigma):
+        return Sigma.correlation(picked)
+    s = np.sqrt(np.diag(Sigma)[picked])
+    return Sigma[np.ix_(picked, picked)] / np.outer(s, s)
+
+
+def correlation_order(C, limit=MAX_TASKS_SHOWN, seed=0, picked=None, total=None):
     """``(task indices to draw, in cluster order; a caption)`` of a task correlation matrix ``C``.
 
     Related tasks are drawn side by side: the leaves of an average-linkage clustering on the distance
-    ``1 - C``.  With more than ``limit`` tasks a random sample of ``limit`` (drawn from ``seed``) is
-    ordered and drawn, and the caption says so.
+    ``1 - C``.  With more than ``limit`` tasks a random sample of ``limit`` (drawn from ``seed``,
+    :func:`sampled_tasks`) is ordered and drawn, and the caption says so.  ``picked``: ``C`` is the
+    correlation of these tasks only (:func:`task_correlation` of :func:`sampled_tasks` of ``total`` tasks).
     """
     from scipy.cluster.hierarchy import leaves_list, linkage
     from scipy.spatial.distance import squareform
-    m = C.shape[0]
-    picked = np.arange(m)
-    if m > limit:
-        picked = np.sort(np.random.default_rng(seed).choice(m, size=limit, replace=False))
+    if picked is None:
+        m = C.shape[0]
+        picked = sampled_tasks(m, limit, seed)
+        C = C[np.ix_(picked, picked)]
+    else:
+        m, picked = int(total), np.asarray(picked)
     if len(picked) > 2:
-        D = np.clip(1.0 - C[np.ix_(picked, picked)], 0.0, 2.0)
+        D = np.clip(1.0 - C, 0.0, 2.0)
         D = (D + D.T) / 2
         np.fill_diagonal(D, 0.0)
         picked = picked[leaves_list(linkage(squareform(D, checks=False), method="average"))]
@@ -279,23 +299,28 @@ def report(paths, out_dir) -> dict:
         _save(plt, fig, written, "online", os.path.join(out_dir, "online-errors.png"))
 
     for p, r in runs:
-        Sigma = r["model"].get("Sigma")
+        Sigma = model_sigma(r["model"], p)
         train = r["config"].get("train")
         if Sigma is None or r["config"].get("relationship") != "learned":
             continue
-        s = np.sqrt(np.diag(Sigma))
-        learned = Sigma / np.outer(s, s)
-        names = r["model"].get("task_names") or [str(i) for i in range(Sigma.shape[0])]
-        shown, note = correlation_order(learned)
-        panels = [(f"learned task correlation, {os.path.basename(os.fspath(p))}", learned)]
+        # the correlation of the drawn tasks only (a sample of many): from the factors of a file of many tasks
+        # no m x m array is formed
+        m = Sigma.shape[0]
+        picked = sampled_tasks(m)
+        learned = task_correlation(Sigma, picked)
+        names = r["model"].get("task_names") or [str(i) for i in range(m)]
+        shown, note = correlation_order(learned, picked=picked, total=m)
+        at = {int(t): k for k, t in enumerate(picked)}
+        order = [at[int(t)] for t in shown]
+        panels = [(f"learned task correlation, {os.path.basename(os.fspath(p))}", learned[np.ix_(order, order)])]
         if train and os.path.exists(train):
             with store.TaskFile(train) as tf:
                 truth = tf.read_truth()
-            if "correlation" in truth and truth["correlation"].shape == Sigma.shape:
-                panels.append(("ground truth", truth["correlation"]))
+            if "correlation" in truth and truth["correlation"].shape == (m, m):
+                panels.append(("ground truth", truth["correlation"][np.ix_(shown, shown)]))
         fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
         for ax, (title, M) in zip(axes[0], panels):
-            im = ax.imshow(M[np.ix_(shown, shown)], vmin=-1, vmax=1, cmap="RdBu_r", interpolation="nearest")
+            im = ax.imshow(M, vmin=-1, vmax=1, cmap="RdBu_r", interpolation="nearest")
             ax.set_title(title, fontsize=9)
             if len(shown) <= MAX_TASK_TICKS:         # task names, in the cluster order the matrix is drawn in
                 ax.set_xticks(range(len(shown)), [names[i] for i in shown], rotation=90, fontsize=6)

@@ -24,7 +24,7 @@ LAYERS = [
     ("foundations", {"errors", "_rows", "_sdca", "_blockops", "_projections", "_box_qp", "_online", "features",
                      "progress", "memory"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
-              "online_rules", "output_codes", "stream_scaling", "interior"}),
+              "online_rules", "output_codes", "stream_scaling", "interior", "covariance"}),
     # the only modules that talk to MPI and to HDF5
     ("io", {"cluster", "store"}),
     ("files", {"checkpoint", "formats", "results"}),
@@ -253,7 +253,7 @@ def test_store_modules_import_only_the_store_modules_below_them():
 # hpcmtl/dmtrl/: the cores (worker, server, the package's __init__) plug the features in; a feature imports only
 # the pieces below it, never a core or another feature, and the pieces import no feature
 DMTRL_PIECES = {"commands", "config", "sigma", "steps", "outer"}
-DMTRL_FEATURES = {"supports", "momentum", "local_rounds", "interior_rounds", "margin", "joint"}
+DMTRL_FEATURES = {"supports", "momentum", "local_rounds", "interior_rounds", "margin", "joint", "batched"}
 DMTRL_CORES = {"worker", "server", "__init__"}
 
 

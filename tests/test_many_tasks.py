@@ -1,5 +1,7 @@
 """Many tasks (issue 35): a learned Sigma held as factors and the matrix-free step problems agree with the dense
 arithmetic, against NumPy references (dense eigendecompositions, pseudo-inverses)."""
+import os
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
@@ -137,7 +139,8 @@ def test_factored_and_dense_paths_train_the_same_model(loss, m, d, sparse, monke
     # directions, and the local Newton steps carry those differences into W at about 1e-9
     scale = np.abs(a.W).max() * (1e-8 if loss == "logistic" else 1e-10)
     assert_allclose(b.W, a.W, rtol=0, atol=scale)
-    assert_allclose(b.Sigma, a.Sigma, rtol=0, atol=1e-10 * np.abs(a.Sigma).max())
+    assert isinstance(b.Sigma, SigmaFactors) and isinstance(a.Sigma, np.ndarray)     # never m x m when factored
+    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=1e-10 * np.abs(a.Sigma).max())
     for key in ("primal", "dual"):
         assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
     assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
@@ -201,7 +204,7 @@ def test_the_other_aggregations_take_the_factored_sigma_alike(aggregation, loss,
     # hinge: thousands of rounds of local SDCA whose rounding differs (the safe rule's W = B Sigma / lam through
     # the factors) end at another certified W; a relative gap of 1e-7 fixes W (and Sigma) only to about 1e-5
     close = 1e-8 if loss == "squared" else 1e-5
-    assert_allclose(b.Sigma, a.Sigma, rtol=0, atol=close * np.abs(a.Sigma).max())
+    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=close * np.abs(a.Sigma).max())
     assert_allclose(b.history["primal"][-1], a.history["primal"][-1], rtol=close)
 
 
@@ -245,3 +248,236 @@ def test_matrix_free_steps_without_momentum_match_the_dense_ones(aggregation):
     eta_dense = solver.steps(inputs._replace(factors=None), dBT, c1, c2)
     assert np.all((eta >= 0) & (eta <= 1))
     assert_allclose(eta, eta_dense, rtol=0, atol=1e-9)
+
+
+# -- no m x m Sigma at many tasks: the factors' own arithmetic, the files, report, the estimators ------------
+def random_factors(m, r, seed):
+    rng = np.random.default_rng(seed)
+    return omega_factors(rng.normal(size=(m, r)) @ rng.normal(size=(r, r + 2)), 1e-3)
+
+
+@pytest.mark.parametrize("m,r", [(9, 3), (40, 6), (30, 0)])
+def test_factor_products_are_the_dense_matrix_s(m, r, monkeypatch):
+    from hpcmtl import covariance
+    monkeypatch.setattr(covariance, "PIECE_VALUES", 7 * m)         # several row pieces, one with fewer rows
+    f = random_factors(m, r, m + r) if r else omega_factors(np.zeros((m, 2)))
+    S = f.dense()
+    Omega = np.linalg.inv(S)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(m, 4))
+    scale = np.abs(Omega).max()
+    assert_allclose(f.inverse_matmul(X), Omega @ X, rtol=0, atol=1e-9 * scale * np.abs(X).max())
+    assert_allclose(f.inverse_column(3), Omega[:, 3], rtol=0, atol=1e-9 * scale)
+    idx = np.array([0, 5, 2, m - 1])
+    assert_allclose(f.rows(idx), S[idx], rtol=0, atol=1e-15)
+    assert_allclose(f.rows(idx, idx), S[np.ix_(idx, idx)], rtol=0, atol=1e-15)
+    root = np.sqrt(np.diag(S)[idx])
+    assert_allclose(f.correlation(idx), S[np.ix_(idx, idx)] / np.outer(root, root), rtol=0, atol=1e-12)
+    x = rng.uniform(1, 3, m)
+    assert_allclose(f.abs_times(x), np.abs(S) @ x, rtol=1e-12)
+    assert np.all(f.abs_bound(x) >= np.abs(S) @ x * (1 - 1e-12))      # Lemma 6.7 allows any larger rho
+    assert sigma_rules.safe_rho(f, x, exact=False) >= sigma_rules.safe_rho(f, x) == pytest.approx(
+        sigma_rules.safe_rho(S, x), rel=1e-12)
+    assert_allclose(sigma_rules.task_rho_bounds(f, x), sigma_rules.task_rho_bounds(S, x), rtol=1e-12)
+    assert f.is_diagonal() == (r == 0) == sigma_rules.is_diagonal(S)
+
+
+def test_factors_on_single_tasks_are_diagonal():
+    V = np.eye(6)[:, [1, 4]]                        # each column one task: Sigma diagonal with r = 2
+    f = SigmaFactors(V, np.array([0.3, 0.2]), 0.1)
+    assert f.is_diagonal() and sigma_rules.is_diagonal(f.dense())
+    g = SigmaFactors(np.eye(6)[:, [1]] + np.eye(6)[:, [4]], np.array([0.3]), 0.1)   # (not normalized: its shape)
+    assert not g.is_diagonal() and not sigma_rules.is_diagonal(g.dense())
+
+
+def test_margin_scales_through_the_factors_are_the_dense_ones():
+    from hpcmtl.dmtrl.margin import MARGIN_SCALES, OmegaGram, correction_scales
+    m, d, lam = 40, 5, 0.1
+    f = random_factors(m, 4, 3)
+    rng = np.random.default_rng(4)
+    CT = rng.normal(size=(m, d)) * (rng.uniform(size=(m, 1)) > 0.2)
+    Q = lam * np.linalg.inv(f.dense()) * (CT @ CT.T)
+    op = OmegaGram(f, CT, lam)
+    s = rng.uniform(0, 1, m)
+    assert_allclose(op.times(s), Q @ s, rtol=1e-9, atol=1e-9 * np.abs(Q).max())
+    assert_allclose(op.column(7), Q[:, 7], rtol=1e-9, atol=1e-9 * np.abs(Q).max())
+    assert_allclose(op.diagonal(), np.diag(Q), rtol=1e-9)
+    loss_at = np.sort(rng.uniform(0, 5, (m, 1 + len(MARGIN_SCALES))), axis=1)[:, ::-1]     # losses fall with s
+    cb, n, movable = rng.normal(size=m) * 0.1, rng.integers(5, 20, m), np.any(CT != 0, axis=1)
+    assert np.array_equal(correction_scales(loss_at, cb, op, n, movable), correction_scales(loss_at, cb, Q, n, movable))
+
+
+@pytest.mark.parametrize("loss", ["squared", "hinge"])
+def test_factored_training_never_forms_the_m_by_m_sigma(loss, monkeypatch, tmp_path):
+    """Rounds, Omega-steps, margin corrections, the checkpoint, the result file and the estimator hold the
+    factors only: SigmaFactors.dense (the m x m matrix) is never called."""
+    from hpcmtl import store
+    from hpcmtl.checkpoint import Checkpointer
+    from hpcmtl.estimators import DMTRL
+
+    def no_dense(self):
+        raise AssertionError("an m x m Sigma was formed")
+    Xs, ys = tasks(16, 4, 8, False, loss)
+    monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 0)
+    monkeypatch.setattr(SigmaFactors, "dense", no_dense)
+    from hpcmtl.dmtrl import margin
+    corrections = []
+    times = margin.OmegaGram.times
+    monkeypatch.setattr(margin.OmegaGram, "times", lambda self, s: corrections.append(1) or times(self, s))
+    ck = tmp_path / "c.h5"
+    config = DMTRLConfig(loss=loss, lam=0.05, tol=1e-6, outer=3, outer_tol=0, max_rounds=3000, fit_intercept=False,
+                         local_solver="sdca")
+    r = train(Cluster.serial(), MemoryTasks(Xs, ys), config, warn=lambda msg: None,
+              checkpointer=Checkpointer(str(ck), every=5, config=config.to_dict()))
+    assert wsteps_certified(r) and isinstance(r.Sigma, SigmaFactors) and r.Sigma.V.shape[1] > 0
+    assert bool(corrections) == (loss == "hinge")          # the hinge W-steps' margin corrections, through the factors
+    saved = store.read_checkpoint(str(ck))["arrays"]
+    assert "Sigma" not in saved and saved["sigma_V"].shape[0] == 16
+    out = tmp_path / "r.h5"
+    store.write_result(out, r.W, r.Sigma, r.history, {"relationship": "learned"}, 1, "test")
+    model = store.read_result(out)["model"]
+    assert "Sigma" not in model
+    back = sigma_rules.SigmaFactors.from_arrays(model, where="model", m=16)
+    for a, b in zip(back, r.Sigma):
+        assert np.array_equal(a, b)                                 # bit for bit
+    # the estimator (its hinge W-steps may take interior-point rounds, which form the m x m matrix: d m is small)
+    monkeypatch.undo()
+    monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 0)
+    est = DMTRL(loss=loss, lam=0.05, tol=1e-6, outer=2, outer_tol=0.99, fit_intercept=False).fit(Xs, ys)
+    assert isinstance(est.Sigma_, SigmaFactors) and est.Sigma_.m == 16
+
+
+def test_report_draws_the_correlation_of_a_sample_from_the_factors(monkeypatch, tmp_path):
+    """A result file of many tasks holds Sigma's factors; report draws the correlation of a sample of tasks from
+    them (never the m x m matrix) and reads today's dense files as before."""
+    from hpcmtl import store
+    from hpcmtl.results import MAX_TASKS_SHOWN, correlation_order, report, sampled_tasks, task_correlation
+    m = 300
+    f = random_factors(m, 4, 9)
+    W = np.random.default_rng(2).normal(size=(3, m))
+    hist = {"round": np.arange(1, 4), "primal": np.array([3.0, 2.0, 1.5]), "dual": np.array([1.0, 1.2, 1.49]),
+            "gap": np.array([2.0, 0.8, 0.01]), "rel_gap": np.array([0.6, 0.4, 0.007]), "seconds": np.arange(3.0),
+            "bytes": np.arange(3.0) * 1e3,
+            "outer": np.array([0, 0, 1])}
+    config = {"relationship": "learned", "method": "dmtrl"}
+    factored, dense = tmp_path / "f.h5", tmp_path / "d.h5"
+    store.write_result(factored, W, f, hist, config, 1, "test")
+    store.write_result(dense, W, f.dense(), hist, config, 1, "test")
+    picked = sampled_tasks(m)
+    assert len(picked) == MAX_TASKS_SHOWN
+    # the sample's correlation from the factors is the dense matrix's, and so is the order drawn
+    assert_allclose(task_correlation(f, picked), task_correlation(f.dense(), picked), rtol=0, atol=1e-12)
+    C = f.dense() / np.sqrt(np.outer(np.diag(f.dense()), np.diag(f.dense())))
+    order, caption = correlation_order(task_correlation(f, picked), picked=picked, total=m)
+    assert np.array_equal(order, correlation_order(C)[0]) and f"a random sample of 60 of the {m} tasks" in caption
+
+    def no_dense(self):
+        raise AssertionError("an m x m Sigma was formed")
+    monkeypatch.setattr(SigmaFactors, "dense", no_dense)
+    for path in (factored, dense):
+        out = tmp_path / f"report-{path.stem}"
+        written = report([str(path)], str(out))
+        assert os.path.getsize(written["correlation"]) > 0
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda a: a.update(sigma_V=a["sigma_V"][:-1]), "sigma_V.*do not fit its 30 tasks"),
+    (lambda a: a.update(sigma_s=-a["sigma_s"]), "sigma_V.*do not fit its 30 tasks"),
+    (lambda a: a.pop("sigma_c"), "come together"),
+    (lambda a: a.update(Sigma=np.eye(30)), "without 'model/Sigma'"),
+])
+def test_a_result_file_with_bad_factors_is_one_line_error(change, message, tmp_path):
+    from hpcmtl import store
+    f = random_factors(30, 3, 1)
+    arrays = dict(f.arrays())
+    change(arrays)
+    out = tmp_path / "r.h5"
+    store.write_result(out, np.zeros((2, 30)), None, {"round": np.arange(2)}, {}, 1, "test", extra=arrays)
+    with pytest.raises(InputError, match=message):
+        store.read_result(out)
+
+
+# -- the workers' batched blocks (many tiny tasks: hpcmtl/dmtrl/batched.py) -----------------------------------
+def local_state(Xs, ys, monkeypatch, batch, momentum_loss="squared", aggregation="qp"):
+    """A serial rank's LocalBlocks over the tasks, batched or not, with random alpha, w, previous steps, rho."""
+    from hpcmtl import engine
+    from hpcmtl.dmtrl import batched
+    from hpcmtl.dmtrl.worker import LocalBlocks
+    monkeypatch.setattr(batched, "BATCH_MIN_TASKS", 0 if batch else 10 ** 9)
+    config = DMTRLConfig(loss=momentum_loss, lam=0.05, fit_intercept=False, aggregation=aggregation)
+    local = engine.local_reader(LocalBlocks, Cluster.serial(), MemoryTasks(Xs, ys), config)()
+    rng = np.random.default_rng(5)
+    for k, blk in enumerate(local.blocks):
+        local.state[k].alpha = rng.normal(size=blk.n_rows)
+        local.previous[k] = rng.normal(size=blk.n_rows)
+        local.w[k] = rng.normal(size=blk.n_features)
+    local.rho_block = rng.uniform(0.5, 1.0, len(local.blocks))
+    local.sigma_ii = rng.uniform(0.01, 0.1, len(local.blocks))
+    return local
+
+
+def control(command, **fields):
+    from hpcmtl.engine import Control
+    return Control(command, np.array([int(command)] + [fields.get(f, 0) for f in command.fields]))
+
+
+def round_of(local, round_, width, seed, offset=0):
+    """TRIAL, then APPLY with random steps: (trial rows, objective terms, alphas, previous steps)."""
+    from hpcmtl.dmtrl.commands import DMTRLCommand
+    rows = local.trial(control(DMTRLCommand.TRIAL, round=round_, width=width), None)
+    d = local.d
+    down = np.zeros((len(local.blocks), d + 3))
+    for k, blk in enumerate(local.blocks):         # a task's values whatever the other blocks
+        rng = np.random.default_rng([round_, seed, offset + blk.task])
+        down[k] = np.concatenate([rng.normal(size=d), rng.uniform(0, 1, 1), rng.uniform(0, 0.5, 1),
+                                  rng.uniform(0.5, 1, 1)])
+        if (offset + blk.task) % 3 == 0:
+            down[k, d:d + 2] = 0.0                 # some blocks take no step: their alpha keeps its bits
+    terms = local.apply(control(DMTRLCommand.APPLY, with_objective=1, width=d + 3), down)
+    return rows, terms, [st.alpha.copy() for st in local.state], [p.copy() for p in local.previous]
+
+
+@pytest.mark.parametrize("aggregation", ["qp", "line"])
+def test_batched_blocks_are_the_per_block_arithmetic_and_independent_of_the_batch(aggregation, monkeypatch):
+    m, d = 30, 6
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(int(rng.integers(3, 12)), d)) for _ in range(m)]
+    ys = [X @ rng.normal(size=d) + rng.normal(size=len(X)) for X in Xs]
+    one = local_state(Xs, ys, monkeypatch, batch=False, aggregation=aggregation)
+    many = local_state(Xs, ys, monkeypatch, batch=True, aggregation=aggregation)
+    assert one.batch is None and many.batch is not None and many.batch.size == m and not many.batch.others
+    width = d + (5 if many.momentum == "free" else 2)
+    for r in range(1, 4):
+        a, b = round_of(one, r, width, 0), round_of(many, r, width, 0)
+        assert_allclose(b[0], a[0], rtol=1e-10, atol=1e-12)          # TRIAL rows: delta b and the scalars
+        assert_allclose(b[1], a[1], rtol=1e-12)                       # objective terms
+        for x, y in zip(b[2] + b[3], a[2] + a[3]):
+            assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    # a block's bits do not depend on the other blocks of its batch (so not on the rank count): the tasks
+    # split over two batches give every block the bits of the whole batch
+    first = local_state(Xs[:11], ys[:11], monkeypatch, batch=True, aggregation=aggregation)
+    rest = local_state(Xs[11:], ys[11:], monkeypatch, batch=True, aggregation=aggregation)
+    whole = local_state(Xs, ys, monkeypatch, batch=True, aggregation=aggregation)
+    for local, offset in ((first, 0), (rest, 11), (whole, 0)):   # the same starting state for each task
+        for k, blk in enumerate(local.blocks):
+            t = np.random.default_rng(100 + offset + blk.task)
+            local.state[k].alpha, local.previous[k] = t.normal(size=blk.n_rows), t.normal(size=blk.n_rows)
+            local.w[k] = t.normal(size=d)
+            local.rho_block[k], local.sigma_ii[k] = t.uniform(0.5, 1), t.uniform(0.01, 0.1)
+    for r in range(1, 3):
+        parts = [round_of(x, r, width, 0, offset)[:1] for x, offset in ((first, 0), (rest, 11))]
+        assert np.concatenate([p[0] for p in parts]).tobytes() == round_of(whole, r, width, 0)[0].tobytes()
+        assert b"".join(st.alpha.tobytes() for st in first.state + rest.state) == \
+            b"".join(st.alpha.tobytes() for st in whole.state)
+
+
+def test_a_fixed_sigma_from_a_factored_result_file_is_its_dense_matrix(tmp_path):
+    """``train fixed --sigma RESULT.h5`` reads a result file of many tasks (factors) as the m x m matrix (a fixed
+    Sigma keeps its dense arithmetic), and today's dense files as before."""
+    from hpcmtl import store
+    from hpcmtl.methods import read_sigma
+    f = random_factors(20, 3, 4)
+    for name, sigma in (("f.h5", f), ("d.h5", f.dense())):
+        store.write_result(tmp_path / name, np.zeros((2, 20)), sigma, {"round": np.arange(2)}, {}, 1, "test")
+        got = read_sigma(str(tmp_path / name))
+        assert got.shape == (20, 20) and np.array_equal(got, f.dense())

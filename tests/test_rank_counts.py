@@ -14,6 +14,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from hpcmtl import store
+from hpcmtl.covariance import model_sigma
 
 from conftest import assert_certified_ascent, assert_resume_is_bitwise, learned_hinge_args, run_hpcmtl
 from conftest import wsteps_certified  # noqa: E402
@@ -21,6 +22,7 @@ from conftest import wsteps_certified  # noqa: E402
 pytestmark = pytest.mark.mpi
 
 MODEL = (("model", "W"), ("model", "Sigma"))
+FACTORS = tuple(("model", k) for k in ("sigma_V", "sigma_s", "sigma_c"))      # Sigma of many tasks, as factors
 HISTORY = tuple(("history", k) for k in ("round", "primal", "dual", "step"))
 
 
@@ -319,14 +321,21 @@ def check_factored(resume):
     def check(runs, data, args, tmp_path):
         ref = converged(runs)
         assert_certified_ascent(ref["history"])
-        Sigma = ref["model"]["Sigma"]
-        assert Sigma.shape == (512, 512) and np.trace(Sigma) == pytest.approx(1.0)
+        # the result file holds Sigma's factors, no m x m array (issue 35)
+        assert "Sigma" not in ref["model"]
+        Sigma = model_sigma(ref["model"])
+        assert Sigma.shape == (512, 512) and 0 < Sigma.V.shape[1] <= 6       # r <= d (+ 1: the hinge intercept)
+        assert np.trace(Sigma.dense()) == pytest.approx(1.0)
         if resume:                  # the checkpoint keeps Sigma's factors: a resume takes the same (factored) path
             out = tmp_path / "r.h5"
             kill = int(ref["wsteps"]["round"][1]) + 3
-            assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "2"), out, ref, kill, kill - 2 + kill % 2)
+            res = assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "2"), out, ref, kill,
+                                           kill - 2 + kill % 2)
+            for _, key in FACTORS:
+                assert res["model"][key].tobytes() == ref["model"][key].tobytes(), key
             ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
             assert "sigma_V" in ck["arrays"] and ck["arrays"]["sigma_V"].shape[0] == 512
+            assert "Sigma" not in ck["arrays"]
     return check
 
 
@@ -535,9 +544,9 @@ CASES = {
     "aggregation squared": Case(SYNTH_AGGREGATION, aggregation_args("squared"),
                                 check_aggregation("squared"), compare=MODEL + HISTORY + (("history", "rho"),)),
     "factored Sigma, many tasks, squared": Case(many_tasks, many_tasks_args("squared"), check_factored(True),
-                                                counts=(1, 2, 3)),
+                                                counts=(1, 2, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
-                                              counts=(1, 3)),
+                                              counts=(1, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "accelerated outer step": Case(SYNTH_AGGREGATION, accelerated_args, check_accelerated, counts=(1, 2, 3),
                                    compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
                                                               ("wsteps", "apg_iterations"))),

@@ -83,7 +83,8 @@ class DMTRLConfig:
 @dataclass
 class TrainResult:
     W: np.ndarray                   # d x m (without the augmented intercept row)
-    Sigma: np.ndarray               # m x m
+    Sigma: object                   # m x m array; a learned Sigma of many tasks (sigma.FACTORED_MIN_TASKS on):
+                                    # hpcmtl.covariance.SigmaFactors (V, s, c), never the m x m array
     history: dict
     config: dict
     task_names: list

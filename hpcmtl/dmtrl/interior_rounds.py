@@ -152,8 +152,9 @@ class InteriorServer:
         BxT = self.per_task(start[:, :d])
         n_total = float(np.sum(self.n))
         mu = interior.barrier_parameter(np.sum(self.per_task(start[:, d])), n_total)   # task order: same bits at any P
-        root = interior.sigma_root(self.Sigma, cfg.lam)
-        k_norm = float(np.max(np.linalg.eigvalsh(self.Sigma))) / cfg.lam
+        Sigma = self.dense_sigma()       # the m x m matrix (formed from factors: d m <= interior.MAX_WIDTH here)
+        root = interior.sigma_root(Sigma, cfg.lam)
+        k_norm = float(np.max(np.linalg.eigvalsh(Sigma))) / cfg.lam
         a_primal = a_dual = 0.0
         row, certified, accepted = None, False, False
         halved, smallest, since = np.inf, np.inf, 0      # x's gap at its last halving, its smallest; rounds since
@@ -162,7 +163,7 @@ class InteriorServer:
                 break
             self.wstep_round += 1
             self.round += 1
-            WxT = self.space.mix(self.Sigma, BxT, cfg.lam)
+            WxT = self.space.mix(Sigma, BxT, cfg.lam)
             steps = np.tile([a_primal, a_dual, mu, k_norm], (len(self.blocks), 1))
             rows = self.command(DMTRLCommand.INTERIOR_SYSTEM, payload=np.column_stack([WxT[self.block_task], steps]),
                                 round=self.round, width=d + 4, d=d)
@@ -195,7 +196,7 @@ class InteriorServer:
             check_finite_rows(rows, self.round, self.names, "interior-point step", self.outer)
             accepted = False                                        # delivered
             for _ in range(interior.REFINEMENTS):                   # the step through the full system's residual
-                WdT = self.space.mix(self.Sigma, self.per_task(rows[:, :d]), cfg.lam)
+                WdT = self.space.mix(Sigma, self.per_task(rows[:, :d]), cfg.lam)
                 V = self.per_task(self.command(DMTRLCommand.INTERIOR_RESIDUAL, payload=WdT[self.block_task], width=d, d=d))
                 Y = newton.solve(V)
                 check_finite_rows(Y, self.round, self.names, "interior-point refinement", self.outer)

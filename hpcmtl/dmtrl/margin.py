@@ -131,6 +131,24 @@ def min_norm_through_gram(X, r):
     return c + X.T @ (V @ (inverse * (V.T @ (r - X @ c))))
 
 
+class OmegaGram:
+    """``Q = lam Omega o (C C^T)`` through Sigma's factors (many tasks: no m x m inverse, no m x m array):
+    ``Q s`` is ``lam rowdots(C, Omega (diag(s) C))`` (O(m d r)), a column ``lam Omega[:, i] o (C c_i)`` (O(m (d + r)))
+    and the diagonal ``lam Omega_ii ||c_i||^2``."""
+
+    def __init__(self, factors, CT, lam):
+        self.factors, self.CT, self.lam = factors, CT, lam
+
+    def times(self, s):
+        return self.lam * np.einsum("ij,ij->i", self.CT, self.factors.inverse_matmul(s[:, None] * self.CT))
+
+    def column(self, i):
+        return self.lam * self.factors.inverse_column(i) * (self.CT @ self.CT[i])
+
+    def diagonal(self):
+        return self.lam * self.factors.inverse_diag() * np.einsum("ij,ij->i", self.CT, self.CT)
+
+
 def correction_scales(loss_at, cb, Q, n, movable):
     """Per task the scale ``s_i`` in ``(0,) + MARGIN_SCALES`` of its correction that makes the primal at
     ``W + C diag(s)`` smallest: sweeps over the tasks (each task to its best scale with the others held; at
@@ -139,29 +157,40 @@ def correction_scales(loss_at, cb, Q, n, movable):
     ``sum_i (loss_at[i, s_i] - loss_at[i, 0]) / n_i + s . cb + s^T Q s / 2`` (``loss_at``: m x (1 + scales) loss sums, ``cb``: every ``c_i . b_i``, ``Q = lam Omega o (C
     C^T)``); tasks not ``movable`` keep 0.  A task whose correction costs more in the regularizer than it gains
     in its loss keeps its w; tasks a learned Sigma ties together may only gain together (Omega's negative
-    entries between them), which the common starts find and single-task moves from zero would not."""
+    entries between them), which the common starts find and single-task moves from zero would not.
+    ``Q`` an :class:`OmegaGram` (many tasks): the same sweeps with ``Q s`` kept up to date a column at a time
+    (O(m (d + r)) a change) instead of a row of an m x m matrix a task."""
     grid = np.concatenate([[0.0], MARGIN_SCALES])
-    cb, Q = np.asarray(cb, dtype=np.float64), np.asarray(Q, dtype=np.float64)
+    dense = not isinstance(Q, OmegaGram)
+    cb = np.asarray(cb, dtype=np.float64)
+    if dense:
+        Q = np.asarray(Q, dtype=np.float64)
+    else:
+        q_diag = Q.diagonal()
     scaled = loss_at / np.asarray(n, dtype=np.float64)[:, None]
     tasks = np.flatnonzero(movable)
     rows = np.arange(len(cb))
 
     def value(pick):
         s = grid[pick]
-        return float(np.sum(scaled[rows, pick]) + s @ cb + 0.5 * (s @ Q @ s))
+        return float(np.sum(scaled[rows, pick]) + s @ cb + 0.5 * (s @ (Q @ s if dense else Q.times(s))))
 
     none = np.zeros(len(cb), dtype=np.int64)
     best_pick, best = none, value(none)
     for start in range(grid.size if tasks.size else 0):
         pick = np.where(movable, start, 0)
         s = grid[pick]
+        Qs = None if dense else Q.times(s)
         for _ in range(MARGIN_SWEEPS):
             changed = False
             for i in tasks:           # task i to every scale at once: the change of the value
                 step = grid - s[i]
-                delta = scaled[i] - scaled[i, pick[i]] + step * (cb[i] + Q[i] @ s) + 0.5 * step * step * Q[i, i]
+                qi, qii = (Q[i] @ s, Q[i, i]) if dense else (Qs[i], q_diag[i])
+                delta = scaled[i] - scaled[i, pick[i]] + step * (cb[i] + qi) + 0.5 * step * step * qii
                 g = int(np.argmin(delta))
                 if delta[g] < 0.0:
+                    if not dense:
+                        Qs += step[g] * Q.column(i)
                     pick[i], s[i], changed = g, grid[g], True
             if not changed:
                 break
@@ -257,10 +286,11 @@ class MarginServer:
         check_finite_rows(rows, self.round, self.names, "margin correction", self.outer)
         CT = rows[:, :d]
         cb = rows[:, -1] if local else np.einsum("ij,ij->i", CT, self.space.dense(self.BT))
-        Q = lam * np.linalg.inv(self.Sigma) * (CT @ CT.T)
+        factors = self.sigma_factors
+        Q = lam * np.linalg.inv(self.Sigma) * (CT @ CT.T) if factors is None else OmegaGram(factors, CT, lam)
         loss_at = np.column_stack([loss_sums, rows[:, d:d + scales]])
         s = correction_scales(loss_at, cb, Q, self.n, np.any(CT != 0.0, axis=1))
         chosen = loss_at[np.arange(self.m), np.searchsorted(np.concatenate([[0.0], MARGIN_SCALES]), s)]
-        moved = regularizer + 2.0 * float(s @ cb) + float(s @ Q @ s)
+        moved = regularizer + 2.0 * float(s @ cb) + float(s @ (Q @ s if factors is None else Q.times(s)))
         primal, _ = primal_dual_of(chosen, np.zeros(self.m), self.n, moved)
         return primal, s[:, None] * CT

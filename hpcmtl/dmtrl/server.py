@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import engine
 from ..checkpoint import BlockState, block_payloads
+from ..covariance import SigmaFactors, as_dense, diagonal
 from ..engine import ServerBase, check_finite_rows
 from ..errors import InputError
 from ..losses import get_loss
@@ -22,7 +23,7 @@ from .margin import MarginServer
 from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from . import sigma as sigma_rules
-from .sigma import SigmaFactors, coupled_rho, omega_factors, omega_from_gram, safe_rho
+from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
 from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
@@ -44,17 +45,17 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         # hpcmtl.taskspace: then flat task arrays; dense_wt() is the whole W)
         self.space = DENSE
         self.BT = np.zeros((self.m, self.d))
+        # self.Sigma: the m x m array, or, a learned Sigma of many tasks, its SigmaFactors (sigma.omega_factors)
+        # and never the m x m array (10^4 tasks: 800 MB).  I / m is factored too (r = 0): the first W-step's
+        # rounds then need no m x m matrix either
         if config.relationship == "fixed":
             self.Sigma = np.array(sigma_fixed, dtype=np.float64)
+        elif self.m >= sigma_rules.FACTORED_MIN_TASKS:
+            self.Sigma = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         else:
             self.Sigma = np.eye(self.m) / self.m
-        # a learned Sigma of many tasks as factors (sigma.omega_factors), self.Sigma their dense form; None: dense.
-        # I / m is factored too (r = 0): the first W-step's rounds then need no 2m x 2m matrix either
-        self.sigma_factors = None
-        if config.relationship != "fixed" and self.m >= sigma_rules.FACTORED_MIN_TASKS:
-            self.sigma_factors = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         self.WT = np.zeros((self.m, self.d))
-        self.rho = safe_rho(self.Sigma, self.blocks_per_task, config.eta)
+        self.rho = self.lemma_rho()
         self.rho_task = np.ones(self.m)          # optimistic per-task rho (aggregations other than safe)
         if config.aggregation == "qp":
             self.rho_task = coupled_rho(self.Sigma)
@@ -80,8 +81,23 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
     def outer(self):
         return self.outer_state.outer
 
+    @property
+    def sigma_factors(self):
+        """Sigma's :class:`SigmaFactors` when it is held as factors (many tasks), else None (an m x m array)."""
+        return self.Sigma if isinstance(self.Sigma, SigmaFactors) else None
+
+    def dense_sigma(self):
+        """The m x m Sigma, formed from the factors where it is held as factors: only for what needs the matrix
+        and runs at small m alone (the interior-point rounds: d m <= interior.MAX_WIDTH)."""
+        return as_dense(self.Sigma)
+
+    def lemma_rho(self):
+        """Lemma 6.7's rho, which only the 'safe' aggregation reads (its local SDCA): with Sigma as factors the
+        others get an upper bound in O(m r) instead of the exact m^2 r row sums (sigma.safe_rho)."""
+        return safe_rho(self.Sigma, self.blocks_per_task, self.config.eta, exact=self.safe)
+
     def push_sigma(self):
-        shared = np.concatenate([np.diag(self.Sigma), [self.rho]])
+        shared = np.concatenate([diagonal(self.Sigma), [self.rho]])
         self.command(DMTRLCommand.SET_SIGMA, payload=shared, m=self.m, width=self.m + 1)
 
     def push_w(self, with_objective: bool, eta=None, beta=None):
@@ -258,8 +274,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         if self.m >= sigma_rules.FACTORED_MIN_TASKS:  # many tasks: a thin SVD of W^T, Sigma kept as its factors
             WT = self.next_wt if self.next_wt is not None else self.dense_wt()
             self.next_wt = None
-            self.sigma_factors = omega_factors(WT, floor)
-            self.Sigma = self.sigma_factors.dense()
+            self.Sigma = omega_factors(WT, floor)
         else:
             if self.next_wt is not None:      # the prox step's W (hpcmtl.dmtrl.joint), else the W-step's own
                 G = self.next_wt @ self.next_wt.T
@@ -267,10 +282,12 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             else:
                 G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
             self.Sigma = omega_from_gram(G, floor)
-        check_finite_rows(self.Sigma, self.round, self.names, "Sigma row", self.outer)
-        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        factors = self.sigma_factors
+        check_finite_rows(self.Sigma if factors is None else np.column_stack([factors.V, factors.diag()]), self.round,
+                          self.names, "Sigma row", self.outer)
+        self.rho = self.lemma_rho()
         if self.config.aggregation == "qp":
-            self.rho_task = coupled_rho(self.sigma_factors if self.sigma_factors is not None else self.Sigma)
+            self.rho_task = coupled_rho(self.Sigma)
         self.recompute_w()
         self.push_sigma()
         self.push_w(False)
@@ -310,9 +327,11 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         blocks = [{"task": b.task, "part": b.part, "start": b.start, "stop": b.stop,
                    "alpha": st.alpha, "order": st.order, "shrink": st.shrink}
                   for b, st in self.gather_state()]
-        arrays = {"BT": self.space.dense(self.BT), "Sigma": self.Sigma, "rho": np.array(self.rho)}
-        if self.sigma_factors is not None:        # the factors the rounds use (a resume takes the same path)
-            arrays.update(self.sigma_factors.arrays())
+        arrays = {"BT": self.space.dense(self.BT), "rho": np.array(self.rho)}
+        if self.sigma_factors is not None:        # the factors the rounds use (a resume takes the same path), no
+            arrays.update(self.sigma_factors.arrays())     # m x m array
+        else:
+            arrays["Sigma"] = self.Sigma
         if not self.safe:
             arrays.update(rho_task=self.rho_task, step=self.step)
         if self.momentum:
@@ -339,10 +358,15 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             if saved != now:
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
         self.BT = self.space.compact(ck["arrays"]["BT"])
-        self.Sigma = ck["arrays"]["Sigma"].copy()
-        self.sigma_factors = SigmaFactors.from_arrays(ck["arrays"], ck["path"])
+        factors = SigmaFactors.from_arrays(ck["arrays"], ck["path"], m=self.m)
+        # a checkpoint of the factored path (also one written with the dense copy beside the factors) resumes
+        # on the factors; one of the dense path on its Sigma
+        if factors is None and "Sigma" not in ck["arrays"]:
+            raise InputError(f"{ck['path']}: cannot resume: no task covariance (field 'state/Sigma' or "
+                             f"'state/sigma_V', 'sigma_s', 'sigma_c')")
+        self.Sigma = factors if factors is not None else ck["arrays"]["Sigma"].copy()
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
-        self.rho = safe_rho(self.Sigma, self.blocks_per_task, self.config.eta)
+        self.rho = self.lemma_rho()
         if not self.safe:
             self.rho_task = np.asarray(ck["arrays"]["rho_task"], dtype=np.float64).copy()
             self.step = np.asarray(ck["arrays"]["step"], dtype=np.float64).copy()

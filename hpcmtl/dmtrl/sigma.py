@@ -7,11 +7,10 @@ per-task rho), :func:`check_sigma`.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .. import interior
+from ..covariance import SigmaFactors, diagonal, is_factored  # noqa: F401  (SigmaFactors: public here too)
 from ..errors import InputError
 
 # From this many tasks on, a learned Sigma is computed and held as factors (:func:`omega_factors`) and the
@@ -46,62 +45,6 @@ def omega_from_gram(G: np.ndarray, eig_floor: float = 1e-8) -> np.ndarray:
     return root / np.trace(root)
 
 
-class SigmaFactors(NamedTuple):
-    """``Sigma = V diag(s) V^T + c (I - V V^T)``: V (m x r) orthonormal columns, r <= min(m, d), ``s`` Sigma's
-    eigenvalues on them, ``c`` its eigenvalue on the rest (the eigenvalue floor over the trace).  Products cost
-    O(m r) a vector; :meth:`dense` forms the m x m matrix (m^2 r) for what still needs it."""
-    V: np.ndarray
-    s: np.ndarray
-    c: float
-
-    @property
-    def m(self):
-        return self.V.shape[0]
-
-    def matmul(self, X):
-        """``Sigma @ X`` (X: m rows, or one m-vector): ``V ((s - c) (V^T X)) + c X``."""
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim == 1:
-            return self.V @ ((self.s - self.c) * (self.V.T @ X)) + self.c * X
-        return self.V @ ((self.s - self.c)[:, None] * (self.V.T @ X)) + self.c * X
-
-    def diag(self):
-        """``sigma_ii``."""
-        return self.c + (self.V * self.V) @ (self.s - self.c)
-
-    def inverse_diag(self):
-        """``(Sigma^-1)_ii``: Sigma^-1 has the same factors with 1/s and 1/c."""
-        return 1.0 / self.c + (self.V * self.V) @ (1.0 / self.s - 1.0 / self.c)
-
-    def dense(self):
-        """The m x m matrix, symmetric to the bit and one m x m array at its peak: ``F F^T + c I`` with
-        ``F = V diag(sqrt(s - c))`` (s > c: only the columns above the floor are kept), which NumPy computes as
-        one symmetric rank-r update (BLAS syrk, its other triangle copied)."""
-        F = self.V * np.sqrt(self.s - self.c)
-        S = F @ F.T
-        S[np.diag_indices_from(S)] += self.c
-        return S
-
-    def arrays(self):
-        """The factors as checkpoint arrays (:meth:`from_arrays` reads them back bit for bit)."""
-        return {"sigma_V": self.V, "sigma_s": self.s, "sigma_c": np.array(self.c)}
-
-    @classmethod
-    def from_arrays(cls, arrays, path="checkpoint"):
-        """The factors of a checkpoint's arrays (None when it has none: a file of the dense path, or older);
-        an InputError when they do not fit together or with its Sigma."""
-        if "sigma_V" not in arrays:
-            return None
-        V = np.array(arrays["sigma_V"], dtype=np.float64)
-        s = np.array(arrays.get("sigma_s", np.zeros(0)), dtype=np.float64).reshape(-1)
-        c = np.asarray(arrays.get("sigma_c", np.nan), dtype=np.float64)
-        m = np.shape(arrays["Sigma"])[0] if "Sigma" in arrays else (V.shape[0] if V.ndim == 2 else -1)
-        if V.ndim != 2 or V.shape != (m, s.size) or c.size != 1 or not float(c) > 0 or not np.all(s > 0):
-            raise InputError(f"{path}: fields 'state/sigma_V' {V.shape}, 'state/sigma_s' {s.shape}, 'state/sigma_c': "
-                             f"Sigma's factors do not fit its {m} tasks")
-        return cls(V, s, float(c))
-
-
 def omega_factors(WT: np.ndarray, eig_floor: float = 1e-8) -> SigmaFactors:
     """:func:`omega_step` of ``W = WT^T`` (WT: m x d task rows) as :class:`SigmaFactors`, from a thin SVD of WT
     (``O(m d min(m, d))``, no m x m matrix): ``WT = U S Q^T`` gives ``(W^T W)^(1/2) = U diag(S) U^T``; singular
@@ -122,14 +65,17 @@ def omega_factors(WT: np.ndarray, eig_floor: float = 1e-8) -> SigmaFactors:
     return SigmaFactors(np.ascontiguousarray(U[:, keep]), S[keep] / trace, floor / trace)
 
 
-def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0) -> float:
+def safe_rho(Sigma: np.ndarray, blocks_per_task=None, eta: float = 1.0, exact: bool = True) -> float:
     """rho of Lemma 6.7, ``eta max_i sum_i' |sigma_ii'| / sigma_ii``, with split tasks.
 
     A task cut into s_i blocks counts as s_i tasks sharing its row and column of
-    Sigma: ``eta max_i (sum_i' s_i' |sigma_ii'|) / sigma_ii``.
+    Sigma: ``eta max_i (sum_i' s_i' |sigma_ii'|) / sigma_ii``.  ``exact=False`` with Sigma as factors: a
+    larger rho that Lemma 6.7 allows too, from :meth:`SigmaFactors.abs_bound` (O(m r), not the m^2 r of
+    the exact row sums): for the aggregations that never read rho (the server's: 'qp', 'line').
     """
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return float(eta * np.max(abs_times(Sigma, s) / np.diag(Sigma)))
+    sums = Sigma.abs_bound(s) if not exact and is_factored(Sigma) else abs_times(Sigma, s)
+    return float(eta * np.max(sums / diagonal(Sigma)))
 
 
 def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
@@ -140,7 +86,7 @@ def task_rho_bounds(Sigma: np.ndarray, blocks_per_task=None) -> np.ndarray:
     never needs a step below 1; the adaptive aggregation keeps rho_i in [1, bound_i].
     """
     s = np.ones(Sigma.shape[0]) if blocks_per_task is None else np.asarray(blocks_per_task, float)
-    return abs_times(Sigma, s) / np.diag(Sigma)
+    return abs_times(Sigma, s) / diagonal(Sigma)
 
 
 ABS_ROWS = 2048     # abs_times: rows of |Sigma| formed at a time
@@ -148,7 +94,10 @@ ABS_ROWS = 2048     # abs_times: rows of |Sigma| formed at a time
 
 def is_diagonal(Sigma) -> bool:
     """:func:`hpcmtl.interior.is_diagonal` (every entry off the diagonal exactly zero) in ABS_ROWS-row pieces:
-    no m x m temporaries (two of them at 10^4 tasks are 1.6 GB); one piece, the same call, up to ABS_ROWS."""
+    no m x m temporaries (two of them at 10^4 tasks are 1.6 GB); one piece, the same call, up to ABS_ROWS.
+    Factors: :meth:`SigmaFactors.is_diagonal` (O(m r))."""
+    if is_factored(Sigma):
+        return Sigma.is_diagonal()
     m = Sigma.shape[0]
     if m <= ABS_ROWS:
         return interior.is_diagonal(Sigma)
@@ -163,7 +112,10 @@ def is_diagonal(Sigma) -> bool:
 
 def abs_times(Sigma, s):
     """``|Sigma| @ s`` without a second m x m array: ABS_ROWS rows of |Sigma| at a time (one piece, the
-    arithmetic of before, up to ABS_ROWS tasks)."""
+    arithmetic of before, up to ABS_ROWS tasks).  Factors: :meth:`SigmaFactors.abs_times`, row pieces formed
+    from them (O(m^2 r) time, once a W-step)."""
+    if is_factored(Sigma):
+        return Sigma.abs_times(s)
     m = Sigma.shape[0]
     if m <= ABS_ROWS:
         return np.abs(Sigma) @ s

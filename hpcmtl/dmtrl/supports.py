@@ -102,26 +102,30 @@ class SupportBlocks:
                     consumed[k] = self.blocks[k]
         self.support_sizes = None                       # every plan block's exchange size (SET_SUPPORTS)
 
-    def dense_rows(self, parts, vectors, width):
+    def dense_rows(self, parts, vectors, width, which=None):
         """Per-block ``(vectors, scalars)`` -> the dense commands' rows ``(n_blocks x width)``, ``width = vectors
-        d + scalars`` (the command's: a rank without blocks knows no d), zeros off each block's support."""
+        d + scalars`` (the command's: a rank without blocks knows no d), zeros off each block's support
+        (``which``: ``parts`` are those blocks', one row each)."""
         d = self.d
-        out = np.zeros((len(self.blocks), width))
-        for k, (vecs, sc) in enumerate(parts):
+        out = np.zeros((len(parts), width))
+        for i, (vecs, sc) in enumerate(parts):
+            k = i if which is None else which[i]
             f = self.columns[k]
             for v, vec in enumerate(vecs):
                 if f is None:
-                    out[k, v * d:(v + 1) * d] = vec
+                    out[i, v * d:(v + 1) * d] = vec
                 else:
-                    out[k, v * d + f] = vec
-            out[k, vectors * d:] = sc
+                    out[i, v * d + f] = vec
+            out[i, vectors * d:] = sc
         return out
 
-    def from_rows(self, rows, vectors):
-        """The dense commands' rows -> per block ``(vectors on its own columns, scalars)``."""
+    def from_rows(self, rows, vectors, which=None):
+        """The dense commands' rows -> per block ``(vectors on its own columns, scalars)`` (``which``: of those
+        blocks only)."""
         d = self.d
         parts = []
-        for k, f in enumerate(self.columns):
+        for k in range(len(self.columns)) if which is None else which:
+            f = self.columns[k]
             vecs = [rows[k, v * d:(v + 1) * d] for v in range(vectors)]
             parts.append(([np.ascontiguousarray(v if f is None else v[f]) for v in vecs], rows[k, vectors * d:]))
         return parts

@@ -11,6 +11,7 @@ import numpy as np
 from .. import _sdca
 from ..checkpoint import BlockState
 from ..engine import EngineCommand, LocalBase, nan_fault
+from .batched import BatchedBlocks
 from .commands import DMTRLCommand
 from .config import DMTRLConfig, uses_exact_box_solver, uses_exact_solver
 from .interior_rounds import InteriorBlocks
@@ -60,7 +61,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
-                  LocalBase):
+                  BatchedBlocks, LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
@@ -104,6 +105,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         self.init_local_rounds()
         self.init_interior_rounds()
         self.reset_shrinking()
+        self.init_batched(int(np.count_nonzero(per_task)))   # many tiny tasks: computed together (.batched)
 
     def extra_bytes(self):
         return sum(s.alpha.nbytes + s.order.nbytes for s in self.state)
@@ -152,7 +154,16 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         With momentum (squared loss) also ``[(a - y).p, p.p, delta.p]`` for the
         previous step p; box momentum: ``[delta b, delta q, c1, c2, c1q, c2q, cross, beta_max]``.
         """
-        return self.dense_rows(self.trial_parts(ctrl.round), 2 if self.momentum == "box" else 1, ctrl.width)
+        vectors = 2 if self.momentum == "box" else 1
+        batch = self.batch
+        if batch is None:
+            return self.dense_rows(self.trial_parts(ctrl.round), vectors, ctrl.width)
+        rows = np.zeros((len(self.blocks), ctrl.width))
+        rows[batch.ks] = self.batched_trial(ctrl.round, ctrl.round % UNSHRINK_EVERY == 0)
+        if batch.others:                          # the blocks the batch does not take, one at a time
+            parts = self.trial_parts(ctrl.round, skip=batch.mask)
+            rows[batch.others] = self.dense_rows([parts[k] for k in batch.others], vectors, ctrl.width, batch.others)
+        return rows
 
     def trial_parts(self, round_, inner=0, skip=None):
         """TRIAL's computation: per block ``(vectors on its own columns, scalars)``; ``inner``: the block's local
@@ -236,7 +247,16 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         ``delta`` is the pending local step and ``p`` the step applied in the
         previous round (momentum, squared loss; beta = 0 otherwise).
         """
-        return self.apply_parts(self.from_rows(rows, 1), ctrl.with_objective)
+        batch = self.batch
+        if batch is None:
+            return self.apply_parts(self.from_rows(rows, 1), ctrl.with_objective)
+        self.w_dense = None
+        d, mine = self.d, rows[batch.ks]
+        self.batched_apply(np.ascontiguousarray(mine[:, :d]), mine[:, d], mine[:, d + 1], mine[:, d + 2])
+        for k, (vecs, sc) in zip(batch.others, self.from_rows(rows, 1, batch.others)):
+            self.w[k] = np.ascontiguousarray(vecs[0])
+            self.apply_step(k, float(sc[0]), float(sc[1]), float(sc[2]))
+        return self.objective_terms() if ctrl.with_objective else None
 
     def apply_parts(self, parts, with_objective):
         self.w_dense = None
@@ -262,9 +282,15 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
 
     def objective_terms(self, which=None):
         """Per block (loss sum, conjugate sum) at the current w and alpha (n_blocks x 2; ``which``: those blocks)."""
-        chosen = [k for k in range(len(self.blocks)) if which is None or which[k]]
-        terms = np.zeros((len(chosen), 2))
-        for i, k in enumerate(chosen):
+        if which is None and self.batch is not None:       # the batched blocks at once, the others one at a time
+            terms = np.zeros((len(self.blocks), 2))
+            terms[self.batch.ks] = self.batched_objective()
+            rows, chosen = self.batch.others, self.batch.others
+        else:
+            chosen = [k for k in range(len(self.blocks)) if which is None or which[k]]
+            terms = np.zeros((len(chosen), 2))
+            rows = range(len(chosen))
+        for i, k in zip(rows, chosen):
             blk = self.blocks[k]
             terms[i] = _sdca.objective_terms(blk.rows, blk.y, self.state[k].alpha, self.w[k],
                                                 self.loss.kernel_id, self.config.gamma, blk.z_shift(self.w[k]))

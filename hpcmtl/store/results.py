@@ -2,7 +2,10 @@
 
 Layout: ``/model/W`` (d x m), ``/model/intercept`` (m; files written before
 intercepts existed read as zeros), ``/model/Sigma`` (m x m, absent for methods
-without a task covariance), ``/model/task_names``, ``/history/<column>``,
+without a task covariance) or, a learned Sigma of many tasks, its factors
+``/model/sigma_V`` (m x r), ``sigma_s`` (r), ``sigma_c`` (a number):
+``Sigma = V diag(s) V^T + c (I - V V^T)`` (:class:`hpcmtl.covariance.SigmaFactors`;
+no m x m array), ``/model/task_names``, ``/history/<column>``,
 optional ``/test``, ``/ranks`` and further groups (e.g. ``/path``), and root
 attributes ``config`` (JSON), ``hpcmtl_version``, ``n_ranks``.  Only numbers
 and strings: readable with h5py or h5dump, never pickles.
@@ -14,6 +17,7 @@ import json
 import h5py
 import numpy as np
 
+from ..covariance import FACTOR_FIELDS, SigmaFactors
 from ..errors import InputError
 from .atomic import atomic_h5
 from .hdf5 import FORMAT_VERSION, RESULT_FORMAT, open_read
@@ -31,7 +35,8 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
     adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute;
     ``ranks`` adds ``/ranks/<name>`` arrays with one entry per MPI rank (memory);
     ``groups`` adds further ``/<group>/<name>`` arrays (e.g. a regularization path).
-    Sigma may be None for methods without a task covariance.
+    Sigma may be None for methods without a task covariance, and a :class:`SigmaFactors` (written as
+    ``/model/sigma_V``, ``sigma_s``, ``sigma_c``).
     """
     with atomic_h5(path, force=force, what="result") as f:
         f.attrs["format"] = RESULT_FORMAT
@@ -44,7 +49,10 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         n_columns = np.shape(W)[1] if np.ndim(W) == 2 else 0
         model.create_dataset("intercept", data=np.zeros(n_columns) if intercept is None
                              else np.asarray(intercept, dtype=np.float64).reshape(n_columns))
-        if Sigma is not None:
+        if isinstance(Sigma, SigmaFactors):
+            for key, value in Sigma.arrays().items():
+                model.create_dataset(key, data=np.asarray(value, dtype=np.float64))
+        elif Sigma is not None:
             model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
         if task_names is not None:
             model.create_dataset("task_names", data=np.array(task_names, dtype=h5py.string_dtype()))
@@ -118,8 +126,9 @@ def _numbers(path, field, dataset, ndim=None):
     return value
 
 
-# the model's numeric arrays: W (d x m), Sigma (m x m), intercept (m)
-MODEL_ARRAYS = ("W", "Sigma", "intercept")
+# the model's numeric arrays: W (d x m), Sigma (m x m), intercept (m), Sigma's factors (m x r, r, a number)
+MODEL_ARRAYS = ("W", "Sigma", "intercept") + FACTOR_FIELDS
+MODEL_NDIM = {"W": 2, "Sigma": 2, "intercept": 1, "sigma_V": 2, "sigma_s": 1, "sigma_c": 0}
 
 
 def _check_model(path, model: dict) -> None:
@@ -136,13 +145,21 @@ def _check_model(path, model: dict) -> None:
                                  f"(model/W has {m} columns)")
             if not np.all(np.isfinite(value)):
                 raise InputError(f"{path}: field 'model/{key}' has NaN or Inf")
+    if any(k in model for k in FACTOR_FIELDS):
+        if "Sigma" in model or not all(k in model for k in FACTOR_FIELDS):
+            raise InputError(f"{path}: fields 'model/sigma_V', 'model/sigma_s', 'model/sigma_c' come together, "
+                             f"and without 'model/Sigma'")
+        SigmaFactors.from_arrays(model, path, where="model", m=m)       # shapes, finite, positive
     names = model.get("task_names")
     if names is not None and len(names) != m:
         raise InputError(f"{path}: field 'model/task_names' has {len(names)} names, model/W has {m} columns")
 
 
 def read_result(path) -> dict:
-    """A result file as plain NumPy arrays and dicts, validated by type and shape (one-line InputErrors)."""
+    """A result file as plain NumPy arrays and dicts, validated by type and shape (one-line InputErrors).
+
+    The task covariance is ``model['Sigma']`` (m x m) or, a file of many tasks, its factors ``model['sigma_V']``,
+    ``['sigma_s']``, ``['sigma_c']``: :func:`hpcmtl.covariance.model_sigma` gives either as one object."""
     with open_read(path, RESULT_FORMAT) as f:
         model, history = _group(f, path, "model"), _group(f, path, "history")
         if "W" not in model:
@@ -158,7 +175,7 @@ def read_result(path) -> dict:
             if not isinstance(v, h5py.Dataset):
                 raise InputError(f"{path}: field 'model/{k}' must be a dataset, not a group")
             if k in MODEL_ARRAYS:
-                value = _numbers(path, f"model/{k}", v, ndim=2 if k in ("W", "Sigma") else 1)
+                value = _numbers(path, f"model/{k}", v, ndim=MODEL_NDIM[k])
             elif k == "task_names" or h5py.check_string_dtype(v.dtype) is not None:      # names: a list of str
                 value = v[()]
                 if np.ndim(value) != 1:
