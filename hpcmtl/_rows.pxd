@@ -166,6 +166,19 @@ cdef inline const double* cptr2(const double[:, ::1] a) noexcept:
     return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else hpcmtl_no_doubles
 
 
+cdef inline bint csr_indices_outside(const int* indices, Py_ssize_t count, int n_features) noexcept nogil:
+    """Whether any of ``indices[:count]`` is outside ``0..n_features-1``.
+
+    Every entry is read, with no exit and no branch in the loop, so the compiler vectorizes it: the
+    kernels call ``check_rows`` on every call, and an early-exit loop over a block's column indices
+    cost about a sixth of a local SDCA pass over 50k x 20k CSR rows (bench/bench_local_sdca.py)."""
+    cdef int outside = 0
+    cdef Py_ssize_t p
+    for p in range(count):
+        outside |= (indices[p] < 0) | (indices[p] >= n_features)
+    return outside != 0
+
+
 cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop, bint float32_ok=False) except -1:
     """Raise ValueError unless rows ``start..stop-1`` exist with every column in ``0..n_features-1``.
 
@@ -216,8 +229,8 @@ cdef inline int check_rows(Rows rows, Py_ssize_t start, Py_ssize_t stop, bint fl
             if indptr[i + 1] < indptr[i]:
                 bad = 1
                 break
-        if not bad:
-            for p in range(lo, hi):
+        if not bad and hi > lo and csr_indices_outside(&indices[lo], hi - lo, n_features):
+            for p in range(lo, hi):              # (only to name the first bad index)
                 if indices[p] < 0 or indices[p] >= n_features:
                     bad = 2
                     break
