@@ -23,8 +23,8 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
 from hpcmtl._random cimport bounded_rand
-from hpcmtl._rows cimport (RowView, Rows, row_span, row_dot, row_axpy, cptr, mptr2, check_rows, check_length, check_shape,
-                           hpcmtl_no_doubles)
+from hpcmtl._rows cimport (RowView, Rows, row_span, row_dot, row_axpy, row_columns_outside, cptr, mptr2, check_rows,
+                           check_length, check_shape, hpcmtl_no_doubles)
 
 import numpy as np                 # output arrays only, allocated before a kernel runs
 
@@ -308,9 +308,11 @@ cdef inline double box_gradient(int loss, double y, double b, double ux, double 
     return y * ux - 1.0
 
 
-cdef int check_dual_rows(Rows rows, Py_ssize_t n, Py_ssize_t n_alpha, Py_ssize_t n_sq_norms) except -1:
-    """The rows, dual variables and squared norms of a block of n rows agree in length."""
-    check_rows(rows, 0, n, True)
+cdef int check_dual_rows(Rows rows, Py_ssize_t n, Py_ssize_t n_alpha, Py_ssize_t n_sq_norms,
+                         bint columns=True) except -1:
+    """The rows, dual variables and squared norms of a block of n rows agree in length (``columns``: as
+    :func:`check_rows`)."""
+    check_rows(rows, 0, n, True, columns)
     check_length("alpha", n_alpha, n)
     check_length("sq_norms", n_sq_norms, n)
     return 0
@@ -361,7 +363,11 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     Returns the number of coordinate steps taken (``max(1, round(local_iters *
     active_size))`` for a non-empty block).  Raises ValueError on inconsistent
     shapes, rows, ``order`` entries outside ``0..n-1`` (with shrinking), an
-    unknown loss id, or a non-positive ``rho_sigma_over_lam`` / ``n_task``.
+    unknown loss id, or a non-positive ``rho_sigma_over_lam`` / ``n_task``, all
+    before any step, except a CSR column index outside ``0..d-1``: that is found
+    when its row comes up (each row's columns are checked as it is read, before
+    ``u`` is indexed with them), and then ``alpha`` and ``order`` keep the steps
+    taken before it (``delta_b`` and ``shrink_state`` are not written).
     """
     cdef Py_ssize_t n = y.shape[0]
     cdef int d = rows.n_features
@@ -383,7 +389,12 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef double t_mu = 0.0, mu_u = 0.0, mu_sq = 0.0    # u = u_s - t_mu mu; mu_u = mu . u; mu_sq = ||mu||^2
     cdef ShrinkState kept
     cdef Shrink sh
-    check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0])
+    cdef bint check_columns = not rows.dense
+    cdef Py_ssize_t bad_row = -1
+    # a CSR row's column indices are checked when the row comes up, not all of them here: a scan of every
+    # index streams 4 bytes a non-zero through memory once more a call (with shrinking, more than the pass
+    # itself reads), while a row's check runs on indices the step loads anyway, in the shadow of its dot product
+    check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0], columns=False)
     check_length("order", order.shape[0], n)
     check_length("w", w.shape[0], d)
     if centered != (x_mu is not None):
@@ -469,6 +480,9 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                 HPCMTL_PREFETCH_READ(view.indptr + order[pos + 2 * PREFETCH_AHEAD])
             if pos + PREFETCH_AHEAD < sh.active_size:
                 prefetch_row(&view, order[pos + PREFETCH_AHEAD], alpha_p, y_p, sq_p)
+            if check_columns and row_columns_outside(&view, j):
+                bad_row = j
+                break
             ux = row_dot(&view, j, u)
             if centered:                              # (x_j - mu) . (u_s - t mu)
                 ux = ux - t_mu * xmup[j] - mu_u
@@ -510,26 +524,29 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
             if centered:                              # u += c_u (x_j - mu): the -c_u mu part kept in t_mu
                 t_mu += c_u
                 mu_u += c_u * (xmup[j] - mu_sq)
-        if centered:
+        if bad_row < 0:                              # (a bad row: nothing more is written)
+            if centered:
+                for k in range(d):
+                    u[k] -= t_mu * mup[k]                # u = u_s - t mu
+            # delta_b = (u - w) lam / (rho sigma): one axpy per step instead of two; the
+            # rounding error is about eps |b_i| per round whatever rho sigma / lam is
+            c_b = 1.0 / rho_sigma_over_lam
             for k in range(d):
-                u[k] -= t_mu * mup[k]                # u = u_s - t mu
-        # delta_b = (u - w) lam / (rho sigma): one axpy per step instead of two; the
-        # rounding error is about eps |b_i| per round whatever rho sigma / lam is
-        c_b = 1.0 / rho_sigma_over_lam
-        for k in range(d):
-            delta_b[k] = (u[k] - wp[k]) * c_b
-        if shrinking:
-            if pos >= sh.active_size:
-                end_of_pass(&sh, n)                  # the round ended on a pass boundary
-            elif sh.PGmax_new >= sh.PGmin_new:       # mid-pass: keep what this partial pass saw
-                sh.PGmax_old = sh.PGmax_new if sh.PGmax_new > 0.0 else INFINITY
-                sh.PGmin_old = sh.PGmin_new if sh.PGmin_new < 0.0 else -INFINITY
-            kept.active_size = sh.active_size
-            kept.PGmax_old = sh.PGmax_old
-            kept.PGmin_old = sh.PGmin_old
-            kept.eps = sh.eps
-            memcpy(&shrink_state[0], &kept, sizeof(ShrinkState))
+                delta_b[k] = (u[k] - wp[k]) * c_b
+            if shrinking:
+                if pos >= sh.active_size:
+                    end_of_pass(&sh, n)                  # the round ended on a pass boundary
+                elif sh.PGmax_new >= sh.PGmin_new:       # mid-pass: keep what this partial pass saw
+                    sh.PGmax_old = sh.PGmax_new if sh.PGmax_new > 0.0 else INFINITY
+                    sh.PGmin_old = sh.PGmin_new if sh.PGmin_new < 0.0 else -INFINITY
+                kept.active_size = sh.active_size
+                kept.PGmax_old = sh.PGmax_old
+                kept.PGmin_old = sh.PGmin_old
+                kept.eps = sh.eps
+                memcpy(&shrink_state[0], &kept, sizeof(ShrinkState))
     free(u)
+    if bad_row >= 0:
+        check_rows(rows, bad_row, bad_row + 1, True)     # raises, naming the index
     return step
 
 
@@ -558,7 +575,9 @@ def objective_terms(Rows rows not None, const double[::1] y, const double[::1] a
     cdef RowView view
     cdef const double* wp
     cdef double loss_sum = 0.0, conj_sum = 0.0
-    check_rows(rows, 0, n, True)
+    cdef bint check_columns = not rows.dense
+    cdef Py_ssize_t bad_row = -1
+    check_rows(rows, 0, n, True, columns=False)     # each CSR row's columns as it is read (as sdca_local)
     check_length("alpha", alpha.shape[0], n)
     check_length("w", w.shape[0], rows.n_features)
     check_loss(loss)
@@ -566,8 +585,13 @@ def objective_terms(Rows rows not None, const double[::1] y, const double[::1] a
     wp = cptr(w)
     with nogil:
         for j in range(n):
+            if check_columns and row_columns_outside(&view, j):
+                bad_row = j
+                break
             loss_sum += primal_loss(loss, row_dot(&view, j, wp) - z_shift, y[j], gamma)
             conj_sum += conjugate_neg(loss, alpha[j], y[j], gamma)
+    if bad_row >= 0:
+        check_rows(rows, bad_row, bad_row + 1, True)     # raises, naming the index
     return loss_sum, conj_sum
 
 
