@@ -302,7 +302,6 @@ def l1inf_config(args):
 
 def lam_selection(args, config):
     """A lam grid (or a graph kernel's alpha grid) or a validation split; None when neither is asked for."""
-    from .model_selection import Selection
     grid = getattr(args, "lam_grid", None)
     if grid is not None and args.lam is not None:
         raise InputError("give --lam or --lam-grid, not both")
@@ -319,6 +318,7 @@ def lam_selection(args, config):
         return None
     if args.method not in DISTRIBUTED_SDCA:
         raise InputError(f"a lam grid is for train {', '.join(DISTRIBUTED_SDCA)}, not for train {args.method}")
+    from .model_selection import Selection          # (only here: a single lam runs without the path's modules)
     return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
                      warm_start=not args.no_warm_start, name=name, tol=args.selection_tol).validate(config.loss)
 

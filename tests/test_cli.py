@@ -162,3 +162,41 @@ def test_job_templates_accept_only_methods_that_take_their_options():
     with pytest.raises(InputError, match=r"must be one of dmtrl, stl, fixed, graph \(the methods that take its "
                                          r"options\). Got 'online' instead"):
         jobs.render("train", {"train": "t.h5", "test": "t.h5", "out": "o.h5", "method": "online"})
+
+
+IMPORTED = ("import sys\n"
+            "from hpcmtl.cli import main\n"
+            "try:\n"
+            "    code = main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n"
+            "    code = exc.code\n"
+            "print('MODULES', *sorted(m for m in sys.modules if m.startswith(('hpcmtl', 'h5py', 'mpi4py', 'sklearn'))))\n"
+            "sys.exit(code)\n")
+
+
+def modules_imported_by(argv, tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", IMPORTED, *map(str, argv)], capture_output=True, text=True,
+                       timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.splitlines()[-1].split()[1:])             # (the line after --help's text)
+
+
+def test_a_command_imports_its_own_group_only(tmp_path):
+    """``--help`` builds no command group's parser; ``train stl`` with one lam neither the input formats of
+    ``data`` nor the lam path's modules (start-up of every job and every rank)."""
+    from hpcmtl import store
+    import numpy as np
+    rng = np.random.default_rng(0)
+    store.write_tasks(tmp_path / "tr.h5", [rng.normal(size=(20, 3)) for _ in range(2)],
+                      [np.where(rng.normal(size=20) > 0, 1.0, -1.0) for _ in range(2)])
+    helped = modules_imported_by(["--help"], tmp_path)
+    assert not {"hpcmtl.formats", "hpcmtl.cli.data", "hpcmtl.cli.train", "hpcmtl.methods", "hpcmtl.dmtrl",
+                "h5py"} & helped
+    trained = modules_imported_by(["train", "stl", "--train", "tr.h5", "--out", "stl.h5", "--loss", "hinge",
+                                   "--lam", "0.1", "--quiet", "--force"], tmp_path)
+    assert "hpcmtl.dmtrl" in trained and "hpcmtl.cli.train" in trained
+    assert not {"hpcmtl.formats", "hpcmtl.cli.data", "hpcmtl.model_selection", "hpcmtl.joint_sparse",
+                "hpcmtl.online", "sklearn"} & trained
+    assert {"hpcmtl.formats", "hpcmtl.cli.data"} <= modules_imported_by(["data", "info", "tr.h5"], tmp_path)

@@ -182,8 +182,8 @@ NO_MPI4PY = ("import sys\n"
 
 
 def launcher_free_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")}
+    from hpcmtl.cluster.failure import LAUNCHER_RANK_VARIABLES
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_RANK_VARIABLES}
     env.update(extra)
     return env
 
@@ -215,6 +215,29 @@ def test_a_training_job_without_mpi4py_runs_serial_to_the_same_model(tmp_path):
     assert b["n_ranks"] == 1
     assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
     assert a["history"]["primal"].tobytes() == b["history"]["primal"].tobytes()
+
+
+def test_a_training_job_no_launcher_started_never_imports_mpi4py(tmp_path):
+    """``hpcmtl train`` without mpiexec is one process: the serial backend, with mpi4py installed but never
+    imported (MPI not initialized); under ``mpiexec -n 1`` (a launcher's variable set) it still connects."""
+    from conftest import run_hpcmtl
+    tr = tmp_path / "tr.h5"
+    assert run_hpcmtl(["data", "synth", "dmtrl1", tr, "--scale", "0.02", "--seed", "5"]).returncode == 0
+    code = ("import sys\n"
+            "from hpcmtl.cli import main\n"
+            "code = main(sys.argv[1:])\n"
+            "print('mpi4py' in sys.modules, 'mpi4py.MPI' in sys.modules)\n"
+            "sys.exit(code)\n")
+    args = ["train", "stl", "--train", str(tr), "--loss", "hinge", "--lam", "1e-2", "--quiet", "--force", "--out",
+            str(tmp_path / "stl.h5")]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=launcher_free_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=launcher_free_env(SLURM_PROCID="0"))          # a batch step without srun: MPI, size 1
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
 
 
 @pytest.mark.smoke

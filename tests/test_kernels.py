@@ -299,6 +299,31 @@ def test_local_sdca_validates_what_would_index_out_of_range(kernels):
         assert call(state=state) == 2 and 1 <= state[1] <= 2 and 0 < state[4] <= 0.1
 
 
+def test_a_bad_column_index_is_refused_when_its_row_comes_up(kernels):
+    """CSR column indices are checked row by row as the kernels read them (not in a scan of every index per
+    call): a bad one met in the middle of a pass raises ValueError naming it, before u or w is read with
+    it; the steps before it stay in alpha, delta_b and the shrinking state are not written."""
+    rng = np.random.default_rng(4)
+    X = sp.csr_matrix(rng.normal(size=(40, 3)))
+    y = np.where(rng.normal(size=40) > 0, 1.0, -1.0)
+    blk = _block(X, y)
+    indices = np.array(X.indices)
+    indices[X.indptr[39]] = 3                            # the last row's first column: out of 0..2
+    bad = changed(blk.rows, indices=indices)
+    order = np.arange(40, dtype=np.int32)
+    alpha, db, state = np.zeros(40), np.full(3, 7.0), kernels.new_shrink_state(40, True)
+    kept = state.copy()
+    with pytest.raises(ValueError, match="column index 3 outside 0..2"):
+        kernels.sdca_local(bad, blk.y, alpha, np.zeros(3), db, blk.sq_norms, order, state, 0, 1.0, 1.0, 40.0, 1.0,
+                           11)
+    assert np.count_nonzero(alpha) == list(order).index(39)          # the steps before row 39 came up
+    assert np.all(db == 7.0) and np.array_equal(state, kept)
+    with pytest.raises(ValueError, match="column index 3 outside 0..2"):
+        kernels.objective_terms(bad, blk.y, alpha, np.zeros(3), 0, 1.0)
+    good = kernels.objective_terms(blk.rows, blk.y, alpha, np.ones(3), 0, 1.0)
+    assert np.isfinite(good).all()
+
+
 def test_row_kernels_check_the_row_structure(kernels, online_kernels):
     csr = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2))
     rows = csr.rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import os
 import sys
 
@@ -75,14 +76,43 @@ def _count(flag, minimum=1):
     return number_type(flag, Interval(int, minimum))
 
 
-def build_parser():
+# the command groups, in the order --help lists them, with their one-line help: one module a group
+# (``hpcmtl.cli.NAME``: ``add_parser(sub)`` and its ``cmd_*`` functions), imported when its command runs
+COMMAND_HELP = {
+    "data": "convert, split, inspect and generate task datasets",
+    "train": "train a model (distributed under mpiexec)",
+    "evaluate": "test metrics of a result file: per task, pooled_* and task_mean_*",
+    "report": "figures and a Markdown summary from result files",
+    "jobs": "SLURM job scripts from templates",
+    "demo": "Synthetic 1 under mpiexec -n 5: STL vs learned task relationships",
+}
+
+
+def group(name):
+    """The module of command group ``name`` (imported on first use)."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def build_parser(command=None):
+    """The ``hpcmtl`` parser: every command group's sub-parser (``command=None``), or only ``command``'s
+    (``""``: none), the others named with their help only.  A command line builds its own group's, so
+    ``hpcmtl train ...`` or ``--help`` does not import the input formats of ``data`` or what other groups
+    read (start-up of every job, every rank)."""
     p = Parser(prog="hpcmtl", description="MPI-native multi-task learning", allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"hpcmtl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     # abbreviations are off everywhere: a misspelt option in a job script is an error, never a guess
-    for group in (data, train, evaluate, report, jobs, demo):
-        group.add_parser(sub)
+    for name, text in COMMAND_HELP.items():
+        if command is None or name == command:
+            group(name).add_parser(sub)
+        else:
+            sub.add_parser(name, help=text)
     return p
+
+
+def command_of(argv):
+    """The command group an argument list names (its first word, when it is one), else ``""``."""
+    return argv[0] if argv and argv[0] in COMMAND_HELP else ""
 
 
 def main(argv=None):
@@ -97,20 +127,29 @@ def main(argv=None):
 
 def _main(argv=None):
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    args = build_parser().parse_args(train_method_first(argv))
+    command = command_of(argv)
+    if command == "train":
+        argv = group("train").train_method_first(argv)
+    args = build_parser(command).parse_args(argv)
     if args.command == "train":
         from ..cluster import run_main
-        return run_main(lambda cluster: train.cmd_train(args, cluster))
-    commands = {"data": data.cmd_data, "evaluate": evaluate.cmd_evaluate, "jobs": jobs.cmd_jobs,
-                "report": report.cmd_report, "demo": demo.cmd_demo}
+        return run_main(lambda cluster: group("train").cmd_train(args, cluster))
     try:
-        return commands[args.command](args)
+        return getattr(group(args.command), f"cmd_{args.command}")(args)
     except InputError as exc:
         print(f"hpcmtl: error: {exc}", file=sys.stderr)
         return 2
 
 
-# the command groups use Parser and the helpers above, so they are imported after them
-from . import data, demo, evaluate, jobs, report, train  # noqa: E402
-from .train import (TRAIN_METHODS, DefaultsFormatter, MethodParser, add_train_methods,  # noqa: E402,F401
-                    train_method_first, train_option_groups, train_options_of)
+# names of ``hpcmtl.cli.train`` that this package has always exported, loaded with it
+TRAIN_NAMES = ("TRAIN_METHODS", "DefaultsFormatter", "MethodParser", "add_train_methods", "train_method_first",
+               "train_option_groups", "train_options_of")
+
+
+def __getattr__(name):
+    # the command groups (hpcmtl.cli.data, ...) and the train names above, imported when first asked for
+    if name in COMMAND_HELP:
+        return group(name)
+    if name in TRAIN_NAMES:
+        return getattr(group("train"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

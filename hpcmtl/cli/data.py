@@ -5,7 +5,7 @@ import json
 
 from .. import formats
 from ..errors import InputError
-from . import Parser, _count, _positive_float
+from . import COMMAND_HELP, Parser, _count, _positive_float
 
 
 SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-stream", "mnist-scale", "mds-scale")
@@ -13,7 +13,7 @@ SYNTH_NAMES = ("dmtrl1", "dmtrl2", "joint-sparse", "seasonal", "multilabel-strea
 
 def add_parser(sub):
     """The ``data`` command and its sub-commands."""
-    data = sub.add_parser("data", help="convert, split, inspect and generate task datasets")
+    data = sub.add_parser("data", help=COMMAND_HELP["data"])
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     conv = dsub.add_parser("convert", help="convert a public format into a task dataset or a stream")
     conv.add_argument("--format", required=True, choices=formats.format_names(),

@@ -1,12 +1,12 @@
 """``hpcmtl demo``: Synthetic 1 under mpiexec, STL against learned task relationships."""
 from __future__ import annotations
 
-from . import _count
+from . import COMMAND_HELP, _count
 
 
 def add_parser(sub):
     """The ``demo`` command."""
-    demo = sub.add_parser("demo", help="Synthetic 1 under mpiexec -n 5: STL vs learned task relationships")
+    demo = sub.add_parser("demo", help=COMMAND_HELP["demo"])
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--ranks", type=_count("--ranks"), default=5)
 

@@ -6,11 +6,12 @@ import math
 
 from ..errors import InputError
 from ..metrics import evaluate_arrays, match_tasks
+from . import COMMAND_HELP
 
 
 def add_parser(sub):
     """The ``evaluate`` command."""
-    ev = sub.add_parser("evaluate", help="test metrics of a result file: per task, pooled_* and task_mean_*")
+    ev = sub.add_parser("evaluate", help=COMMAND_HELP["evaluate"])
     ev.add_argument("result", metavar="RESULT.h5")
     ev.add_argument("test", metavar="TEST.h5", help="a task dataset, or a test stream for an online result")
     ev.add_argument("--json", action="store_true",

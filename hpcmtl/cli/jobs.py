@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 
-from . import Parser
+from . import COMMAND_HELP, Parser
 
 
 def add_parser(sub):
     """The ``jobs`` command and its sub-commands."""
-    jobs = sub.add_parser("jobs", help="SLURM job scripts from templates")
+    jobs = sub.add_parser("jobs", help=COMMAND_HELP["jobs"])
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, parser_class=Parser)
     jsub.add_parser("list", help="the templates and their parameters")
     render = jsub.add_parser("render", help="fill a template (values are shell-quoted)")

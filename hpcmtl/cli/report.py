@@ -4,11 +4,12 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError
+from . import COMMAND_HELP
 
 
 def add_parser(sub):
     """The ``report`` command."""
-    rep = sub.add_parser("report", help="figures and a Markdown summary from result files")
+    rep = sub.add_parser("report", help=COMMAND_HELP["report"])
     rep.add_argument("results", nargs="+", metavar="RESULT.h5")
     rep.add_argument("--out", required=True, metavar="DIR")
     rep.add_argument("--csv", action="store_true", help="also export each run's history as CSV into DIR")

@@ -12,7 +12,7 @@ from .. import __version__
 from ..errors import InputError
 from ..methods import (METHOD_DEFAULTS, METHOD_HELP, TRAIN_METHODS, train_option_groups,  # noqa: F401
                       train_options_of)
-from . import Parser, _all_options
+from . import COMMAND_HELP, Parser, _all_options
 from .evaluate import open_test_stream
 
 
@@ -106,7 +106,7 @@ def train_method_first(argv):
 def add_parser(sub):
     """The ``train`` command: one sub-parser a method."""
     # -- train: one sub-parser a method, each with only the options that method reads --------------
-    tr = sub.add_parser("train", help="train a model (distributed under mpiexec)",
+    tr = sub.add_parser("train", help=COMMAND_HELP["train"],
                         description="hpcmtl train METHOD --help lists the options of one method")
     add_train_methods(tr)
 

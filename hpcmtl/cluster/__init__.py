@@ -62,16 +62,15 @@ ABORT_GRACE_SECONDS = 0.5            # a failing rank's line, written and flushe
 
 def connect(comm=None) -> Cluster:
     """The cluster of a run: :class:`MPICluster` over ``comm`` (default ``MPI.COMM_WORLD``) when it has several
-    processes, :class:`SerialCluster` when it has one (``python -m hpcmtl`` without ``mpiexec``, or
-    ``mpiexec -n 1``: the same collectives a communicator of one gave).  Without mpi4py installed, a process
-    that no MPI launcher started runs serial; one that a launcher started fails as before (ImportError)."""
+    processes, :class:`SerialCluster` when it has one (``mpiexec -n 1``: the same collectives a communicator of
+    one gave).  A process that no MPI launcher started (``python -m hpcmtl`` without ``mpiexec``: none of the
+    variables of :func:`launched_by_mpi` set) is one process: it runs serial without importing mpi4py, so MPI
+    is never initialized (its start-up and a library that need not be there); one that a launcher started
+    without mpi4py installed fails as before (ImportError)."""
     if comm is None:
-        try:
-            comm = world()
-        except ImportError:
-            if launched_by_mpi():
-                raise
+        if not launched_by_mpi():
             return SerialCluster()
+        comm = world()
     return MPICluster(comm) if comm.Get_size() > 1 else SerialCluster()
 
 

@@ -14,7 +14,11 @@ import os
 from ..errors import InputError
 
 TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
-LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# what MPI launchers set in each process they start: MPICH/Hydra and Intel MPI, Open MPI, PMIx, SLURM's srun,
+# MVAPICH's mpirun_rsh, Cray's PALS and ALPS.  A process with none of them runs serial without initializing MPI
+# (cluster.connect), so a launcher missing here would start P copies of a serial run
+LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK",
+                           "PALS_RANKID", "ALPS_APP_PE")
 
 
 def launcher_rank() -> int:
