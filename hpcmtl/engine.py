@@ -495,6 +495,13 @@ class ServerBase:
             out[task] += rows[k]
         return out
 
+    def signal_pending(self) -> bool:
+        """Server: a termination signal arrived here or at a worker.  Long server computations poll it and end
+        early with what they have (each keeps its iterates valid), so the next safe point comes in seconds."""
+        ck = self.checkpointer
+        return bool(ck is not None and ck.signals is not None and
+                    (ck.signal_received() or self.cluster.signal_elsewhere()))
+
     def safe_point(self, earlier=None):
         """Between rounds: write a checkpoint when one is due or a signal arrived.
 

@@ -481,3 +481,37 @@ def test_a_fixed_sigma_from_a_factored_result_file_is_its_dense_matrix(tmp_path)
         store.write_result(tmp_path / name, np.zeros((2, 20)), sigma, {"round": np.arange(2)}, {}, 1, "test")
         got = read_sigma(str(tmp_path / name))
         assert got.shape == (20, 20) and np.array_equal(got, f.dense())
+
+
+def test_a_signal_ends_the_matrix_free_solves_with_the_ascent_they_have():
+    """stop() (a termination signal) ends box_qp_operator and preconditioned_cg after the products already
+    taken: the iterate is in the box and gains over 0 (the round stays dual ascent), in far fewer products than
+    the full solve; without a signal stop() changes nothing (the same bits)."""
+    from hpcmtl.dmtrl.steps import preconditioned_cg
+    rng = np.random.default_rng(9)
+    m = 80
+    F = rng.normal(size=(m, 60))
+    A = F @ F.T + 1e-3 * np.eye(m)
+    g = rng.normal(size=m) * 3
+    upper = rng.uniform(0.2, 1.0, m)
+    products = []
+
+    def times(v):
+        products.append(1)
+        return A @ v
+
+    value = (lambda y: g @ y - 0.5 * y @ A @ y)
+    full = box_qp_operator(times, np.diag(A).copy(), g, upper)
+    n_full = len(products)
+    products.clear()
+    quiet = box_qp_operator(times, np.diag(A).copy(), g, upper, stop=lambda: False)
+    assert quiet.tobytes() == full.tobytes()
+    products.clear()
+    early = box_qp_operator(times, np.diag(A).copy(), g, upper, stop=lambda: len(products) >= 5)
+    assert len(products) < min(10, n_full)
+    assert np.all(early >= 0) and np.all(early <= upper) and 0 < value(early) <= value(full) + 1e-12
+    calls = []
+    x, k = preconditioned_cg(lambda v: A @ v, lambda r: r, g, 1e-26, 500,
+                             stop=lambda: calls.append(1) or len(calls) > 3)
+    exact = np.linalg.solve(A, g)
+    assert k == 3 and 0 < value(x) < value(exact)

@@ -373,15 +373,11 @@ class JointServer:
             box = float(np.max(raw[:, -1])) if raw.shape[0] else 0.0
             return rows[:, :self.d], rows[:, self.d], rows[:, self.d + 1], rows[:, self.d + 2:], box
 
-        def stop():
-            ck = self.checkpointer
-            return ck is not None and ck.signals is not None and bool(ck.signal_received() or
-                                                                      self.cluster.signal_elsewhere())
-
         smooth = get_loss(self.config.loss).smooth
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
-                                       gradient if smooth else None, self.config.outer_tol, stop)
+                                       gradient if smooth else None, self.config.outer_tol,
+                                       self.signal_pending)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

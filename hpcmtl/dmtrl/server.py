@@ -61,7 +61,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.rho_task = coupled_rho(self.Sigma)
         self.step = np.zeros(self.m)             # the last round's per-task steps
         self.momentum = uses_momentum(config)
-        self.solver = StepSolver(config, self.momentum)     # the per-task steps (aggregations other than safe)
+        # the per-task steps (aggregations other than safe); a signal ends their long solves early
+        self.solver = StepSolver(config, self.momentum, self.signal_pending)
         self.beta = np.zeros(self.m)             # momentum: the last round's coefficients of the previous step
         self.dPT = np.zeros((self.m, self.d))    # momentum: the B change of the last round's step
         self.history = GapHistory()

@@ -153,9 +153,12 @@ class StepSolver:
     ``inputs.space``: dense ``m x d`` rows unless the server keeps them on the task supports.
     """
 
-    def __init__(self, config, momentum):
+    def __init__(self, config, momentum, stop=None):
         self.config = config
         self.momentum = momentum
+        # stop(): a termination signal arrived; the matrix-free solvers (many tasks: thousands of products a
+        # round) then end with the ascent they have, so the round ends and its safe point checkpoints in seconds
+        self.stop = stop
 
     def steps(self, inputs, dBT, c1, c2):
         """Per-task steps eta in [0, eta_max]^m maximizing the dual along the pending local steps.
@@ -176,7 +179,7 @@ class StepSolver:
                     return np.zeros(m)
                 return np.full(m, cfg.eta if curv <= slope / cfg.eta else slope / curv)
             diag = inputs.factors.diag() * space.dots(dBT, dBT) / cfg.lam + c2 / inputs.n
-            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step)
+            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step, stop=self.stop)
         A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
@@ -234,7 +237,8 @@ class StepSolver:
         at every rank count: the server computes it alone)."""
         m = inputs.m
         apply, g, blocks = self.momentum_operator(inputs, dBT, scalars)
-        v, self.cg_iterations = preconditioned_cg(apply, block_jacobi(*blocks), g, CG_RTOL * CG_RTOL, CG_MAX_ITER)
+        v, self.cg_iterations = preconditioned_cg(apply, block_jacobi(*blocks), g, CG_RTOL * CG_RTOL, CG_MAX_ITER,
+                                                  self.stop)
         if v is None:
             return np.zeros(m), np.zeros(m)
         if not float(g @ v - 0.5 * v @ apply(v)) > 0:
@@ -273,8 +277,8 @@ class StepSolver:
             times, g, (a11, _, a22) = self.momentum_operator(inputs, dBT, scalars[:, :5], dQT)
             diag = np.concatenate([a11, a22])
             alone_times = (lambda v: times(np.concatenate([v, np.zeros(m)]))[:m])
-            alone = box_qp_operator(alone_times, a11, g[:m], cfg.eta, start=inputs.step)
-            solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start))
+            alone = box_qp_operator(alone_times, a11, g[:m], cfg.eta, start=inputs.step, stop=self.stop)
+            solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop))
         else:
             A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
             alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
@@ -386,7 +390,7 @@ NEWTON_CG_ITER = 50       # box_qp_operator: CG iterations of one Newton directi
 SEARCH_HALVINGS = 12      # box_qp_operator: projected steps t = 1, 1/2, ... tried along a Newton direction
 
 
-def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, rtol=1e-12):
+def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, rtol=1e-12, stop=None):
     """:func:`box_qp` with A given only as ``times(v) = A v`` (and its diagonal ``diag``): a projected Newton-CG
     method (Bertsekas' two-metric projection).  Each iteration holds the coordinates at a bound whose gradient
     ``g - A x`` points out of the box, takes a Newton direction on the others by Jacobi-preconditioned CG (from
@@ -394,7 +398,9 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
     keeping the first that gains; when none does, the projected gradient step, exact up to the first bound it
     meets (it always gains while the projected gradient is not zero).  Starts from the better of 0 and
     ``start`` (in the box); ends when the projected gradient is ``rtol`` of g's size, after ``max_iter``
-    iterations, or when no step gains: never worse than 0, deterministic, and O(iterations x a product)."""
+    iterations, when no step gains, or when ``stop()`` says so (a termination signal: every iterate is in the
+    box and gains, so the step so far is still dual ascent): never worse than 0, deterministic, and
+    O(iterations x a product)."""
     g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
     m = g.size
     upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.asarray(upper, dtype=np.float64)
@@ -407,12 +413,14 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
     inv_diag = np.where(diag > 0, 1.0 / np.where(diag > 0, diag, 1.0), 0.0)
     size = max(float(np.linalg.norm(g)), 1e-300)
     for _ in range(max_iter):
+        if stop is not None and stop():
+            break
         r = g - Ax
         held = ((x <= 0) & (r <= 0)) | ((x >= upper) & (r >= 0))
         pg = np.where(held, 0.0, r)
         if not float(np.linalg.norm(pg)) > rtol * size:
             break
-        d = free_newton_direction(times, inv_diag, ~held, pg)
+        d = free_newton_direction(times, inv_diag, ~held, pg, stop)
         moved = False
         t = 1.0
         for _ in range(SEARCH_HALVINGS):
@@ -440,21 +448,22 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
     return x
 
 
-def free_newton_direction(times, inv_diag, free, r):
+def free_newton_direction(times, inv_diag, free, r, stop=None):
     """``A_FF d_F = r_F`` (d zero off the free set F) by Jacobi-preconditioned CG from zero, at most
     NEWTON_CG_ITER products, stopped at a preconditioned residual of 1e-10 of the first or on a direction of
     no curvature."""
     d, _ = preconditioned_cg(lambda p: np.where(free, times(p), 0.0), lambda res: inv_diag * res,
-                             np.where(free, r, 0.0), 1e-20, NEWTON_CG_ITER)
+                             np.where(free, r, 0.0), 1e-20, NEWTON_CG_ITER, stop)
     if d is None:
         return np.where(free, r, 0.0)
     return d if d.any() else np.where(free, r, 0.0)
 
 
-def preconditioned_cg(apply, precond, r, rtol2, max_iter):
+def preconditioned_cg(apply, precond, r, rtol2, max_iter, stop=None):
     """``(x, products)``: preconditioned conjugate gradients on ``A x = r`` from x = 0 (``apply``: v -> A v,
     ``precond``: the preconditioner's solve), stopped when ``r.M r`` falls to ``rtol2`` of its start, on a
-    direction of no curvature or after ``max_iter`` products; x is None when ``r.M r <= 0`` at the start.
+    direction of no curvature, after ``max_iter`` products or when ``stop()`` says so (a termination signal:
+    from x = 0 every iterate raises ``r.x - x.A.x / 2``); x is None when ``r.M r <= 0`` at the start.
     Fixed operations in a fixed order (the server's steps: the same bits at every rank count)."""
     x = np.zeros(r.size)
     r = r.copy()
@@ -462,8 +471,10 @@ def preconditioned_cg(apply, precond, r, rtol2, max_iter):
     rz = float(r @ z)
     if not rz > 0:
         return None, 0
-    stop, p, products = rtol2 * rz, z.copy(), 0
+    small, p, products = rtol2 * rz, z.copy(), 0
     for _ in range(max_iter):
+        if stop is not None and stop():
+            break
         products += 1
         Ap = apply(p)
         curv = float(p @ Ap)
@@ -474,7 +485,7 @@ def preconditioned_cg(apply, precond, r, rtol2, max_iter):
         r -= a * Ap
         z = precond(r)
         rz_new = float(r @ z)
-        if not rz_new > stop:
+        if not rz_new > small:
             break
         p = z + (rz_new / rz) * p
         rz = rz_new
