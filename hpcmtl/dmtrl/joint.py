@@ -249,12 +249,23 @@ class JointBlocks:
 
     def gradient_terms(self, ctrl, rows):
         """GRADIENT_TERMS: per block ``[w_prox, w_ext]`` -> per block :func:`block_gradient_terms` (the gradient
-        on all d features)."""
-        parts = []
-        for k, (vecs, _) in enumerate(self.from_rows(rows, 2)):
-            grad, scalars = block_gradient_terms(self.blocks[k], vecs[0], vecs[1], self.loss, self.config.gamma)
-            parts.append(([grad], scalars))
-        return self.dense_rows(parts, 1, ctrl.count)
+        on all d features, zeros off a block's own columns).  Rows read and written in place (the dense
+        commands' layout: :meth:`from_rows` / :meth:`dense_rows`): an iteration of the phase is a pass over the
+        rows, and these small blocks' Python is most of it."""
+        d = self.d
+        out = np.zeros((len(self.blocks), ctrl.count))
+        for k, blk in enumerate(self.blocks):
+            f = self.columns[k]
+            w_prox, w_ext = rows[k, :d], rows[k, d:2 * d]
+            if f is not None:
+                w_prox, w_ext = w_prox[f], w_ext[f]
+            grad, scalars = block_gradient_terms(blk, w_prox, w_ext, self.loss, self.config.gamma)
+            if f is None:
+                out[k, :d] = grad
+            else:
+                out[k, f] = grad
+            out[k, d:] = scalars
+        return out
 
     def joint_terms(self, ctrl, rows):
         """JOINT_TERMS: per block ``[K candidate w's]`` -> per block :func:`block_joint_terms`."""
