@@ -188,6 +188,8 @@ class StepSolver:
                 return np.zeros(inputs.m)
             e = cfg.eta if curv <= slope / cfg.eta else slope / curv
             return np.full(inputs.m, e)
+        if inputs.m >= DENSE_OPERATOR_MIN_TASKS:
+            return box_qp_operator(lambda v: A @ v, np.diag(A).copy(), g, cfg.eta, start=inputs.step, stop=self.stop)
         return box_qp(A, g, cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
 
     def two_direction_quadratic(self, inputs, dBT, dQT, c1, c2, c1q, c2q, cross):
@@ -281,9 +283,14 @@ class StepSolver:
             solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop))
         else:
             A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
-            alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
             times, alone_times = (lambda v: A @ v), (lambda v: A[:m, :m] @ v)
-            solve = (lambda upper, start: box_qp(A, g, upper, start=start, max_iter=QP_ITERATIONS))
+            if m >= DENSE_OPERATOR_MIN_TASKS:        # the projected Newton-CG on A's products (see the constant)
+                diag = np.diag(A).copy()
+                alone = box_qp_operator(alone_times, diag[:m], g[:m], cfg.eta, start=inputs.step, stop=self.stop)
+                solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop))
+            else:
+                alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
+                solve = (lambda upper, start: box_qp(A, g, upper, start=start, max_iter=QP_ITERATIONS))
         gain_alone = float(g[:m] @ alone - 0.5 * alone @ alone_times(alone))
         if not np.any(beta_max > 0):
             return alone, np.zeros(m)
@@ -356,6 +363,10 @@ class StepSolver:
         return eta, beta, dPT
 
 
+# from this many tasks the dense path's box QPs (2m x 2m with momentum) are solved by box_qp_operator on the
+# dense matrix's products too: the active-set method's Cholesky factorizations cost m^3 each and, on the singular
+# A of one-row hinge tasks (rank <= d), took 50-250 s a round at 500 tasks, with no safe point inside
+DENSE_OPERATOR_MIN_TASKS = 256
 CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, relative to the first (the step then
                          # agrees with the pseudo-inverse's to about 1e-12 on small problems)
 CG_MAX_ITER = 500
