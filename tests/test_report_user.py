@@ -134,3 +134,13 @@ def test_the_mb_moved_panel_plots_a_grids_refit_not_its_cv_path(tmp_path):
     assert f"its grid's path moved {before / 1e6:.3g} MB before the refit" in title
     assert xlabel == "MB moved (a grid: its refit)"
     assert np.array_equal(lines[0], (h - before) / 1e6) and lines[0].max() < before / 1e6
+
+
+def test_the_online_legend_names_the_output_code():
+    """An online run's curve is labelled with its update, norm, C and output code (issue 38: the legend omitted
+    the code, so two ECOC runs drew alike)."""
+    from hpcmtl.results import _label
+    res = {"config": {"method": "online", "update": "implicit", "norm": "rmax", "r": 2, "C": 1.0, "code": "ecoc-15"}}
+    assert _label("a/run.h5", res) == "run.h5 (online, implicit, r-max r=2, C 1, code ecoc-15)"
+    del res["config"]["code"]
+    assert _label("a/run.h5", res) == "run.h5 (online, implicit, r-max r=2, C 1)"
