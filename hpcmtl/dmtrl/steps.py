@@ -364,9 +364,10 @@ class StepSolver:
 
 
 # from this many tasks the dense path's box QPs (2m x 2m with momentum) are solved by box_qp_operator on the
-# dense matrix's products too: the active-set method's Cholesky factorizations cost m^3 each and, on the singular
-# A of one-row hinge tasks (rank <= d), took 50-250 s a round at 500 tasks, with no safe point inside
-DENSE_OPERATOR_MIN_TASKS = 256
+# dense matrix's products too, which polls the signal: the active-set method's Cholesky factorizations cost m^3
+# each (hinge, 150 tasks of 30 rows: 132 s against 17 s; one-row tasks, whose A is singular: 50-250 s a round at
+# 500 tasks), while at 16 tasks it is the faster of the two by a few percent
+DENSE_OPERATOR_MIN_TASKS = 64
 CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, relative to the first (the step then
                          # agrees with the pseudo-inverse's to about 1e-12 on small problems)
 CG_MAX_ITER = 500
