@@ -457,6 +457,38 @@ def test_tiny_csr_tasks_with_centered_intercepts_through_several_omega_steps(ker
     assert np.all(np.isfinite(result.intercept))
 
 
+@pytest.mark.parametrize("loss,rows", [("squared", "csr"), ("logistic", "dense"), ("smoothed-hinge", "float32")])
+def test_tiny_tasks_through_the_accelerated_outer_step(kernel_build, loss, rows):
+    """gradient_terms (the accelerated outer step's kernel) through the whole engine on the build under test:
+    14 tasks of 1-3 rows, rows without non-zeros, shrinking on, an --outer-tol no W-step reaches, so every one of
+    four W-steps is followed by a phase; CSR rows with the squared loss's implicit centering, dense rows with the
+    augmented intercept, float32 rows."""
+    import scipy.sparse as sp
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import DMTRLConfig, train
+    from hpcmtl.estimators import MemoryTasks
+    rng = np.random.default_rng(8)
+    Xs, ys = [], []
+    for i in range(14):
+        n = 1 + i % 3
+        X = rng.normal(size=(n, 6)) * (rng.random((n, 6)) < 0.6)
+        if n == 3:
+            X[1] = 0.0
+        if rows == "float32":
+            X = X.astype(np.float32).astype(np.float64)
+        Xs.append(sp.csr_matrix(X) if rows == "csr" else X)
+        ys.append(rng.normal(size=n) + 2.0 if loss == "squared" else np.where(rng.random(n) < 0.5, -1.0, 1.0))
+    config = DMTRLConfig(loss=loss, lam=1e-2, tol=1e-7, outer=4, outer_tol=1e-12, max_rounds=3000, shrinking=True,
+                         local_solver="sdca", float32=rows == "float32")
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    steps = result.wsteps
+    assert wsteps_certified(result) and len(steps["converged"]) == 4 and np.all(steps["apg_iterations"] > 0)
+    for key in ("joint_primal", "joint_dual", "prox_primal"):
+        assert np.all(np.isfinite(steps[key])), key
+    assert steps["joint_dual"].max() <= steps["joint_primal"].min()
+    assert np.all(steps["prox_primal"] <= steps["joint_primal"]) and np.all(np.isfinite(result.W))
+
+
 def test_interior_point_rounds_on_the_build_under_test(kernel_build, monkeypatch):
     """hpcmtl.interior's kernel calls (its dot products, the blocks' objective sums) on the build under test: a
     coupled hinge W-step of 5 small raw tasks (one of a single row, an all-zero row in the others) under a fixed
