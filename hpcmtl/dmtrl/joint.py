@@ -148,16 +148,12 @@ def choose(loss_name, steps, norms, loss_sums, conj_sums, box_max, n, BT, lam):
     """
     losses = np.sum(loss_sums / n[:, None], axis=0)
     primals = losses + 0.5 * lam * norms ** 2
-    spectral2 = float(np.linalg.norm(BT, 2)) ** 2 if BT.size else 0.0
-    duals = -np.sum(conj_sums / n[:, None], axis=0) - DUAL_SCALES ** 2 * spectral2 / (2.0 * lam)
-    if loss_name != "squared":                # hinge, smoothed hinge, logistic: y s alpha stays in [0, 1]
-        duals = np.where(DUAL_SCALES * box_max <= 1.0 + 1e-12, duals, -np.inf)
-    j = int(np.argmax(duals))
+    dual, scale = joint_dual_at(loss_name, conj_sums, box_max, n, BT, lam)
     best = int(np.argmin(np.where(np.isfinite(primals), primals, np.inf)))
-    primal, dual = float(primals[0]), float(duals[j])
+    primal = float(primals[0])
     gap = primal - dual
     return {"joint_primal": primal, "joint_dual": dual, "joint_gap": gap,
-            "joint_rel_gap": gap / max(abs(primal), 1e-300), "dual_scale": float(DUAL_SCALES[j]),
+            "joint_rel_gap": gap / max(abs(primal), 1e-300), "dual_scale": scale,
             "prox_step": float(steps[best]), "prox_primal": float(primals[best]), "best": best}
 
 
@@ -176,11 +172,12 @@ def block_gradient_terms(blk, w_prox, w_ext, loss, gamma):
     return grad, scalars[:-1]
 
 
-def joint_dual_at(loss_name, conj_sums, box_max, n, GT, lam):
-    """``max_s D(s alpha)`` and its s for ``alpha = -l'(z)``: V(alpha) is minus the loss's gradient ``G``."""
-    spectral2 = float(np.linalg.norm(GT, 2)) ** 2 if GT.size else 0.0
+def joint_dual_at(loss_name, conj_sums, box_max, n, VT, lam):
+    """``(max_s D(s alpha), s)`` from the per-task conjugate sums at DUAL_SCALES and ``V(alpha)^T`` (the W-step's
+    B, or minus the loss's gradient G for ``alpha = -l'(z)``)."""
+    spectral2 = float(np.linalg.norm(VT, 2)) ** 2 if VT.size else 0.0
     duals = -np.sum(conj_sums / n[:, None], axis=0) - DUAL_SCALES ** 2 * spectral2 / (2.0 * lam)
-    if loss_name != "squared":
+    if loss_name != "squared":                # hinge, smoothed hinge, logistic: y s alpha stays in [0, 1]
         duals = np.where(DUAL_SCALES * box_max <= 1.0 + 1e-12, duals, -np.inf)
     j = int(np.argmax(duals))
     return float(duals[j]), float(DUAL_SCALES[j])
