@@ -9,20 +9,23 @@ coupled rounds whose server step this benchmark is about), ``--max-rounds`` roun
 Printed per (m, P): the median seconds from one coupled round's start to the next's (``period``: the gap, the
 checks between rounds and the safe point included; the ratio at 10^4 over 10^3 is of these), of the
 round's own command (``round``: its server algebra: the step problem,
-``W = B Sigma / lam`` and the rho update, and its worker part: ``LocalBlocks.trial`` and ``apply`` summed
+``W = B Sigma / lam`` and the rho update, also as rank 0's CPU seconds (``cpu``: what a loaded machine's
+wall clock blurs), and its worker part: ``LocalBlocks.trial`` and ``apply`` summed
 over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
-the median bytes a coupled round moves, the rounds of each W-step and whether it was certified (``>``: it
+the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of each W-step and whether it was certified (``>``: it
 stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a round at m = 10^4 to m = 10^3
 (linear growth: <= 12 at 20-40 rows a task).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
-        [--factored-min-tasks N] [--batch-min-tasks N] [--json FILE] [--work DIR]
+        [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
 always as factors, the step problems matrix-free; a huge number: the dense path of before);
 ``--batch-min-tasks`` sets :data:`hpcmtl.dmtrl.batched.BATCH_MIN_TASKS` (a huge number: every block on its own on
-the workers, the per-block path of before).  ``--convergence`` instead runs
-bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
+the workers, the per-block path of before); ``--cg-inexact-min-tasks`` sets
+:data:`hpcmtl.dmtrl.steps.CG_INEXACT_MIN_TASKS` (a huge number: the squared loss's CG step to its residual's 1e-13
+at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too).  ``--convergence``
+instead runs bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
 matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
 bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
 """
@@ -64,11 +67,12 @@ def timed(cls, name, log):
     inner = getattr(cls, name)
 
     def wrapper(self, *a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             return inner(self, *a, **k)
         finally:
             log.setdefault(name, []).append(time.perf_counter() - t)
+            log.setdefault(name + ":cpu", []).append(time.process_time() - c)
     setattr(cls, name, wrapper)
 
 
@@ -79,6 +83,8 @@ def child(args):
     from hpcmtl.dmtrl import server as srv, sigma, steps, worker
     if args.factored_min_tasks is not None and hasattr(sigma, "FACTORED_MIN_TASKS"):
         sigma.FACTORED_MIN_TASKS = args.factored_min_tasks
+    if args.cg_inexact_min_tasks is not None:
+        steps.CG_INEXACT_MIN_TASKS = args.cg_inexact_min_tasks
     if args.batch_min_tasks is not None:
         from hpcmtl.dmtrl import batched
         batched.BATCH_MIN_TASKS = args.batch_min_tasks
@@ -87,14 +93,23 @@ def child(args):
         timed(srv.Server, name, log)
     timed(steps.StepSolver, "take_steps", log)
     timed(steps.StepSolver, "adapt_rho", log)
+    cg = steps.StepSolver.steps_momentum_cg
+
+    def cg_counted(self, *a, **k):          # the CG products of each round's squared-loss step
+        try:
+            return cg(self, *a, **k)
+        finally:
+            log.setdefault("cg_products", []).append(getattr(self, "cg_iterations", 0))
+    steps.StepSolver.steps_momentum_cg = cg_counted
     for name in ("trial", "apply"):
         timed(worker.LocalBlocks, name, log)
-    rounds = {"round": [], "server": [], "bytes": [], "start": [], "outer": []}
+    rounds = {"round": [], "server": [], "server_cpu": [], "bytes": [], "start": [], "outer": []}
     orig = srv.Server.round_steps
     server_keys = ("take_steps", "adapt_rho", "recompute_w")
 
     def round_steps(self, want_gap):         # one coupled round: its seconds, its server algebra, its bytes
         spent = sum(sum(log.get(k, [])) for k in server_keys)
+        spent_cpu = sum(sum(log.get(k + ":cpu", [])) for k in server_keys)
         before, t = self.cluster.bytes_moved, time.perf_counter()
         rounds["start"].append(t)
         rounds["outer"].append(self.outer)
@@ -103,6 +118,7 @@ def child(args):
         finally:
             rounds["round"].append(time.perf_counter() - t)
             rounds["server"].append(sum(sum(log.get(k, [])) for k in server_keys) - spent)
+            rounds["server_cpu"].append(sum(sum(log.get(k + ":cpu", [])) for k in server_keys) - spent_cpu)
             rounds["bytes"].append(self.cluster.bytes_moved - before)
     srv.Server.round_steps = round_steps
     pairs = []                                # a worker's trial + the apply that follows it (a coupled round)
@@ -150,6 +166,8 @@ def run_case(args, path, m, ranks, work):
         cmd += ["--factored-min-tasks", str(args.factored_min_tasks)]
     if args.batch_min_tasks is not None:
         cmd += ["--batch-min-tasks", str(args.batch_min_tasks)]
+    if args.cg_inexact_min_tasks is not None:
+        cmd += ["--cg-inexact-min-tasks", str(args.cg_inexact_min_tasks)]
     if ranks > 1:
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -174,10 +192,12 @@ def run_case(args, path, m, ranks, work):
     row = {"m": m, "ranks": ranks, "round_median": statistics.median(coupled) if n else float("nan"),
            "coupled_rounds": n, "period_median": float(np.median(periods)) if periods.size else float("nan"),
            "server_median": statistics.median(s["rounds"]["server"]) if n else float("nan"),
+           "server_cpu_median": statistics.median(s["rounds"]["server_cpu"]) if n else float("nan"),
            "worker_median": float(np.median(worker_round)) if worker_round.size else float("nan"),
            "local_round_median": statistics.median(s["log"]["round_local"]) if s["log"].get("round_local") else
            float("nan"),
            "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
+           "cg_products": float(np.mean(s["log"]["cg_products"])) if s["log"].get("cg_products") else 0.0,
            "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
            "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
            "wall": s["wall"], "primal": s["primal"]}
@@ -191,7 +211,9 @@ def convergence(args, work):
     from bench_convergence import CASES, dataset
     from hpcmtl import dmtrl
     from hpcmtl.cluster import SerialCluster
-    from hpcmtl.dmtrl import sigma
+    from hpcmtl.dmtrl import sigma, steps
+    if args.cg_inexact_min_tasks is not None:
+        steps.CG_INEXACT_MIN_TASKS = args.cg_inexact_min_tasks
     rows = []
     for case in args.cases.split(","):
         key, loss, lam = CASES[case]
@@ -227,6 +249,7 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--batch-min-tasks", type=int, default=None)
+    ap.add_argument("--cg-inexact-min-tasks", type=int, default=None)
     ap.add_argument("--convergence", action="store_true")
     ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
                     help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")
@@ -243,7 +266,8 @@ def main():
     if args.convergence:
         return save_json(args.json, convergence(args, work))
     rows = []
-    print("     m  P  period s  round s  server s  worker s  omega s  peak MB  bytes/round  W-step rounds", flush=True)
+    print("     m  P  period s  round s  server s  (cpu s)  worker s  omega s  peak MB  bytes/round  CG/round  "
+          "W-step rounds", flush=True)
     for m in [int(x) for x in args.tasks.split(",")]:
         path = os.path.join(work, f"tasks-{m}-{args.d}.h5")
         if not os.path.exists(path):
@@ -252,10 +276,11 @@ def main():
             row = run_case(args, path, m, ranks, work)
             rows.append(row)
             marks = " ".join(f"{r}{'' if c else '>'}" for r, c in zip(row["wstep_rounds"], row["certified"]))
-            print(f"{m:6d} {ranks:2d} {row['period_median']:9.4f} {row['round_median']:8.4f} {row['server_median']:9.4f} "
+            print(f"{m:6d} {ranks:2d} {row['period_median']:9.4f} {row['round_median']:8.4f} "
+                  f"{row['server_median']:9.4f} {row['server_cpu_median']:8.4f} "
                   f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
-                  f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f}  {marks}   (wall {row['wall']:.1f} s)",
-                  flush=True)
+                  f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f} {row['cg_products']:9.1f}  {marks}   "
+                  f"(wall {row['wall']:.1f} s)", flush=True)
     for ranks in sorted({r["ranks"] for r in rows}):
         by_m = {r["m"]: r["period_median"] for r in rows if r["ranks"] == ranks}
         if 1000 in by_m and 10000 in by_m:

@@ -116,6 +116,27 @@ def test_matrix_free_momentum_step_is_the_pseudo_inverse_step(m, d, zero_previou
         assert np.all(beta == 0)
 
 
+def test_from_many_tasks_the_momentum_step_stops_at_its_gain(monkeypatch):
+    """From steps.CG_INEXACT_MIN_TASKS tasks the squared loss's CG step stops once a product adds less than
+    CG_GAIN_RTOL of the quadratic's gain so far: fewer products than to the residual's CG_RTOL, and the dual
+    ascent it buys within 1e-7 of the exact step's (NumPy's solve of the 2m x 2m system), never above it."""
+    from hpcmtl.dmtrl import steps
+    m = 600
+    inputs, dBT, scalars = momentum_problem(m, 20, 5)
+    solver = StepSolver(DMTRLConfig(loss="squared", lam=0.1), "free")
+    A, g = solver.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)
+    best = 0.5 * g @ np.linalg.solve(A, g)
+    quadratic = (lambda x: g @ x - 0.5 * x @ A @ x)
+    assert m >= steps.CG_INEXACT_MIN_TASKS
+    x = np.concatenate(solver.steps_momentum_cg(inputs, dBT, scalars))
+    products = solver.cg_iterations
+    monkeypatch.setattr(steps, "CG_INEXACT_MIN_TASKS", m + 1)
+    exact = np.concatenate(solver.steps_momentum_cg(inputs, dBT, scalars))
+    assert products < 0.75 * solver.cg_iterations
+    assert quadratic(exact) == pytest.approx(best, rel=1e-12)
+    assert 0 < best - quadratic(x) <= 1e-7 * best
+
+
 def tasks(m, d, seed, sparse=False, loss="squared"):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(8, 15, m)
