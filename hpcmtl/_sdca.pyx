@@ -676,6 +676,45 @@ cdef inline double loss_slope(int loss, double z, double y, double gamma) noexce
         return -y * sigmoid(-y * z)
 
 
+cdef void gradient_terms_one(const RowView* view, const double* y, Py_ssize_t n, Py_ssize_t S,
+                             const double* wp, const double* we, int loss, double gamma, double shift_prox,
+                             double shift_ext, const double* scales, double* gp, double* out) noexcept nogil:
+    """:func:`gradient_terms` on one block's checked rows (``gp``: its d gradient entries, ``out``: its S + 4
+    scalars): the one body the per-block and the many-block kernels share, so both give the same bits."""
+    cdef Py_ssize_t j, k
+    cdef double z, slope, a, b, box = 0.0, lin = 0.0, quad = 0.0
+    for k in range(S + 4):
+        out[k] = 0.0
+    if n > 0:
+        box = -INFINITY
+    for j in range(n):
+        out[0] += primal_loss(loss, row_dot(view, j, wp) - shift_prox, y[j], gamma)
+        z = row_dot(view, j, we) - shift_ext
+        out[1] += primal_loss(loss, z, y[j], gamma)
+        slope = loss_slope(loss, z, y[j], gamma)
+        out[S + 3] += slope
+        if slope != 0.0:
+            row_axpy(view, j, slope, gp)
+        a = -slope
+        if loss == LOGISTIC:
+            for k in range(S):
+                out[2 + k] += conjugate_neg(loss, scales[k] * a, y[j], gamma)
+        else:
+            lin += -y[j] * a
+            quad += 0.5 * a * a
+        b = y[j] * a
+        if b > box:
+            box = b
+    if loss != LOGISTIC:
+        if loss == SMOOTHED_HINGE:
+            quad *= gamma
+        elif loss == HINGE:
+            quad = 0.0
+        for k in range(S):
+            out[2 + k] = scales[k] * lin + scales[k] * scales[k] * quad
+    out[S + 2] = box
+
+
 def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_prox, const double[::1] w_ext,
                    int loss, double gamma, double shift_prox, double shift_ext, const double[::1] scales,
                    double[::1] grad, double[::1] scalars):
@@ -685,13 +724,13 @@ def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_
     sum_j l(z_j), sum_j l*(-s alpha_j) for each s of scales, max_j y_j alpha_j (0 without rows),
     sum_j l'(z_j)]``.  The conjugates of the hinge, smoothed hinge and squared losses are ``s lin + s^2 quad``
     in the scale: two sums a row, not one a scale."""
-    cdef Py_ssize_t n = y.shape[0], S = scales.shape[0], j, k
+    cdef Py_ssize_t n = y.shape[0], S = scales.shape[0]
     cdef RowView view
+    cdef double* gp
+    cdef const double* yp
     cdef const double* wp
     cdef const double* we
-    cdef double* gp
-    cdef double* out
-    cdef double z, slope, a, b, box = 0.0, lin = 0.0, quad = 0.0
+    cdef const double* sp
     check_rows(rows, 0, n, True)
     check_length("w_prox", w_prox.shape[0], rows.n_features)
     check_length("w_ext", w_ext.shape[0], rows.n_features)
@@ -699,38 +738,40 @@ def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_
     check_length("scalars", scalars.shape[0], S + 4)
     check_loss(loss)
     view = rows.view
-    wp = cptr(w_prox)
-    we = cptr(w_ext)
     gp = &grad[0] if grad.shape[0] > 0 else hpcmtl_no_doubles
-    out = &scalars[0]
+    yp, wp, we, sp = cptr(y), cptr(w_prox), cptr(w_ext), cptr(scales)
     with nogil:
-        for k in range(S + 4):
-            out[k] = 0.0
-        if n > 0:
-            box = -INFINITY
-        for j in range(n):
-            out[0] += primal_loss(loss, row_dot(&view, j, wp) - shift_prox, y[j], gamma)
-            z = row_dot(&view, j, we) - shift_ext
-            out[1] += primal_loss(loss, z, y[j], gamma)
-            slope = loss_slope(loss, z, y[j], gamma)
-            out[S + 3] += slope
-            if slope != 0.0:
-                row_axpy(&view, j, slope, gp)
-            a = -slope
-            if loss == LOGISTIC:
-                for k in range(S):
-                    out[2 + k] += conjugate_neg(loss, scales[k] * a, y[j], gamma)
-            else:
-                lin += -y[j] * a
-                quad += 0.5 * a * a
-            b = y[j] * a
-            if b > box:
-                box = b
-        if loss != LOGISTIC:
-            if loss == SMOOTHED_HINGE:
-                quad *= gamma
-            elif loss == HINGE:
-                quad = 0.0
-            for k in range(S):
-                out[2 + k] = scales[k] * lin + scales[k] * scales[k] * quad
-        out[S + 2] = box
+        gradient_terms_one(&view, yp, n, S, wp, we, loss, gamma, shift_prox, shift_ext, sp, gp, &scalars[0])
+
+
+def gradient_terms_blocks(list rows not None, list ys not None, const double[:, ::1] w_prox,
+                          const double[:, ::1] w_ext, int loss, double gamma, const double[::1] shift_prox,
+                          const double[::1] shift_ext, const double[::1] scales, double[:, ::1] grad,
+                          double[:, ::1] scalars):
+    """:func:`gradient_terms` of many blocks in one call: block k's rows ``rows[k]`` (all with d =
+    ``w_prox.shape[1]`` features), labels ``ys[k]``, its ``w_prox[k]``, ``w_ext[k]``, shifts ``shift_prox[k]``,
+    ``shift_ext[k]``; its gradient added to ``grad[k]`` and its S + 4 scalars written to ``scalars[k]``.  Each
+    block's arithmetic is the per-block kernel's (the same bits, alone or in any batch); only the Python
+    around the blocks goes (10^4 small blocks a call: the accelerated outer phase's iterations at many tasks)."""
+    cdef Py_ssize_t nb = len(rows), d = w_prox.shape[1], S = scales.shape[0], k, n
+    cdef Rows block
+    cdef const double[::1] yk
+    cdef RowView view
+    check_length("ys", len(ys), nb)
+    check_shape("w_prox", w_prox, nb, d)
+    check_shape("w_ext", w_ext, nb, d)
+    check_shape("grad", grad, nb, d)
+    check_shape("scalars", scalars, nb, S + 4)
+    check_length("shift_prox", shift_prox.shape[0], nb)
+    check_length("shift_ext", shift_ext.shape[0], nb)
+    check_loss(loss)
+    for k in range(nb):
+        block = rows[k]
+        yk = ys[k]
+        n = yk.shape[0]
+        check_rows(block, 0, n, True)
+        check_length("block features", block.n_features, d)
+        view = block.view
+        gradient_terms_one(&view, cptr(yk), n, S, &w_prox[k, 0] if d > 0 else hpcmtl_no_doubles,
+                           &w_ext[k, 0] if d > 0 else hpcmtl_no_doubles, loss, gamma, shift_prox[k], shift_ext[k],
+                           cptr(scales), &grad[k, 0] if d > 0 else hpcmtl_no_doubles, &scalars[k, 0])

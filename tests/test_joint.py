@@ -194,3 +194,35 @@ def test_the_floor_after_a_phase_keeps_the_majorizer_within_its_budget(shape):
     assert majorizer_excess(s, m, lam, f) <= budget < majorizer_excess(s, m, lam, 1.01 * f)
     assert floor_within(s, m, lam, 0.0, 1e-8, 1e-3) == 1e-8
     assert floor_within(s, m, lam, 1e9, 1e-8, 1e-3) == 1e-3
+
+
+@pytest.mark.parametrize("loss,rows,exchange", [("squared", "csr", "dense"), ("logistic", "dense", "auto"),
+                                                ("smoothed-hinge", "csr", "auto")])
+def test_the_accelerated_phase_s_terms_of_many_blocks_are_the_per_block_bits(loss, rows, exchange, monkeypatch):
+    """GRADIENT_TERMS computes the blocks on all d columns in one kernel call (joint.GRADIENT_BATCH_MIN_BLOCKS):
+    the whole run (W-steps, phases, certificate) has the bits of one kernel call a block -- implicitly centered
+    CSR rows (the squared loss, dense exchange), the augmented intercept (dense rows), and CSR blocks on their
+    support columns (exchange 'auto': those stay one call a block, beside the batched ones)."""
+    import scipy.sparse as sp
+    from hpcmtl.dmtrl import joint
+    rng = np.random.default_rng(21)
+    Xs, ys = [], []
+    for i in range(16):
+        n = 6 if i % 5 == 0 else 1 + i % 4             # tasks of 1-4 rows and some of 6
+        X = rng.normal(size=(n, 7)) * (rng.random((n, 7)) < (0.5 if i % 3 else 1.0))
+        Xs.append(sp.csr_matrix(X) if rows == "csr" else X)
+        ys.append(rng.normal(size=n) + 1.0 if loss == "squared" else np.where(rng.random(n) < 0.5, -1.0, 1.0))
+    config = DMTRLConfig(loss=loss, lam=1e-2, gamma=0.5, tol=1e-7, outer=3, outer_tol=1e-12, max_rounds=3000,
+                         exchange=exchange)
+    calls = []
+    batch = joint.JointBlocks.gradient_terms_whole
+    monkeypatch.setattr(joint.JointBlocks, "gradient_terms_whole", lambda self, *a: calls.append(1) or batch(self, *a))
+    got = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert calls and np.all(got.wsteps["apg_iterations"] > 0)
+    monkeypatch.setattr(joint, "GRADIENT_BATCH_MIN_BLOCKS", 10 ** 9)
+    calls.clear()
+    want = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert not calls
+    assert np.array_equal(got.W, want.W) and np.array_equal(got.intercept, want.intercept)
+    for key, value in want.wsteps.items():
+        assert np.array_equal(np.asarray(got.wsteps[key]), np.asarray(value)), key

@@ -823,6 +823,40 @@ def test_gradient_terms_match_the_numpy_reference(kernels, loss):
             assert_allclose(grad, Xref.T @ slope, rtol=1e-10, atol=1e-12, err_msg=f"{kind} n={n} d={d}")
 
 
+def test_gradient_terms_of_many_blocks_are_the_per_block_bits(kernels):
+    """gradient_terms_blocks (GRADIENT_TERMS' one call for many blocks): every block's gradient and scalars are
+    those of gradient_terms on it alone, bit for bit -- dense, CSR, float32 and centered rows (with their shifts),
+    0 to 25 rows, every loss; a block of other width or a missing label array is refused."""
+    from hpcmtl.dmtrl.joint import DUAL_SCALES
+    rng = np.random.default_rng(12)
+    d, gamma = 5, 0.7
+    for loss in LOSSES:
+        blocks = [blk for n in (25, 1, 0, 3) for _, blk, _ in _gradient_blocks(rng, n, d)]
+        for blk in blocks:
+            if loss != "squared":
+                blk.y = np.where(blk.y >= 0, 1.0, -1.0)
+        nb, S = len(blocks), DUAL_SCALES.size
+        w_prox, w_ext = rng.normal(size=(nb, d)), rng.normal(size=(nb, d))
+        shift_prox, shift_ext = rng.normal(size=nb), rng.normal(size=nb)
+        grad, scalars = rng.normal(size=(nb, d)), np.full((nb, S + 4), np.nan)
+        want_grad, want_scalars = grad.copy(), np.zeros((nb, S + 4))
+        for k, blk in enumerate(blocks):
+            kernels.gradient_terms(blk.rows, blk.y, w_prox[k], w_ext[k], LOSSES[loss].kernel_id, gamma, shift_prox[k],
+                                   shift_ext[k], DUAL_SCALES, want_grad[k], want_scalars[k])
+        kernels.gradient_terms_blocks([b.rows for b in blocks], [b.y for b in blocks], w_prox, w_ext,
+                                      LOSSES[loss].kernel_id, gamma, shift_prox, shift_ext, DUAL_SCALES, grad, scalars)
+        assert np.array_equal(grad, want_grad), loss
+        assert np.array_equal(scalars, want_scalars), loss
+    blocks = [TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4)), TaskBlock(0, "t", 2, 0, np.ones((2, 4)), np.ones(2))]
+    args = (LOSSES["squared"].kernel_id, 1.0, np.zeros(2), np.zeros(2), np.ones(2), np.zeros((2, 3)), np.zeros((2, 6)))
+    with pytest.raises(ValueError, match="block features"):
+        kernels.gradient_terms_blocks([b.rows for b in blocks], [b.y for b in blocks], np.zeros((2, 3)),
+                                      np.zeros((2, 3)), *args)
+    with pytest.raises(ValueError, match="ys"):
+        kernels.gradient_terms_blocks([b.rows for b in blocks], [blocks[0].y], np.zeros((2, 3)), np.zeros((2, 3)),
+                                      *args)
+
+
 def test_gradient_terms_refuse_mismatched_lengths(kernels):
     blk = TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4))
     scales = np.ones(2)

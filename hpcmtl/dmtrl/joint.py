@@ -241,6 +241,12 @@ def accelerated_phase(loss_name, lam, n, WT0, evaluate, budget, target, step=Non
     return best
 
 
+# from this many blocks on all d columns, GRADIENT_TERMS computes them in one kernel call: the same bits as one
+# call a block (a block's arithmetic is the same code), without a block's Python (10^4 one-task blocks: most of
+# an iteration of the accelerated phase).  A huge number: one call a block (tests compare the two)
+GRADIENT_BATCH_MIN_BLOCKS = 1
+
+
 class JointBlocks:
     """Worker half: JOINT_TERMS and GRADIENT_TERMS on this rank's blocks."""
 
@@ -251,8 +257,14 @@ class JointBlocks:
         rows, and these small blocks' Python is most of it."""
         d = self.d
         out = np.zeros((len(self.blocks), ctrl.count))
-        for k, blk in enumerate(self.blocks):
-            f = self.columns[k]
+        whole = [k for k, f in enumerate(self.columns) if f is None]
+        if len(whole) >= GRADIENT_BATCH_MIN_BLOCKS:
+            self.gradient_terms_whole(whole, rows, out)
+            rest = [k for k, f in enumerate(self.columns) if f is not None]
+        else:
+            rest = range(len(self.blocks))
+        for k in rest:
+            blk, f = self.blocks[k], self.columns[k]
             w_prox, w_ext = rows[k, :d], rows[k, d:2 * d]
             if f is not None:
                 w_prox, w_ext = w_prox[f], w_ext[f]
@@ -263,6 +275,29 @@ class JointBlocks:
                 out[k, f] = grad
             out[k, d:] = scalars
         return out
+
+    def gradient_terms_whole(self, whole, rows, out):
+        """:meth:`gradient_terms` of the blocks ``whole`` (those on all d columns) in one kernel call
+        (``_sdca.gradient_terms_blocks``): each block's numbers are :func:`block_gradient_terms`' bits, its
+        implicit centering (``mu``) applied the same way, so the choice of path never changes a result."""
+        d, blocks = self.d, self.blocks
+        idx = np.asarray(whole, dtype=np.intp)
+        w_prox = np.ascontiguousarray(rows[idx, :d], dtype=np.float64)
+        w_ext = np.ascontiguousarray(rows[idx, d:2 * d], dtype=np.float64)
+        centered = [j for j, k in enumerate(whole) if blocks[k].mu is not None]
+        shift_prox, shift_ext = np.zeros(idx.size), np.zeros(idx.size)
+        for j in centered:
+            blk = blocks[whole[j]]
+            shift_prox[j], shift_ext[j] = blk.z_shift(w_prox[j]), blk.z_shift(w_ext[j])
+        grad = np.zeros((idx.size, d))
+        scalars = np.empty((idx.size, DUAL_SCALES.size + 4))
+        _sdca.gradient_terms_blocks([blocks[k].rows for k in whole], [blocks[k].y for k in whole], w_prox, w_ext,
+                                    self.loss.kernel_id, self.config.gamma, shift_prox, shift_ext, DUAL_SCALES,
+                                    grad, scalars)
+        for j in centered:                    # X^T l' - mu sum(l'): the centered rows' gradient
+            grad[j] -= blocks[whole[j]].mu * scalars[j, -1]
+        out[idx, :d] = grad
+        out[idx, d:] = scalars[:, :-1]
 
     def joint_terms(self, ctrl, rows):
         """JOINT_TERMS: per block ``[K candidate w's]`` -> per block :func:`block_joint_terms`."""
