@@ -12,21 +12,25 @@ round's own command (``round``: its server algebra: the step problem,
 ``W = B Sigma / lam`` and the rho update, also as rank 0's CPU seconds (``cpu``: what a loaded machine's
 wall clock blurs), and its worker part: ``LocalBlocks.trial`` and ``apply`` summed
 over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
-the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of each W-step and whether it was certified (``>``: it
-stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a round at m = 10^4 to m = 10^3
+the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of
+each W-step and whether it was certified (``>``: it stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a round at m = 10^4 to m = 10^3
 (linear growth: <= 12 at 20-40 rows a task).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
-        [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--json FILE] [--work DIR]
+        [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--outer-tol T]
+        [--gradient-batch-min-blocks N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
 always as factors, the step problems matrix-free; a huge number: the dense path of before);
 ``--batch-min-tasks`` sets :data:`hpcmtl.dmtrl.batched.BATCH_MIN_TASKS` (a huge number: every block on its own on
 the workers, the per-block path of before); ``--cg-inexact-min-tasks`` sets
 :data:`hpcmtl.dmtrl.steps.CG_INEXACT_MIN_TASKS` (a huge number: the squared loss's CG step to its residual's 1e-13
-at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too).  ``--convergence``
-instead runs bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with the dense and the
-matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
+at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too); ``--outer-tol``
+(default 0: no accelerated outer phase; > 0: the phase runs after W-steps that do not reach
+it, and the CPU seconds of its GRADIENT_TERMS are printed, ``--gradient-batch-min-blocks`` setting
+:data:`hpcmtl.dmtrl.joint.GRADIENT_BATCH_MIN_BLOCKS`: a huge number, one kernel call a block as before).
+``--convergence`` instead runs bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with
+the dense and the matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
 bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
 """
 import argparse
@@ -101,8 +105,11 @@ def child(args):
         finally:
             log.setdefault("cg_products", []).append(getattr(self, "cg_iterations", 0))
     steps.StepSolver.steps_momentum_cg = cg_counted
-    for name in ("trial", "apply"):
+    for name in ("trial", "apply", "gradient_terms"):
         timed(worker.LocalBlocks, name, log)
+    if args.gradient_batch_min_blocks is not None:
+        from hpcmtl.dmtrl import joint
+        joint.GRADIENT_BATCH_MIN_BLOCKS = args.gradient_batch_min_blocks
     rounds = {"round": [], "server": [], "server_cpu": [], "bytes": [], "start": [], "outer": []}
     orig = srv.Server.round_steps
     server_keys = ("take_steps", "adapt_rho", "recompute_w")
@@ -141,7 +148,7 @@ def child(args):
                 pairs.append(last.pop("trial") + time.perf_counter() - t)
     worker.LocalBlocks.trial, worker.LocalBlocks.apply = trial_w, apply_w
     cl = hc.connect()
-    config = dmtrl.DMTRLConfig(loss="squared", lam=args.lam, outer=args.outer, outer_tol=0.0, tol=args.tol,
+    config = dmtrl.DMTRLConfig(loss="squared", lam=args.lam, outer=args.outer, outer_tol=args.outer_tol, tol=args.tol,
                                max_rounds=args.max_rounds)
     t0 = time.perf_counter()
     with store.TaskFile(args.data) as source:
@@ -168,6 +175,9 @@ def run_case(args, path, m, ranks, work):
         cmd += ["--batch-min-tasks", str(args.batch_min_tasks)]
     if args.cg_inexact_min_tasks is not None:
         cmd += ["--cg-inexact-min-tasks", str(args.cg_inexact_min_tasks)]
+    if args.gradient_batch_min_blocks is not None:
+        cmd += ["--gradient-batch-min-blocks", str(args.gradient_batch_min_blocks)]
+    cmd += ["--outer-tol", str(args.outer_tol)]
     if ranks > 1:
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -198,6 +208,10 @@ def run_case(args, path, m, ranks, work):
            float("nan"),
            "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
            "cg_products": float(np.mean(s["log"]["cg_products"])) if s["log"].get("cg_products") else 0.0,
+           # the accelerated outer phase (--outer-tol > 0): GRADIENT_TERMS' calls, CPU seconds summed over the ranks
+           "gradient_calls": len(s["log"].get("gradient_terms", [])) or max(len(r_["log"].get("gradient_terms", []))
+                                                                            for r_ in per_rank),
+           "gradient_cpu": sum(sum(r_["log"].get("gradient_terms:cpu", [])) for r_ in per_rank),
            "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
            "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
            "wall": s["wall"], "primal": s["primal"]}
@@ -250,6 +264,8 @@ def main():
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--batch-min-tasks", type=int, default=None)
     ap.add_argument("--cg-inexact-min-tasks", type=int, default=None)
+    ap.add_argument("--gradient-batch-min-blocks", type=int, default=None)
+    ap.add_argument("--outer-tol", type=float, default=0.0)
     ap.add_argument("--convergence", action="store_true")
     ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
                     help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")
@@ -281,6 +297,9 @@ def main():
                   f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
                   f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f} {row['cg_products']:9.1f}  {marks}   "
                   f"(wall {row['wall']:.1f} s)", flush=True)
+            if row["gradient_calls"]:
+                print(f"        accelerated phase: {row['gradient_calls']} GRADIENT_TERMS, {row['gradient_cpu']:.2f} "
+                      f"CPU s in them (all ranks)", flush=True)
     for ranks in sorted({r["ranks"] for r in rows}):
         by_m = {r["m"]: r["period_median"] for r in rows if r["ranks"] == ranks}
         if 1000 in by_m and 10000 in by_m:

@@ -744,20 +744,20 @@ def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_
         gradient_terms_one(&view, yp, n, S, wp, we, loss, gamma, shift_prox, shift_ext, sp, gp, &scalars[0])
 
 
-def gradient_terms_blocks(list rows not None, list ys not None, const double[:, ::1] w_prox,
-                          const double[:, ::1] w_ext, int loss, double gamma, const double[::1] shift_prox,
-                          const double[::1] shift_ext, const double[::1] scales, double[:, ::1] grad,
-                          double[:, ::1] scalars):
+def gradient_terms_blocks(list rows not None, const double[::1] y, const int64_t[::1] y_start,
+                          const double[:, ::1] w_prox, const double[:, ::1] w_ext, int loss, double gamma,
+                          const double[::1] shift_prox, const double[::1] shift_ext, const double[::1] scales,
+                          double[:, ::1] grad, double[:, ::1] scalars):
     """:func:`gradient_terms` of many blocks in one call: block k's rows ``rows[k]`` (all with d =
-    ``w_prox.shape[1]`` features), labels ``ys[k]``, its ``w_prox[k]``, ``w_ext[k]``, shifts ``shift_prox[k]``,
+    ``w_prox.shape[1]`` features), labels ``y[y_start[k]:y_start[k + 1]]`` (the blocks' labels end to end: no
+    array a block to take a view of), its ``w_prox[k]``, ``w_ext[k]``, shifts ``shift_prox[k]``,
     ``shift_ext[k]``; its gradient added to ``grad[k]`` and its S + 4 scalars written to ``scalars[k]``.  Each
     block's arithmetic is the per-block kernel's (the same bits, alone or in any batch); only the Python
     around the blocks goes (10^4 small blocks a call: the accelerated outer phase's iterations at many tasks)."""
     cdef Py_ssize_t nb = len(rows), d = w_prox.shape[1], S = scales.shape[0], k, n
     cdef Rows block
-    cdef const double[::1] yk
     cdef RowView view
-    check_length("ys", len(ys), nb)
+    check_length("y_start", y_start.shape[0], nb + 1)
     check_shape("w_prox", w_prox, nb, d)
     check_shape("w_ext", w_ext, nb, d)
     check_shape("grad", grad, nb, d)
@@ -765,13 +765,18 @@ def gradient_terms_blocks(list rows not None, list ys not None, const double[:, 
     check_length("shift_prox", shift_prox.shape[0], nb)
     check_length("shift_ext", shift_ext.shape[0], nb)
     check_loss(loss)
+    if y_start[0] != 0 or y_start[nb] != y.shape[0]:
+        raise ValueError(f"y_start spans {y_start[0]}..{y_start[nb]}, expected 0..{y.shape[0]}")
+    for k in range(nb):
+        if y_start[k + 1] < y_start[k]:
+            raise ValueError(f"y_start decreases at block {k}")
     for k in range(nb):
         block = rows[k]
-        yk = ys[k]
-        n = yk.shape[0]
+        n = y_start[k + 1] - y_start[k]
         check_rows(block, 0, n, True)
         check_length("block features", block.n_features, d)
         view = block.view
-        gradient_terms_one(&view, cptr(yk), n, S, &w_prox[k, 0] if d > 0 else hpcmtl_no_doubles,
+        gradient_terms_one(&view, &y[y_start[k]] if n > 0 else hpcmtl_no_doubles, n, S,
+                           &w_prox[k, 0] if d > 0 else hpcmtl_no_doubles,
                            &w_ext[k, 0] if d > 0 else hpcmtl_no_doubles, loss, gamma, shift_prox[k], shift_ext[k],
                            cptr(scales), &grad[k, 0] if d > 0 else hpcmtl_no_doubles, &scalars[k, 0])

@@ -826,7 +826,7 @@ def test_gradient_terms_match_the_numpy_reference(kernels, loss):
 def test_gradient_terms_of_many_blocks_are_the_per_block_bits(kernels):
     """gradient_terms_blocks (GRADIENT_TERMS' one call for many blocks): every block's gradient and scalars are
     those of gradient_terms on it alone, bit for bit -- dense, CSR, float32 and centered rows (with their shifts),
-    0 to 25 rows, every loss; a block of other width or a missing label array is refused."""
+    0 to 25 rows, every loss; a block of other width or label starts that do not fit are refused."""
     from hpcmtl.dmtrl.joint import DUAL_SCALES
     rng = np.random.default_rng(12)
     d, gamma = 5, 0.7
@@ -843,18 +843,20 @@ def test_gradient_terms_of_many_blocks_are_the_per_block_bits(kernels):
         for k, blk in enumerate(blocks):
             kernels.gradient_terms(blk.rows, blk.y, w_prox[k], w_ext[k], LOSSES[loss].kernel_id, gamma, shift_prox[k],
                                    shift_ext[k], DUAL_SCALES, want_grad[k], want_scalars[k])
-        kernels.gradient_terms_blocks([b.rows for b in blocks], [b.y for b in blocks], w_prox, w_ext,
-                                      LOSSES[loss].kernel_id, gamma, shift_prox, shift_ext, DUAL_SCALES, grad, scalars)
+        y_start = np.concatenate([[0], np.cumsum([b.y.size for b in blocks])]).astype(np.int64)
+        kernels.gradient_terms_blocks([b.rows for b in blocks], np.concatenate([b.y for b in blocks]), y_start,
+                                      w_prox, w_ext, LOSSES[loss].kernel_id, gamma, shift_prox, shift_ext, DUAL_SCALES,
+                                      grad, scalars)
         assert np.array_equal(grad, want_grad), loss
         assert np.array_equal(scalars, want_scalars), loss
     blocks = [TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4)), TaskBlock(0, "t", 2, 0, np.ones((2, 4)), np.ones(2))]
     args = (LOSSES["squared"].kernel_id, 1.0, np.zeros(2), np.zeros(2), np.ones(2), np.zeros((2, 3)), np.zeros((2, 6)))
+    rows, y = [b.rows for b in blocks], np.ones(6)
     with pytest.raises(ValueError, match="block features"):
-        kernels.gradient_terms_blocks([b.rows for b in blocks], [b.y for b in blocks], np.zeros((2, 3)),
-                                      np.zeros((2, 3)), *args)
-    with pytest.raises(ValueError, match="ys"):
-        kernels.gradient_terms_blocks([b.rows for b in blocks], [blocks[0].y], np.zeros((2, 3)), np.zeros((2, 3)),
-                                      *args)
+        kernels.gradient_terms_blocks(rows, y, np.array([0, 4, 6]), np.zeros((2, 3)), np.zeros((2, 3)), *args)
+    for y_start, message in (([0, 4], "y_start"), ([0, 4, 5], "y_start spans"), ([0, 7, 6], "decreases")):
+        with pytest.raises(ValueError, match=message):
+            kernels.gradient_terms_blocks(rows, y, np.array(y_start), np.zeros((2, 3)), np.zeros((2, 3)), *args)
 
 
 def test_gradient_terms_refuse_mismatched_lengths(kernels):

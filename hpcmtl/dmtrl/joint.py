@@ -281,23 +281,39 @@ class JointBlocks:
         (``_sdca.gradient_terms_blocks``): each block's numbers are :func:`block_gradient_terms`' bits, its
         implicit centering (``mu``) applied the same way, so the choice of path never changes a result."""
         d, blocks = self.d, self.blocks
-        idx = np.asarray(whole, dtype=np.intp)
+        batch = self.gradient_batch(whole)
+        idx, centered = batch["idx"], batch["centered"]
         w_prox = np.ascontiguousarray(rows[idx, :d], dtype=np.float64)
         w_ext = np.ascontiguousarray(rows[idx, d:2 * d], dtype=np.float64)
-        centered = [j for j, k in enumerate(whole) if blocks[k].mu is not None]
         shift_prox, shift_ext = np.zeros(idx.size), np.zeros(idx.size)
         for j in centered:
             blk = blocks[whole[j]]
             shift_prox[j], shift_ext[j] = blk.z_shift(w_prox[j]), blk.z_shift(w_ext[j])
         grad = np.zeros((idx.size, d))
         scalars = np.empty((idx.size, DUAL_SCALES.size + 4))
-        _sdca.gradient_terms_blocks([blocks[k].rows for k in whole], [blocks[k].y for k in whole], w_prox, w_ext,
-                                    self.loss.kernel_id, self.config.gamma, shift_prox, shift_ext, DUAL_SCALES,
-                                    grad, scalars)
+        _sdca.gradient_terms_blocks(batch["rows"], batch["y"], batch["y_start"], w_prox, w_ext, self.loss.kernel_id,
+                                    self.config.gamma, shift_prox, shift_ext, DUAL_SCALES, grad, scalars)
         for j in centered:                    # X^T l' - mu sum(l'): the centered rows' gradient
             grad[j] -= blocks[whole[j]].mu * scalars[j, -1]
         out[idx, :d] = grad
         out[idx, d:] = scalars[:, :-1]
+
+    def gradient_batch(self, whole):
+        """What :meth:`gradient_terms_whole` hands the kernel besides the w's, built once a set of blocks (an
+        accelerated phase calls it hundreds of times on the same blocks): their rows, their labels end to end
+        with each block's start, the positions of the implicitly centered ones."""
+        key = [id(self.blocks[k]) for k in whole]
+        cached = getattr(self, "_gradient_batch", None)
+        if cached is None or cached["key"] != key:
+            blocks = [self.blocks[k] for k in whole]
+            sizes = np.array([blk.y.size for blk in blocks], dtype=np.int64)
+            cached = self._gradient_batch = {
+                "key": key, "idx": np.asarray(whole, dtype=np.intp), "rows": [blk.rows for blk in blocks],
+                "y": np.ascontiguousarray(np.concatenate([blk.y for blk in blocks]) if blocks else np.zeros(0),
+                                          dtype=np.float64),
+                "y_start": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+                "centered": [j for j, blk in enumerate(blocks) if blk.mu is not None]}
+        return cached
 
     def joint_terms(self, ctrl, rows):
         """JOINT_TERMS: per block ``[K candidate w's]`` -> per block :func:`block_joint_terms`."""
