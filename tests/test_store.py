@@ -126,6 +126,21 @@ def test_missing_fields_are_named(tmp_path):
             tf.read_task(0)
 
 
+def test_a_task_that_is_not_a_group_is_named(tmp_path):
+    """read_block looks each object up once (many tasks: h5py's lookups were most of a small task's read); a
+    task stored as a dataset where its group belongs is still one line naming it."""
+    Xs, ys = small()
+    path = tmp_path / "g.h5"
+    store.write_tasks(path, Xs, ys)
+    with h5py.File(path, "a") as f:
+        del f["tasks/000002"]
+        f["tasks/000002"] = np.zeros(3)
+    with store.TaskFile(path) as tf:
+        assert_array_equal(tf.read_task(0).X, Xs[0])
+        with pytest.raises(InputError, match=r"task 'task2' \(#2\): '/tasks/000002' must be a group, found a Dataset"):
+            tf.read_task(2)
+
+
 def test_stream_scale_statistics_are_stored_and_recomputed_for_older_files(tmp_path):
     rng = np.random.default_rng(0)
     X = sp.random(50, 7, density=0.4, format="csr", random_state=1) * 255.0

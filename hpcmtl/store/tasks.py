@@ -229,46 +229,56 @@ class TaskFile(OpenFile):
         n = int(self.n_samples[i])
         where = self._where(i)
         gname = _task_group(i)
-        if gname not in self._f:
+        # each object looked up once (h5py's lookups by name are most of a small task's read: 10^5 tasks of
+        # 20-40 rows took minutes); a missing name is None here, the same messages as before
+        g = self._f.get(gname)
+        if g is None:
             raise InputError(f"{where}: group '/{gname}' is missing")
-        g = self._f[gname]
+        if not isinstance(g, h5py.Group):
+            raise InputError(f"{where}: '/{gname}' must be a group, found a {type(g).__name__}")
         try:
-            if "y" not in g:
+            yd = g.get("y")
+            if yd is None:
                 raise InputError(f"{where}: field 'y' is missing")
-            _check_kind(where, "y", g["y"], LABEL_KINDS)
-            y = g["y"][start:stop]
-            if g["y"].shape != (n,):
-                raise InputError(f"{where}: field 'y': has shape {g['y'].shape}, task table says ({n},)")
+            _check_kind(where, "y", yd, LABEL_KINDS)
+            y = yd[start:stop]
+            if yd.shape != (n,):
+                raise InputError(f"{where}: field 'y': has shape {yd.shape}, task table says ({n},)")
             if self.storage == "dense":
-                if "X" not in g:
+                Xd = g.get("X")
+                if Xd is None:
                     raise InputError(f"{where}: field 'X' is missing")
-                if g["X"].ndim != 2 or g["X"].shape[0] != n:
-                    raise InputError(f"{where}: field 'X': has shape {g['X'].shape}, task table says {n} rows")
-                self._check_dtype(where, "X", g["X"])
+                shape = Xd.shape
+                if len(shape) != 2 or shape[0] != n:
+                    raise InputError(f"{where}: field 'X': has shape {shape}, task table says {n} rows")
+                self._check_dtype(where, "X", Xd)
                 if rounded:
-                    X, x_sum = self._read_rounded(where, g["X"], start, stop, constant_column)
+                    X, x_sum = self._read_rounded(where, Xd, start, stop, constant_column)
                 elif constant_column is None:
-                    X = g["X"][start:stop]
+                    X = Xd[start:stop]
                 else:
-                    X = np.empty((stop - start, g["X"].shape[1] + 1), dtype=g["X"].dtype)
+                    X = np.empty((stop - start, shape[1] + 1), dtype=Xd.dtype)
                     if stop > start:
-                        g["X"].read_direct(X, np.s_[start:stop], np.s_[:, :g["X"].shape[1]])
+                        Xd.read_direct(X, np.s_[start:stop], np.s_[:, :shape[1]])
                     X[:, -1] = constant_column
             else:
+                fields = {}
                 for field_name in ("data", "indices", "indptr"):
-                    if field_name not in g:
+                    fields[field_name] = g.get(field_name)
+                    if fields[field_name] is None:
                         raise InputError(f"{where}: field '{field_name}' is missing")
-                _check_kind(where, "indptr", g["indptr"], INDEX_KINDS)
-                _check_kind(where, "indices", g["indices"], INDEX_KINDS)
-                indptr = g["indptr"][start:stop + 1].astype(np.int64)
+                dd, idd, ipd = fields["data"], fields["indices"], fields["indptr"]
+                _check_kind(where, "indptr", ipd, INDEX_KINDS)
+                _check_kind(where, "indices", idd, INDEX_KINDS)
+                indptr = ipd[start:stop + 1].astype(np.int64)
                 if indptr.shape[0] != stop - start + 1:
-                    raise InputError(f"{where}: field 'indptr': has {g['indptr'].shape[0]} entries, expected {n + 1}")
+                    raise InputError(f"{where}: field 'indptr': has {ipd.shape[0]} entries, expected {n + 1}")
                 lo, hi = int(indptr[0]), int(indptr[-1])
-                if np.any(np.diff(indptr) < 0) or hi > g["data"].shape[0] or hi > g["indices"].shape[0]:
+                if np.any(np.diff(indptr) < 0) or hi > dd.shape[0] or hi > idd.shape[0]:
                     raise InputError(f"{where}: field 'indptr': not a valid CSR row pointer")
-                self._check_dtype(where, "data", g["data"])
-                data = g["data"][lo:hi]
-                indices = g["indices"][lo:hi]
+                self._check_dtype(where, "data", dd)
+                data = dd[lo:hi]
+                indices = idd[lo:hi]
                 if indices.size and (indices.min() < 0 or indices.max() >= self.n_features):
                     raise InputError(f"{where}: field 'indices': column index outside 0..{self.n_features - 1}")
                 X = sp.csr_matrix((data, indices, indptr - lo), shape=(stop - start, self.n_features))
