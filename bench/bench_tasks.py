@@ -13,12 +13,12 @@ round's own command (``round``: its server algebra: the step problem,
 wall clock blurs), and its worker part: ``LocalBlocks.trial`` and ``apply`` summed
 over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
 the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of
-each W-step and whether it was certified (``>``: it stopped at ``--max-rounds``), and, when both are run, the ratio of seconds a round at m = 10^4 to m = 10^3
-(linear growth: <= 12 at 20-40 rows a task).
+each W-step and whether it was certified (``>``: it stopped at ``--max-rounds``), and, when both are run, the
+ratio of seconds a round at m = 10^4 to m = 10^3 (linear growth: <= 12 at 20-40 rows a task).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
         [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--outer-tol T]
-        [--gradient-batch-min-blocks N] [--json FILE] [--work DIR]
+        [--gradient-batch-min-blocks N] [--gradient-compare] [--read N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
 always as factors, the step problems matrix-free; a huge number: the dense path of before);
@@ -28,7 +28,11 @@ the workers, the per-block path of before); ``--cg-inexact-min-tasks`` sets
 at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too); ``--outer-tol``
 (default 0: no accelerated outer phase; > 0: the phase runs after W-steps that do not reach
 it, and the CPU seconds of its GRADIENT_TERMS are printed, ``--gradient-batch-min-blocks`` setting
-:data:`hpcmtl.dmtrl.joint.GRADIENT_BATCH_MIN_BLOCKS`: a huge number, one kernel call a block as before).
+:data:`hpcmtl.dmtrl.joint.GRADIENT_BATCH_MIN_BLOCKS`: a huge number, one kernel call a block as before;
+``--gradient-compare``: every GRADIENT_TERMS computed both ways in turn, checked equal, the median CPU seconds
+of each and their ratio printed).
+``--read N`` instead times reading the first N tasks of each ``--tasks`` file (CPU seconds a task of
+``TaskFile.read_block`` and ``task_means``: the load and the intercepts' means, outside the rounds).
 ``--convergence`` instead runs bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with
 the dense and the matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
 bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
@@ -107,9 +111,24 @@ def child(args):
     steps.StepSolver.steps_momentum_cg = cg_counted
     for name in ("trial", "apply", "gradient_terms"):
         timed(worker.LocalBlocks, name, log)
+    from hpcmtl.dmtrl import joint
     if args.gradient_batch_min_blocks is not None:
-        from hpcmtl.dmtrl import joint
         joint.GRADIENT_BATCH_MIN_BLOCKS = args.gradient_batch_min_blocks
+    if args.gradient_compare:               # every GRADIENT_TERMS twice, batched and one call a block, in turn first
+        inner_terms = worker.LocalBlocks.gradient_terms
+
+        def both(self, ctrl, rows):
+            outs = {}
+            order = ("batched", "per_block") if len(log.get("batched", [])) % 2 == 0 else ("per_block", "batched")
+            for label in order:
+                joint.GRADIENT_BATCH_MIN_BLOCKS = 1 if label == "batched" else 10 ** 18
+                c = time.process_time()
+                outs[label] = inner_terms(self, ctrl, rows)
+                log.setdefault(label, []).append(time.process_time() - c)
+            if not np.array_equal(outs["batched"], outs["per_block"]):
+                raise SystemExit("GRADIENT_TERMS: the batched and the per-block results differ")
+            return outs["batched"]
+        worker.LocalBlocks.gradient_terms = both
     rounds = {"round": [], "server": [], "server_cpu": [], "bytes": [], "start": [], "outer": []}
     orig = srv.Server.round_steps
     server_keys = ("take_steps", "adapt_rho", "recompute_w")
@@ -177,6 +196,8 @@ def run_case(args, path, m, ranks, work):
         cmd += ["--cg-inexact-min-tasks", str(args.cg_inexact_min_tasks)]
     if args.gradient_batch_min_blocks is not None:
         cmd += ["--gradient-batch-min-blocks", str(args.gradient_batch_min_blocks)]
+    if args.gradient_compare:
+        cmd += ["--gradient-compare"]
     cmd += ["--outer-tol", str(args.outer_tol)]
     if ranks > 1:
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
@@ -212,10 +233,38 @@ def run_case(args, path, m, ranks, work):
            "gradient_calls": len(s["log"].get("gradient_terms", [])) or max(len(r_["log"].get("gradient_terms", []))
                                                                             for r_ in per_rank),
            "gradient_cpu": sum(sum(r_["log"].get("gradient_terms:cpu", [])) for r_ in per_rank),
+           "gradient_batched": [float(np.median(r_["log"]["batched"])) for r_ in per_rank if r_["log"].get("batched")],
+           "gradient_per_block": [float(np.median(r_["log"]["per_block"])) for r_ in per_rank
+                                  if r_["log"].get("per_block")],
            "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
            "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
            "wall": s["wall"], "primal": s["primal"]}
     return row
+
+
+def read_cost(args, work):
+    """``--read N``: CPU seconds a task of reading the first N tasks of the m = ``--tasks`` file (``read_block``, then
+    ``task_means``: what loading and the intercepts' means cost outside the rounds), medians of 3 passes."""
+    rows = []
+    for m in [int(x) for x in args.tasks.split(",")]:
+        path = os.path.join(work, f"tasks-{m}-{args.d}.h5")
+        if not os.path.exists(path):
+            make_tasks(path, m, args.d)
+        with store.TaskFile(path) as source:
+            count = min(args.read, source.n_tasks)
+            cost = {}
+            for name in ("read_block", "task_means"):
+                passes = []
+                for _ in range(3):
+                    t = time.process_time()
+                    for i in range(count):
+                        getattr(source, name)(i)
+                    passes.append((time.process_time() - t) / count)
+                cost[name] = statistics.median(passes)
+        rows.append({"m": m, "tasks_read": count, **cost})
+        print(f"{m:6d} tasks, the first {count} read: read_block {cost['read_block'] * 1e3:.3f} ms CPU a task, "
+              f"task_means {cost['task_means'] * 1e3:.3f} ms CPU a task", flush=True)
+    return rows
 
 
 def convergence(args, work):
@@ -266,6 +315,8 @@ def main():
     ap.add_argument("--cg-inexact-min-tasks", type=int, default=None)
     ap.add_argument("--gradient-batch-min-blocks", type=int, default=None)
     ap.add_argument("--outer-tol", type=float, default=0.0)
+    ap.add_argument("--gradient-compare", action="store_true")
+    ap.add_argument("--read", type=int, default=0)
     ap.add_argument("--convergence", action="store_true")
     ap.add_argument("--cases", default="school-raw-2,school-raw-3,school-std-2,school-std-3,school-default",
                     help="--convergence: bench_convergence.py's cases (syn1, syn2, small, small-raw, mnist, mds: hinge)")
@@ -281,6 +332,8 @@ def main():
     os.makedirs(work, exist_ok=True)
     if args.convergence:
         return save_json(args.json, convergence(args, work))
+    if args.read:
+        return save_json(args.json, read_cost(args, work))
     rows = []
     print("     m  P  period s  round s  server s  (cpu s)  worker s  omega s  peak MB  bytes/round  CG/round  "
           "W-step rounds", flush=True)
@@ -300,6 +353,9 @@ def main():
             if row["gradient_calls"]:
                 print(f"        accelerated phase: {row['gradient_calls']} GRADIENT_TERMS, {row['gradient_cpu']:.2f} "
                       f"CPU s in them (all ranks)", flush=True)
+            for r_, (b, o) in enumerate(zip(row["gradient_batched"], row["gradient_per_block"])):
+                print(f"        GRADIENT_TERMS median CPU s a call, a rank holding blocks: one kernel call {b:.4f}, "
+                      f"one call a block {o:.4f}, ratio {o / b:.2f} (the same bits)", flush=True)
     for ranks in sorted({r["ranks"] for r in rows}):
         by_m = {r["m"]: r["period_median"] for r in rows if r["ranks"] == ranks}
         if 1000 in by_m and 10000 in by_m:
