@@ -849,7 +849,8 @@ def test_gradient_terms_of_many_blocks_are_the_per_block_bits(kernels):
                                       grad, scalars)
         assert np.array_equal(grad, want_grad), loss
         assert np.array_equal(scalars, want_scalars), loss
-    blocks = [TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4)), TaskBlock(0, "t", 2, 0, np.ones((2, 4)), np.ones(2))]
+    blocks = [TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4)),
+              TaskBlock(0, "t", 2, 0, np.ones((2, 4)), np.ones(2))]
     args = (LOSSES["squared"].kernel_id, 1.0, np.zeros(2), np.zeros(2), np.ones(2), np.zeros((2, 3)), np.zeros((2, 6)))
     rows, y = [b.rows for b in blocks], np.ones(6)
     with pytest.raises(ValueError, match="block features"):

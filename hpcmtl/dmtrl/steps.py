@@ -377,10 +377,10 @@ CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, rela
                          # agrees with the pseudo-inverse's to about 1e-12 on small problems)
 CG_MAX_ITER = 500
 # from this many tasks the squared loss's CG step stops when a product adds less than CG_GAIN_RTOL of the
-# quadratic's gain so far (each product adds a*rz/2; the gains fall geometrically, so what is left is a few
-# times the last one: 1e-9 to 4e-9 of a round's ascent measured at 10^4 tasks, 4.5e-8 on tests/test_many_tasks.py's
-# random 600-task problem).  Below it the step stays the
-# pseudo-inverse's to 1e-12 (the factored and dense paths agree to 1e-10 on small problems: tests/test_many_tasks.py)
+# quadratic's gain so far (each product adds a*rz/2; the gains fall geometrically, so what is left is a few times
+# the last one: 1e-9 to 4e-9 of a round's ascent measured at 10^4 tasks, 4.5e-8 on tests/test_many_tasks.py's
+# random 600-task problem).  Below it the step stays the pseudo-inverse's to 1e-12 (the factored and dense
+# paths agree to 1e-10 on small problems: tests/test_many_tasks.py)
 CG_INEXACT_MIN_TASKS = 512
 CG_GAIN_RTOL = 1e-8
 
