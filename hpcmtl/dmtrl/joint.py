@@ -301,14 +301,16 @@ class JointBlocks:
     def gradient_batch(self, whole):
         """What :meth:`gradient_terms_whole` hands the kernel besides the w's, built once a set of blocks (an
         accelerated phase calls it hundreds of times on the same blocks): their rows, their labels end to end
-        with each block's start, the positions of the implicitly centered ones."""
+        with each block's start, the positions of the implicitly centered ones.  Keyed on the blocks' ids; the
+        cache holds the blocks themselves, so an id cannot be reused by a block that replaced one."""
         key = [id(self.blocks[k]) for k in whole]
         cached = getattr(self, "_gradient_batch", None)
         if cached is None or cached["key"] != key:
             blocks = [self.blocks[k] for k in whole]
             sizes = np.array([blk.y.size for blk in blocks], dtype=np.int64)
             cached = self._gradient_batch = {
-                "key": key, "idx": np.asarray(whole, dtype=np.intp), "rows": [blk.rows for blk in blocks],
+                "key": key, "blocks": blocks, "idx": np.asarray(whole, dtype=np.intp),
+                "rows": [blk.rows for blk in blocks],
                 "y": np.ascontiguousarray(np.concatenate([blk.y for blk in blocks]) if blocks else np.zeros(0),
                                           dtype=np.float64),
                 "y_start": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
