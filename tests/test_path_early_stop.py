@@ -38,6 +38,8 @@ def test_the_selection_tolerance_defaults_to_a_hundred_times_tol():
     assert selection_tol(Selection([1.0]), 1e-2) == 1e-2                  # ... and never looser than --tol
     assert selection_tol(Selection([1.0], tol=0.0), 1e-6) == 1e-6         # 0: the exhaustive path's
     assert selection_tol(Selection([1.0], tol=1e-3), 1e-6) == 1e-3
+    assert selection_tol(Selection([1.0]), 1e-6, 1e-3) == 1e-3             # a learned Sigma: its --outer-tol
+    assert selection_tol(Selection([1.0], tol=0.0), 1e-6, 1e-3) == 1e-6
     for bad, field in ((dict(tol=1.0), "selection_tol"), (dict(tol=-1e-3), "selection_tol"),
                        (dict(patience=-1), "path_patience"), (dict(patience=1.5), "path_patience")):
         with pytest.raises(InputError, match=field):
@@ -53,7 +55,8 @@ CASES = [("logistic", "learned", dict(cv=3, metric="auc"), 2),
 @pytest.mark.parametrize("loss,relationship,split,seed", CASES)
 def test_the_early_stopped_path_chooses_the_exhaustive_lam_and_refit(loss, relationship, split, seed):
     """Four generated cases whose validation curves fall past their best (few rows, d = 14: small lam overfits):
-    the default path (fold fits at 100x --tol, the grid stopped after three falling points) stops points and
+    the default path (fold fits at 100x --tol or a learned Sigma's --outer-tol, the grid stopped after three
+    falling points) stops points and
     chooses the exhaustive path's lam (--selection-tol 0 --path-patience 0); both refits certified at --tol,
     their objectives within the certificate; the stopped points have no score and are not unconverged."""
     Xs, ys = random_tasks(seed, m=4, d=14, sizes=(24, 20, 30, 26), loss=loss)
@@ -70,7 +73,9 @@ def test_the_early_stopped_path_chooses_the_exhaustive_lam_and_refit(loss, relat
     assert np.all(np.isnan(fast.path["validation_score"][status == 2]))
     assert np.all(fast.path["converged"] == 1) and fast.selection["converged"] is True
     assert np.all(full.path["status"] == 1) and full.selection["stopped_early"] == 0
-    assert fast.selection["selection_tol"] == pytest.approx(1e-4) and full.selection["selection_tol"] == 1e-6
+    # the fold fits' gap: 100x --tol; a learned Sigma's fits are certified at --outer-tol (1e-3) anyway
+    assert fast.selection["selection_tol"] == pytest.approx(1e-3 if relationship == "learned" else 1e-4)
+    assert full.selection["selection_tol"] == 1e-6
     for r in (full, fast):
         assert r.converged and wsteps_certified(r) and r.history["rel_gap"][-1] <= 1e-6
     P = [r.history["primal"][-1] for r in (full, fast)]

@@ -19,12 +19,22 @@ the file, the same bits at any rank count); a validation row is scored
 task's means as a single run does.
 
 Every point is certified like a single run: its W-steps' convergence is kept per
-point, and a path with an unconverged point says so.  With ``selection.tol``
-(``--selection-tol``) the fold fits stop at that looser relative gap (W-steps and,
-with a learned Sigma, the joint gap), certified at it; the refit still runs to the
-config's ``--tol`` / ``--outer-tol`` from the chosen point's alpha.  The choice is
-made on scores of models within that gap of the optimum: where two grid points
-score closer than the gap moves a score, it may differ from the exhaustive path's.
+point, and a path with an unconverged point says so.  The fold fits stop at a
+looser relative gap than the refit (:func:`hpcmtl.model_selection.split.selection_tol`:
+``--selection-tol``, by default 100x ``--tol`` at most 1e-3, and a learned Sigma's
+``--outer-tol``; W-steps and, with a learned Sigma, the joint gap), certified at it;
+the refit still runs to the config's ``--tol`` / ``--outer-tol`` from the chosen
+point's alpha.  The choice is made on scores of models within that gap of the
+optimum: where two grid points score closer than the gap moves a score, it may
+differ from the exhaustive path's (``--selection-tol 0``).
+
+Points that cannot change the choice are stopped (``--path-patience K``, 3): once a
+fold's validation score fell K points in a row past the fold's best
+(:func:`hpcmtl.model_selection.split.path_fell`, the server's, broadcast after every
+point), the rest of the grid is skipped in that fold and the next ones; those points
+get the status *stopped early* (``/path/status`` 2), no score, and are never chosen.
+The stop travels in the checkpoint's position (``stop_at``), so a resumed path stops
+where the uninterrupted one did.
 """
 from __future__ import annotations
 
@@ -174,10 +184,16 @@ class LamSearch(Search):
         return ((dataclasses.replace(self.config, lam=value) if self.selection.name == "lam" else self.config),
                 self.sigmas[g])
 
+    def fold_tol(self):
+        """The fold fits' relative gap (:func:`hpcmtl.model_selection.split.selection_tol`; a learned Sigma's
+        --outer-tol counts)."""
+        cfg = self.config
+        return selection_tol(self.selection, cfg.tol, cfg.outer_tol if cfg.relationship == "learned" else 0.0)
+
     def fold_config(self, cfg):
         """A fold fit's config: ``cfg`` with its tolerances loosened to the selection's
         (:func:`hpcmtl.model_selection.split.selection_tol`: ``--selection-tol``, by default 100x ``--tol``)."""
-        tol = selection_tol(self.selection, self.config.tol)
+        tol = self.fold_tol()
         return dataclasses.replace(cfg, tol=max(cfg.tol, tol), outer_tol=max(cfg.outer_tol, tol))
 
     def load(self, whole, source, test_source):
@@ -213,7 +229,7 @@ class LamSearch(Search):
         """The grid's must-match record, with every point's fixed Sigma (a graph kernel's at each alpha)."""
         from ..checkpoint import sigma_signature
         return dict(super().path_key(split), sigmas=[sigma_signature(s) for s in self.sigmas],
-                    selection_tol=selection_tol(self.selection, self.config.tol), patience=self.selection.patience)
+                    selection_tol=self.fold_tol(), patience=self.selection.patience)
 
     def path_arrays(self, server):
         """Every point's certification so far and, in the last fold with warm starts, the earlier points' alpha
@@ -380,7 +396,7 @@ class LamSearch(Search):
         path[name] = np.asarray(grid)
         chosen_info = dict(split.how(), parameter=name, chosen_lam=cfg.lam, chosen_index=chosen,
                            metric=selection.metric, warm_start=selection.warm_start,
-                           selection_tol=selection_tol(selection, self.config.tol), patience=selection.patience,
+                           selection_tol=self.fold_tol(), patience=selection.patience,
                            stopped_early=int(G - stop_at),
                            split_digest=split.info["digest"], converged=bool(converged.all()), warnings=warnings,
                            **({"chosen_alpha": grid[chosen]} if name == "alpha" else {}))
