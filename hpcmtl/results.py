@@ -203,7 +203,7 @@ def selection_note(path, res) -> str:
               f"unconverged, {int(np.count_nonzero(status == 2))} stopped early (the validation score fell "
               f"{sel.get('patience', '?')} points in a row past its best)")
     return (f"- {os.path.basename(os.fspath(path))}: {name} {float(chosen):.4g} was chosen by {how} "
-            f"(validation {sel.get('metric', '?')}){grid}{points}{spent}; its rounds, seconds and curves are the "
+            f"(validation {sel.get('metric', '?')}){grid}{spent}{points}; its rounds, seconds and curves are the "
             f"refit's at that value.")
 
 
