@@ -109,3 +109,28 @@ def test_status_in_the_result_file_and_the_report(tmp_path):
     r = run_hpcmtl(["train", "stl", "--train", tr, "--out", out, "--loss", "logistic", "--lam", "0.1",
                     "--path-patience", "2", "--force"])
     assert r.returncode == 2 and "--path-patience go with a lam grid" in r.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("method", ["stl", "dmtrl"])
+def test_a_stopped_path_is_the_same_at_every_rank_count(tmp_path, method):
+    """The stop is the server's decision, broadcast after every point: at P = 1, 2 and 3 the same points are
+    stopped, and the scores, the choice and the refit are the same bits (a worker that missed the stop would
+    hang or fit points the server skips)."""
+    seed = 4 if method == "stl" else 6            # cases whose path stops (stl: identity; dmtrl: learned Sigma)
+    Xs, ys = random_tasks(seed, m=4, d=14, sizes=(24, 20, 30, 26), loss="logistic")
+    tr = tmp_path / "tr.h5"
+    store.write_tasks(str(tr), Xs, ys)
+    results = []
+    for ranks in (None, 2, 3):
+        out = tmp_path / f"r{ranks}.h5"
+        r = run_hpcmtl(["train", method, "--train", tr, "--out", out, "--loss", "logistic", "--lam-grid", "1e-4:1:9",
+                        "--cv", "3", "--metric", "logloss", "--tol", "1e-6", "--force", "--quiet"], ranks, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results.append(store.read_result(str(out)))
+    ref = results[0]
+    assert np.count_nonzero(ref["path"]["status"] == 2) >= 1
+    for res in results[1:]:
+        assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+        for key in ("status", "fold_scores", "validation_score", "rounds"):
+            assert res["path"][key].tobytes() == ref["path"][key].tobytes(), key
