@@ -28,10 +28,11 @@ each the median of ``--repeats`` runs, and the ratio to scikit-learn's seconds, 
 and CPU (user + system of every process: on a crowded node the wall clock mostly
 measures the others).  The hpcmtl seconds are whole commands (start, read, CV path,
 refit, result file), as a user runs them.  ``--selection-tol T`` adds each method
-with its fold fits stopped at relative gap T.
+with its fold fits stopped at relative gap T, ``--exhaustive`` each method's exhaustive path (``--selection-tol 0 --path-patience 0``:
+every fold fit at --tol, no point stopped), the reference the default path's choice is compared with.
 
     python bench/bench_path.py --case landmine [--grid 1e-5:1e-1:17] [--repeats 3] [--selection-tol 1e-3]
-        [--methods stl,dmtrl] [--json FILE]
+        [--exhaustive] [--methods stl,dmtrl] [--json FILE]
 """
 import argparse
 import os
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--loss", default="hinge")
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--selection-tol", default=None, help="landmine: also every method with --selection-tol T")
+    ap.add_argument("--exhaustive", action="store_true", help="landmine: also every method's exhaustive path "
+                    "(--selection-tol 0 --path-patience 0), the reference of the choice")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -173,6 +176,8 @@ def landmine(args, work):
     runs_of = [(m, []) for m in args.methods.split(",")]
     if args.selection_tol:
         runs_of += [(m, ["--selection-tol", args.selection_tol]) for m in args.methods.split(",")]
+    if args.exhaustive:
+        runs_of += [(m, ["--selection-tol", "0", "--path-patience", "0"]) for m in args.methods.split(",")]
     for method, extra in runs_of:
         out = os.path.join(work, f"landmine-{method}.h5")
         seconds, cpu, runs = cpu_and_wall(
@@ -181,13 +186,17 @@ def landmine(args, work):
             args.repeats)
         res = store.read_result(out)
         sel = res["config"]["selection"]
-        name = f"hpcmtl train {method}" + (f" --selection-tol {extra[1]}" if extra else "")
+        name = f"hpcmtl train {method}" + (" exhaustive" if "--path-patience" in extra
+                                             else f" --selection-tol {extra[1]}" if extra else "")
+        status = res["path"].get("status", res["path"]["converged"])       # 1 certified, 0 not, 2 stopped early
+        counts = {k: int(np.count_nonzero(status == v)) for k, v in (("certified", 1), ("unconverged", 0),
+                                                                      ("stopped", 2))}
         print(f"{name:<36} {seconds:8.2f} {seconds / base:10.2f} {cpu:8.2f} {cpu / base_cpu:10.2f} "
-              f"{sel['chosen_lam']:11.3g} {int(res['path']['converged'].sum()):>4}/{len(grid)} "
-              f"{'refit W-steps certified' if np.all(res['wsteps']['converged'] == 1) else 'refit NOT certified'}", flush=True)
+              f"{sel['chosen_lam']:11.3g} {counts['certified']:>4}/{len(grid)} ({counts['stopped']} stopped early, "
+              f"{counts['unconverged']} unconverged; fold gap {sel.get('selection_tol', 0):.0e}) "
+              f"{'refit certified' if res['model']['converged'] else 'refit NOT certified'}", flush=True)
         everything[name] = {"wall_cpu": runs, "chosen_lam": sel["chosen_lam"],
-                            "rounds": int(res["path"]["rounds"].sum()),
-                            "converged_points": int(res["path"]["converged"].sum())}
+                            "rounds": int(res["path"]["rounds"].sum()), **counts}
     save_json(args.json, everything)
 
 

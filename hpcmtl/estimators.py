@@ -260,7 +260,7 @@ class DMTRL(_MultiTaskLinear):
     def _config(self, lam=None):
         from .dmtrl import DMTRLConfig
         params = self.get_params()
-        for name in ("sigma", "task_column", "lams", "cv", "metric"):
+        for name in ("sigma", "task_column", "lams", "cv", "metric", "selection_tol", "path_patience"):
             params.pop(name, None)
         if lam is not None:
             params["lam"] = lam
@@ -305,13 +305,17 @@ class DMTRLCV(DMTRL):
     with scikit-learn's sign, greater is better, ``rank_test_score``,
     ``mean_validation_<metric>``, ``rounds``, ``seconds``, ``converged``) and
     ``selection_`` (the split, ``warnings``: a chosen lam at an edge of the grid,
-    unconverged points; each is also a ``UserWarning``).
+    unconverged points; each is also a ``UserWarning``).  ``selection_tol`` and
+    ``path_patience``: ``hpcmtl train``'s ``--selection-tol`` and ``--path-patience``
+    (0 and 0: the exhaustive path, every fold fit at ``tol`` and no point stopped,
+    as ``GridSearchCV`` over DMTRL).
     """
 
     def __init__(self, lams=(1e-4, 1e-3, 1e-2, 1e-1), cv=None, metric=None, loss="hinge", gamma=1.0, tol=1e-6,
                  max_rounds=500, outer=30, outer_tol=1e-3, local_iters=1.0, seed=0, eta=1.0, gap_every=1,
                  relationship="learned", sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp",
-                 fit_intercept=True, intercept_scaling=1.0, exchange="auto", float32=False, task_column=None):
+                 fit_intercept=True, intercept_scaling=1.0, exchange="auto", float32=False, task_column=None,
+                 selection_tol=None, path_patience=3):
         keep_params(self, locals())
 
     def fit(self, X, y, tasks=None):
@@ -322,7 +326,8 @@ class DMTRLCV(DMTRL):
         X, tasks = _task_column(self, X, tasks)
         config = self._config(lam=max(grid) if grid else None)
         source, ids = self._fit_source(X, y, tasks)
-        selection = Selection(grid, metric=self.metric, **_split_of(self.cv, X, tasks, ids, owner))
+        selection = Selection(grid, metric=self.metric, tol=self.selection_tol, patience=self.path_patience,
+                              **_split_of(self.cv, X, tasks, ids, owner))
         result = train_path(Cluster.serial(), source, config, selection.validate(config.loss, owner),
                             sigma_fixed=self.sigma)
         self._keep(result, source, ids, config)

@@ -132,7 +132,13 @@ def train_option_groups():
                                         help="solve every grid point from zero (for comparisons)")),
             (("--selection-tol",), dict(metavar="T", type=float, methods=DISTRIBUTED_SDCA,
                                         help="the fold fits stop at relative gap T (W-steps and joint gap, when "
-                                             "looser than --tol / --outer-tol); the refit still runs to --tol")),
+                                             "looser than --tol / --outer-tol); the refit still runs to --tol "
+                                             "(default: 100 x --tol, at most 1e-3; 0: at --tol, the exhaustive "
+                                             "path)")),
+            (("--path-patience",), dict(metavar="K", type=int, methods=DISTRIBUTED_SDCA,
+                                        help="stop the rest of the grid once a fold's validation score fell K "
+                                             "points in a row past its best (default 3; 0: never, the exhaustive "
+                                             "path)")),
         ]),
         ("aggregation of the workers' local steps", DISTRIBUTED_SDCA, [
             param("--aggregation"),
@@ -312,15 +318,18 @@ def lam_selection(args, config):
             raise InputError("a grid of --alpha goes with one --lam, not with a grid of lam")
         grid, name = args.alpha, "alpha"
     if not (isinstance(grid, list) or args.validation_fraction is not None or args.cv is not None):
-        if args.metric is not None or args.no_warm_start or args.selection_tol is not None:
-            raise InputError("--metric, --no-warm-start and --selection-tol go with a lam grid (--lam A,B,... or "
+        if (args.metric is not None or args.no_warm_start or args.selection_tol is not None
+                or args.path_patience is not None):
+            raise InputError("--metric, --no-warm-start, --selection-tol and --path-patience go with a lam grid "
+                             "(--lam A,B,... or "
                              "--lam-grid) or --validation-fraction / --cv")
         return None
     if args.method not in DISTRIBUTED_SDCA:
         raise InputError(f"a lam grid is for train {', '.join(DISTRIBUTED_SDCA)}, not for train {args.method}")
     from .model_selection import Selection          # (only here: a single lam runs without the path's modules)
     return Selection(grid if isinstance(grid, list) else [grid], args.validation_fraction, args.cv, args.metric,
-                     warm_start=not args.no_warm_start, name=name, tol=args.selection_tol).validate(config.loss)
+                     warm_start=not args.no_warm_start, name=name, tol=args.selection_tol,
+                     **({} if args.path_patience is None else {"patience": args.path_patience})).validate(config.loss)
 
 
 def radius_selection(args, config):

@@ -197,9 +197,14 @@ def selection_note(path, res) -> str:
     timing = res.get("timing", {})
     spent = (f"; the grid's fold fits took {float(timing['selection_seconds']):.2f} s, the whole job "
              f"{float(timing['job_seconds']):.2f} s" if "selection_seconds" in timing else "")
+    status = res.get("path", {}).get("status")        # 1 certified, 0 unconverged, 2 stopped early
+    points = ("" if status is None else
+              f"; grid points: {int(np.count_nonzero(status == 1))} certified, {int(np.count_nonzero(status == 0))} "
+              f"unconverged, {int(np.count_nonzero(status == 2))} stopped early (the validation score fell "
+              f"{sel.get('patience', '?')} points in a row past its best)")
     return (f"- {os.path.basename(os.fspath(path))}: {name} {float(chosen):.4g} was chosen by {how} "
-            f"(validation {sel.get('metric', '?')}){grid}{spent}; its rounds, seconds and curves are the refit's "
-            f"at that value.")
+            f"(validation {sel.get('metric', '?')}){grid}{spent}{points}; its rounds, seconds and curves are the "
+            f"refit's at that value.")
 
 
 def _save(plt, fig, written, name, path, tight=True):

@@ -60,7 +60,7 @@ def lam_run(tr, ck_path, selection, at=None, resume=False, config=None):
 def same_path(a, b):
     assert a.W.tobytes() == b.W.tobytes() and a.Sigma.tobytes() == b.Sigma.tobytes()
     assert a.selection["chosen_index"] == b.selection["chosen_index"]
-    for key in ("fold_scores", "validation_score", "rounds", "converged"):
+    for key in ("fold_scores", "validation_score", "rounds", "converged", "status"):
         assert np.asarray(a.path[key]).tobytes() == np.asarray(b.path[key]).tobytes(), key
     for key in ("primal", "dual", "round"):
         assert a.history[key].tobytes() == b.history[key].tobytes(), key
@@ -71,7 +71,9 @@ STL = DMTRLConfig(loss="logistic", lam=0.1, tol=1e-6, relationship="identity")
 
 
 @pytest.mark.parametrize("selection,config", [(dict(grid=[0.1, 0.01, 0.001], cv=3), DMTRL),
-                                              (dict(grid=[0.3, 0.03], validation_fraction=0.25), DMTRL),
+                                              # (at --tol: at the default looser fold gap its last point
+                                              # has no safe point of its own to be preempted at)
+                                              (dict(grid=[0.3, 0.03], validation_fraction=0.25, tol=0), DMTRL),
                                               (dict(grid=[0.1, 0.01, 0.001], cv=2), STL)])
 def test_a_lam_grid_resumed_anywhere_is_the_uninterrupted_path(data, tmp_path, selection, config):
     """Preempted at every safe point of a small job, or at many spread over a larger one (the first fold, the
@@ -98,6 +100,34 @@ def test_a_lam_grid_resumed_anywhere_is_the_uninterrupted_path(data, tmp_path, s
     else:                                                                   # between points, every fold, the last
         assert {p[1] for p in phases if p[3]} == set(range(n_folds)), phases
         assert any(p[3] and p[2] == len(selection["grid"]) - 1 for p in phases), phases
+
+
+def test_a_grid_with_stopped_points_resumed_anywhere_is_the_uninterrupted_path(tmp_path):
+    """A path whose rule stops the grid (issue 39: a fold's score fell three points in a row past its best):
+    preempted before, at and after the stop (later folds skip the stopped points, a checkpoint after the stopping
+    point carries the stop), each resume gives the uninterrupted path, statuses and refit bitwise; another
+    --path-patience is refused."""
+    from conftest import random_tasks
+    Xs, ys = random_tasks(4, m=4, d=14, sizes=(24, 20, 30, 26), loss="logistic")
+    tr = tmp_path / "tr.h5"
+    store.write_tasks(str(tr), Xs, ys)
+    selection = dict(grid=list(np.logspace(-4, 0, 9)), cv=3, metric="logloss")
+    config = DMTRLConfig(loss="logistic", lam=0.1, tol=1e-6, relationship="identity")
+    ref, counter = lam_run(tr, tmp_path / "none.h5", selection, config=config)
+    stopped = int(np.count_nonzero(ref.path["status"] == 2))
+    assert stopped >= 1
+    total = counter.asked
+    stops = set()
+    for at in sorted({3, total // 3, total // 2, (2 * total) // 3, total - 2}):
+        ck = tmp_path / f"at{at}.h5"
+        with pytest.raises(Preempted):
+            lam_run(tr, ck, selection, at=at, config=config)
+        stops.add(store.read_checkpoint(str(ck))["grid"]["info"].get("stop_at"))
+        resumed, _ = lam_run(tr, ck, selection, resume=True, config=config)
+        same_path(resumed, ref)
+    assert None in stops and len(selection["grid"]) - stopped in stops, stops    # before and after the stop
+    with pytest.raises(InputError, match="the grid's 'patience' differs"):
+        lam_run(tr, ck, dict(selection, patience=0), resume=True, config=config)
 
 
 def test_a_grid_checkpoint_is_refused_for_another_grid_or_a_single_run(data, tmp_path):

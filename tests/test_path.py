@@ -1,5 +1,7 @@
 """lam chosen by validation in one job (issue 15 part 2): the split, warm starts, the refit, errors (P-invariance:
 test_rank_counts.py)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -97,11 +99,11 @@ def test_validation_metrics_and_the_best_point():
     (dict(validation_fraction=1.5), "'validation_fraction' parameter of hpcmtl train must be in (0, 1)"),
     (dict(validation_fraction=0.2, cv=3), "not both"),
     (dict(metric="rmse"), "must be error, auc or logloss for the hinge loss"),
-    (dict(tol=0.0), "'selection_tol' parameter of hpcmtl train must be in (0, 1). Got 0.0"),
-    (dict(tol=1.0), "'selection_tol' parameter of hpcmtl train must be in (0, 1). Got 1.0"),
+    (dict(tol=-1e-3), "'selection_tol' parameter of hpcmtl train must be in [0, 1). Got -0.001"),
+    (dict(tol=1.0), "'selection_tol' parameter of hpcmtl train must be in [0, 1). Got 1.0"),
 ])
 def test_bad_selections(change, message):
-    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(Exception, match=re.escape(message)):
         Selection(**dict(dict(grid=[1e-2]), **change)).validate("hinge")
 
 
@@ -146,7 +148,8 @@ def test_warm_started_points_take_fewer_rounds_than_cold_ones(monkeypatch):
     rounds = {}
     for warm in (True, False):
         r = train_path(Cluster.serial(), source, stl_config(tol=1e-7, local_solver="sdca"),     # (exact steps on
-                       Selection(grid, validation_fraction=0.2, warm_start=warm))              # <= 64 rows: 1 round)
+                       Selection(grid, validation_fraction=0.2, warm_start=warm, tol=0,       # <= 64 rows: 1 round;
+                                 patience=0))                                                 # the exhaustive path)
         assert np.all(r.path["converged"] == 1)
         rounds[warm] = r.path["rounds"]
     assert rounds[True][0] == rounds[False][0]                 # the first point starts from zero either way
@@ -170,10 +173,10 @@ def test_selection_at_a_looser_tolerance_chooses_the_exhaustive_lam_and_refit(lo
     source = MemoryTasks(Xs, ys)
     grid = list(np.logspace(-4, -1, 7))
     config = dmtrl.DMTRLConfig(loss=loss, lam=1e-2, relationship=relationship, tol=1e-6)
-    full = train_path(Cluster.serial(), source, config, Selection(grid, **split))
-    loose = train_path(Cluster.serial(), source, config, Selection(grid, tol=1e-3, **split))
+    full = train_path(Cluster.serial(), source, config, Selection(grid, tol=0, patience=0, **split))  # exhaustive
+    loose = train_path(Cluster.serial(), source, config, Selection(grid, tol=1e-3, patience=0, **split))
     assert loose.selection["chosen_lam"] == full.selection["chosen_lam"]
-    assert loose.selection["selection_tol"] == 1e-3 and "selection_tol" not in full.selection
+    assert loose.selection["selection_tol"] == 1e-3 and full.selection["selection_tol"] == 1e-6
     for r in (full, loose):
         assert r.converged and wsteps_certified(r) and r.history["rel_gap"][-1] <= 1e-6
     # both refits certified: each objective within the joint (identity: the W-step's) relative gap of the optimum
@@ -237,9 +240,11 @@ def test_edge_warning_is_printed_and_stored(synth, tmp_path):
     (["--lam", "1e-3,1e-2", "--validation-fraction", "1.5"],
      "The 'validation_fraction' parameter of hpcmtl train must be in (0, 1). Got 1.5 instead."),
     (["--lam", "1e-3,1e-2", "--validation-fraction", "0"], "--validation-fraction must be > 0, got 0"),
-    (["--lam", "1e-3", "--selection-tol", "1e-3"], "--selection-tol go with a lam grid"),
+    (["--lam", "1e-3", "--selection-tol", "1e-3"], "--selection-tol and --path-patience go with a lam grid"),
     (["--lam", "1e-3,1e-2", "--selection-tol", "2"],
-     "The 'selection_tol' parameter of hpcmtl train must be in (0, 1). Got 2.0 instead."),
+     "The 'selection_tol' parameter of hpcmtl train must be in [0, 1). Got 2.0 instead."),
+    (["--lam", "1e-3,1e-2", "--path-patience", "-1"],
+     "The 'path_patience' parameter of hpcmtl train must be an integer >= 0. Got -1 instead."),
 ])
 def test_bad_grids_fail_with_one_line_on_every_rank(synth, tmp_path, option, message):
     tr, _ = synth
@@ -299,8 +304,8 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship, fit
                                 fit_intercept=fit_intercept),
                           {"lam": grid}, cv=folds, scoring="neg_root_mean_squared_error")
     search.fit(np.column_stack([tasks, X]), y)
-    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
-                 fit_intercept=fit_intercept).fit(X, y, tasks)
+    cv = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,     # exhaustive, as
+                 fit_intercept=fit_intercept, selection_tol=0, path_patience=0).fit(X, y, tasks)   # GridSearchCV
     assert cv.best_params_ == search.best_params_
     theirs = search.cv_results_["mean_test_score"][np.argsort(search.cv_results_["param_lam"].data.astype(float))]
     ours = cv.cv_results_["mean_test_score"][::-1]                          # ours: largest lam first
@@ -309,7 +314,8 @@ def test_gridsearchcv_with_groupkfold_picks_the_lam_of_dmtrlcv(relationship, fit
     assert np.allclose(ours, theirs, rtol=1e-6, atol=0)
     # task_column in DMTRLCV too: the same choice, the same predictions
     with_column = DMTRLCV(lams=grid, cv=folds, loss="squared", relationship=relationship, tol=1e-10,
-                          fit_intercept=fit_intercept, task_column=0).fit(np.column_stack([tasks, X]), y)
+                          fit_intercept=fit_intercept, task_column=0, selection_tol=0,
+                          path_patience=0).fit(np.column_stack([tasks, X]), y)
     assert with_column.lam_ == cv.lam_
     assert np.allclose(with_column.predict(np.column_stack([tasks, X])), cv.predict(X, tasks), rtol=0, atol=1e-12)
 

@@ -161,7 +161,8 @@ def check_position(path, position, split):
     """A checkpoint's position is one this grid has: a phase, a fold and a grid point in range."""
     ok = (position.get("phase") in ("fit", "refit")
           and all(isinstance(position.get(k), int) and not isinstance(position.get(k), bool) for k in ("fold", "point"))
-          and 0 <= position["fold"] < split.n_folds and 0 <= position["point"] < len(split.grid))
+          and 0 <= position["fold"] < split.n_folds and 0 <= position["point"] < len(split.grid)
+          and (isinstance(position.get("stop_at", 1), int) and 1 <= position.get("stop_at", 1) <= len(split.grid)))
     if not ok:
         raise InputError(f"{path}: cannot resume: the grid's position {position} is not one of this grid "
                          f"({split.n_folds} folds, {len(split.grid)} points)")
@@ -196,7 +197,8 @@ def resume_path(cluster, split, search, table, checkpointer, resume):
                     raise InputError(f"{resume}: cannot resume: field 'path/arrays/{name}' has shape "
                                      f"{np.shape(arrays.get(name))}, expected {table[name].shape}")
                 table[name][...] = arrays[name]
-            position = {k: info[k] for k in ("phase", "fold", "point", "done", "bytes_before_refit") if k in info}
+            position = {k: info[k] for k in ("phase", "fold", "point", "done", "bytes_before_refit", "stop_at")
+                        if k in info}
             check_position(resume, position, split)
             search.restore_path(arrays)
             if search.keeps_point:              # the running fit's blocks: its rows (a fold's, or every row)
@@ -258,8 +260,11 @@ def cross_validate(cluster, source, config, selection, search: Search, test_sour
             train_blocks, held = cut(blocks, folds, f, counts, fold.my_blocks, search.rank_means())
             search.fit_fold(split, f, fold, rows, train_blocks, held, table,
                             first=position["point"] if f == first_fold else 0)
+        # the points from stop_at on were stopped early (the search's rule, the same on every rank): no score
+        stop_at = position.get("stop_at", G)
         table["validation_score"] = scores = table["fold_scores"].mean(axis=1)
-        chosen = cluster.bcast_object(best_index(selection.metric, scores) if cluster.is_server else None)
+        scores[stop_at:] = np.nan
+        chosen = cluster.bcast_object(best_index(selection.metric, scores, stop_at) if cluster.is_server else None)
         # the path's traffic before the refit (the server's count; a resumed refit keeps the checkpoint's): the
         # refit's own bytes are its history's minus this (report's MB-moved panel)
         position.setdefault("bytes_before_refit", int(cluster.bytes_moved))

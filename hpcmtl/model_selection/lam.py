@@ -19,12 +19,22 @@ the file, the same bits at any rank count); a validation row is scored
 task's means as a single run does.
 
 Every point is certified like a single run: its W-steps' convergence is kept per
-point, and a path with an unconverged point says so.  With ``selection.tol``
-(``--selection-tol``) the fold fits stop at that looser relative gap (W-steps and,
-with a learned Sigma, the joint gap), certified at it; the refit still runs to the
-config's ``--tol`` / ``--outer-tol`` from the chosen point's alpha.  The choice is
-made on scores of models within that gap of the optimum: where two grid points
-score closer than the gap moves a score, it may differ from the exhaustive path's.
+point, and a path with an unconverged point says so.  The fold fits stop at a
+looser relative gap than the refit (:func:`hpcmtl.model_selection.split.selection_tol`:
+``--selection-tol``, by default 100x ``--tol`` at most 1e-3, and a learned Sigma's
+``--outer-tol``; W-steps and, with a learned Sigma, the joint gap), certified at it;
+the refit still runs to the config's ``--tol`` / ``--outer-tol`` from the chosen
+point's alpha.  The choice is made on scores of models within that gap of the
+optimum: where two grid points score closer than the gap moves a score, it may
+differ from the exhaustive path's (``--selection-tol 0``).
+
+Points that cannot change the choice are stopped (``--path-patience K``, 3): once a
+fold's validation score fell K points in a row past the fold's best
+(:func:`hpcmtl.model_selection.split.path_fell`, the server's, broadcast after every
+point), the rest of the grid is skipped in that fold and the next ones; those points
+get the status *stopped early* (``/path/status`` 2), no score, and are never chosen.
+The stop travels in the checkpoint's position (``stop_at``), so a resumed path stops
+where the uninterrupted one did.
 """
 from __future__ import annotations
 
@@ -38,7 +48,9 @@ from ..checkpoint import block_payloads
 from ..dmtrl.commands import DMTRLCommand
 from ..engine import Command, Down, Up
 from .driver import Search, ServerMaker, cross_validate, edge_warning
-from .split import Selection, fold_means, score_of, server_task_folds
+from .split import Selection, fold_means, path_fell, score_of, selection_tol, server_task_folds
+
+CERTIFIED, UNCONVERGED, STOPPED = 1, 0, 2     # a point's status in /path/status
 
 
 class PathCommand(Command):
@@ -172,11 +184,16 @@ class LamSearch(Search):
         return ((dataclasses.replace(self.config, lam=value) if self.selection.name == "lam" else self.config),
                 self.sigmas[g])
 
+    def fold_tol(self):
+        """The fold fits' relative gap (:func:`hpcmtl.model_selection.split.selection_tol`; a learned Sigma's
+        --outer-tol counts)."""
+        cfg = self.config
+        return selection_tol(self.selection, cfg.tol, cfg.outer_tol if cfg.relationship == "learned" else 0.0)
+
     def fold_config(self, cfg):
-        """A fold fit's config: ``cfg`` with its tolerances loosened to ``selection.tol`` (when given)."""
-        tol = self.selection.tol
-        if tol is None:
-            return cfg
+        """A fold fit's config: ``cfg`` with its tolerances loosened to the selection's
+        (:func:`hpcmtl.model_selection.split.selection_tol`: ``--selection-tol``, by default 100x ``--tol``)."""
+        tol = self.fold_tol()
         return dataclasses.replace(cfg, tol=max(cfg.tol, tol), outer_tol=max(cfg.outer_tol, tol))
 
     def load(self, whole, source, test_source):
@@ -211,7 +228,8 @@ class LamSearch(Search):
     def path_key(self, split):
         """The grid's must-match record, with every point's fixed Sigma (a graph kernel's at each alpha)."""
         from ..checkpoint import sigma_signature
-        return dict(super().path_key(split), sigmas=[sigma_signature(s) for s in self.sigmas])
+        return dict(super().path_key(split), sigmas=[sigma_signature(s) for s in self.sigmas],
+                    selection_tol=self.fold_tol(), patience=self.selection.patience)
 
     def path_arrays(self, server):
         """Every point's certification so far and, in the last fold with warm starts, the earlier points' alpha
@@ -276,15 +294,23 @@ class LamSearch(Search):
         table["seconds"][g] += server.elapsed()
         self.converged[g] &= int(converged)
         table["fold_scores"][g, f] = score_of(server, self.split.info, f, self.selection.metric)
+        sel, position = self.selection, self.position
+        if g + 1 < position.get("stop_at", len(sel.grid)) and path_fell(sel.metric, table["fold_scores"][:g + 1, f],
+                                                                         sel.patience):
+            position["stop_at"] = g + 1      # the rest of the grid is stopped, in this fold and the next ones
 
     def fit_fold(self, split, f, fold, rows, train_blocks, held, table, first=0):
         """The grid on fold f, each point warm-started from the previous one's alpha (from ``first`` on: a resumed
         path, whose point ``first`` continues from the checkpoint's state)."""
         selection, warm, n_folds = self.selection, self.selection.warm_start, split.n_folds
         local = None
+        if first >= self.position.get("stop_at", len(split.grid)):     # a resume after the rule stopped the grid
+            self.pending = self.warm_state = None
         for g, value in enumerate(split.grid):
             if g < first:
                 continue
+            if g >= self.position.get("stop_at", len(split.grid)):    # stopped early (path_fell, the server's)
+                break
             self.position["point"] = g
             cfg, sigma = self.point(g)
             cfg = self.fold_config(cfg)
@@ -299,10 +325,14 @@ class LamSearch(Search):
                                                                                           is not None),
                                  validate=True, checkpointer=self.checkpointer, resume_state=pending,
                                  warm_state=between, point=g, solved=self.solved(f, table))
+            if result is not None and self.recorded != g:   # (the safe point after the point recorded it already)
+                self.record_point(server, f, g, result.converged, table)
+            if selection.patience:               # the server's rule: every rank stops the grid at the same point
+                stop_at = fold.bcast_object(self.position.get("stop_at") if fold.is_server else None)
+                if stop_at is not None:
+                    self.position["stop_at"] = stop_at
             if result is None:
                 continue
-            if self.recorded != g:               # (the safe point after the point recorded it already)
-                self.record_point(server, f, g, result.converged, table)
             if self.note is not None:
                 self.note(f"{selection.name} {value:.4g} (fold {f + 1}/{n_folds}): {result.n_rounds} rounds, "
                           f"{'converged' if result.converged else 'NOT converged'}, validation {selection.metric} "
@@ -343,8 +373,14 @@ class LamSearch(Search):
         return [values[starts[b.task] + b.start:starts[b.task] + b.stop] for b in whole.my_blocks]
 
     def finish(self, split, result, chosen, table):
-        selection, grid, converged = self.selection, split.grid, self.converged
+        selection, grid = self.selection, split.grid
         G, name, cfg = len(grid), selection.name, self.chosen_config
+        stop_at = self.position.get("stop_at", G)
+        # a point's status: certified, unconverged (a fold fit ended above its tolerance) or stopped early (the
+        # grid was stopped before it in some fold: no complete score, never counted as unconverged)
+        status = np.where(self.converged == 1, CERTIFIED, UNCONVERGED).astype(np.int64)
+        status[stop_at:] = STOPPED
+        converged = (status != UNCONVERGED).astype(np.int64)
         warnings = []
         if not converged.all():
             bad = [f"{grid[g]:.4g}" for g in np.flatnonzero(converged == 0)]
@@ -356,11 +392,12 @@ class LamSearch(Search):
             warnings.append(edge)
         path = {"lam": np.asarray([self.point(g)[0].lam for g in range(G)]),
                 "validation_score": table["validation_score"], "fold_scores": table["fold_scores"],
-                "rounds": table["rounds"], "seconds": table["seconds"], "converged": converged}
+                "rounds": table["rounds"], "seconds": table["seconds"], "converged": converged, "status": status}
         path[name] = np.asarray(grid)
         chosen_info = dict(split.how(), parameter=name, chosen_lam=cfg.lam, chosen_index=chosen,
                            metric=selection.metric, warm_start=selection.warm_start,
-                           **({"selection_tol": selection.tol} if selection.tol is not None else {}),
+                           selection_tol=self.fold_tol(), patience=selection.patience,
+                           stopped_early=int(G - stop_at),
                            split_digest=split.info["digest"], converged=bool(converged.all()), warnings=warnings,
                            **({"chosen_alpha": grid[chosen]} if name == "alpha" else {}))
         out = PathTrainResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(dmtrl.TrainResult)},
