@@ -172,10 +172,20 @@ def block_gradient_terms(blk, w_prox, w_ext, loss, gamma):
     return grad, scalars[:-1]
 
 
+def spectral_norm_squared(A: np.ndarray) -> float:
+    """``||A||_2^2``: the largest eigenvalue of the smaller Gram matrix (min(m, d) square), which LAPACK's
+    symmetric solver finds to the rounding of ``||A||_2^2`` itself; a full SVD costs twice as much, and the
+    accelerated phase asks for this once an iteration."""
+    if A.size == 0:
+        return 0.0
+    gram = A.T @ A if A.shape[0] >= A.shape[1] else A @ A.T
+    return max(float(np.linalg.eigvalsh(gram)[-1]), 0.0)
+
+
 def joint_dual_at(loss_name, conj_sums, box_max, n, VT, lam):
     """``(max_s D(s alpha), s)`` from the per-task conjugate sums at DUAL_SCALES and ``V(alpha)^T`` (the W-step's
     B, or minus the loss's gradient G for ``alpha = -l'(z)``)."""
-    spectral2 = float(np.linalg.norm(VT, 2)) ** 2 if VT.size else 0.0
+    spectral2 = spectral_norm_squared(VT)
     duals = -np.sum(conj_sums / n[:, None], axis=0) - DUAL_SCALES ** 2 * spectral2 / (2.0 * lam)
     if loss_name != "squared":                # hinge, smoothed hinge, logistic: y s alpha stays in [0, 1]
         duals = np.where(DUAL_SCALES * box_max <= 1.0 + 1e-12, duals, -np.inf)
