@@ -33,6 +33,7 @@ import numpy as np
 from .. import _sdca
 from ..engine import Command, Down, Up, check_finite_rows
 from ..losses import get_loss
+from .dual_phase import DualCommand, dual_phase
 
 # the prox step t: STEP_SPREAD candidates on each side of the last chosen t (or of the first guess), a factor
 # STEP_FACTOR apart; t = 0 (W itself) is always a candidate
@@ -308,7 +309,7 @@ class JointBlocks:
 
 
 def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
-               stop=None):
+               stop=None, dual=None):
     """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
@@ -316,7 +317,10 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     when W itself was best).  ``gradient`` (smooth losses): GRADIENT_TERMS' evaluation for
     :func:`accelerated_phase`, which then runs from the best candidate while the joint gap is above
     ``outer_tol``; its dual bounds join the certificate and its best W, when better, is the next Omega-step's.
-    ``stop()`` ends the phase early (a signal).  Shared by the server and the centralized baselines.
+    ``stop()`` ends the phase early (a signal).  ``dual`` (the hinge loss): DUAL_TERMS' evaluation for
+    :func:`.dual_phase.dual_phase`, which runs instead while the joint gap is above ``outer_tol``: its dual
+    bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to).
+    Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
     steps, wts, norms = candidates(WT, BT, lam, center)
@@ -346,6 +350,17 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         budget = FLOOR_PER_GAP * (phase["primal"] - max(bounds + [out["joint_dual"]]))
         floor = floor_within(np.linalg.svd(phase["wt"], compute_uv=False), len(n), lam, budget, eig_floor,
                              min(FLOOR_START, outer_state.floor or FLOOR_START))
+    if dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
+                                               outer_tol * abs(out["joint_primal"])):
+        phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
+        phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST),
+                           APG_TARGET * outer_tol, outer_state.apg_step, stop)
+        outer_state.apg_step = phase["step"]
+        out["apg_iterations"] = phase["iterations"]
+        if phase["dual"] > max(bounds + [out["joint_dual"]]):
+            out["dual_scale"] = 1.0               # the phase's own beta
+        bounds.append(phase["dual"])
+        chosen = phase["wt"]
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
@@ -416,11 +431,20 @@ class JointServer:
             box = float(np.max(raw[:, -1])) if raw.shape[0] else 0.0
             return rows[:, :self.d], rows[:, self.d], rows[:, self.d + 1], rows[:, self.d + 2:], box
 
+        def dual(action, payload):
+            if payload is None:
+                payload = np.zeros((self.m, self.d + 3))
+            raw = self.command(DualCommand.DUAL_TERMS, payload=payload[self.block_task], width=self.d + 3,
+                               action=action)
+            rows = self.per_task(raw)
+            check_finite_rows(rows, self.round, self.names, "dual phase's V or sum", self.outer)
+            return rows
+
         smooth = get_loss(self.config.loss).smooth
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
                                        gradient if smooth else None, self.config.outer_tol,
-                                       self.signal_pending)
+                                       self.signal_pending, dual if self.config.loss == "hinge" else None)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out
