@@ -41,6 +41,8 @@ MU_EVERY = 50
 # the phase's target gap
 MU_START_SHARE = 0.5
 MU_END_SHARE = 0.25
+# the next Omega-step's W_mu is taken at a mu where the smoothing costs at least MU_RECOVER of the gap left
+MU_RECOVER = 0.1
 # at its last mu the phase ends once MU_EVERY accepted steps raised the dual by less than DUAL_STALL of the gap
 # left to the W-step's P (what is left is the primal's to close, through the next Omega-step and W-step)
 DUAL_STALL = 0.02
@@ -118,7 +120,9 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
     returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
     ``budget`` trials, once ``(primal - best D) / primal <= target``, or when ``stop()`` says so.  Returns a
-    dict: ``dual`` (the best exact D), ``wt`` (W_mu^T at the last accepted point: the next Omega-step's W),
+    dict: ``dual`` (the best exact D), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
+    average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
+    the next Omega-step's W),
     ``iterations``, ``step`` (the next phase's first guess)."""
     inv_n = 1.0 / n
     rows = terms(START, None)
@@ -137,6 +141,7 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     VT_ext, lin_ext = VT_beta, lin_beta
     momentum, theta, accept, k, accepted, run, checked = 1.0, 0.0, 0, 0, 0, 0, best
     _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
+    WT_sum, weight = np.zeros_like(WT_ext), 0.0
     while k < budget and step > 0:
         if stop is not None and stop():
             break
@@ -170,8 +175,14 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         VT_ext = VT_trial + theta * (VT_trial - VT_beta)
         lin_ext = lin_trial + theta * (lin_trial - lin_beta)
         VT_beta, lin_beta, accept = VT_trial, lin_trial, 1
+        WT_sum = WT_sum + accepted * smoothed(VT_beta, mu, lam)[2]     # the primal recovery's average
+        weight += accepted
         _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
         if primal - best <= target * abs(primal):
             break
-    _, _, WT_last = smoothed(VT_beta, mu, lam)
-    return {"dual": float(best), "wt": WT_last, "iterations": k, "step": step}
+    # the covariance the dual points to is as sharp as the dual is accurate: a mu far below the gap left puts
+    # Sigma_mu on V's top singular vector alone while the top values are not yet tied (rank one: a poor W-step)
+    mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))
+    _, _, WT_last = smoothed(VT_beta, mu_recover, lam)
+    wts = [WT_last] + ([WT_sum / weight] if weight > 0 else [])
+    return {"dual": float(best), "wts": wts, "iterations": k, "step": step}

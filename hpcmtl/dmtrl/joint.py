@@ -52,6 +52,10 @@ FLOOR_PER_GAP = 0.1
 APG_FIRST = 200
 APG_MOST = 6400
 APG_TARGET = 0.5
+# the hinge's dual phase: the next Omega-step's W is the candidate whose bound on the next W-step's P (P plus the
+# floor's majorizer excess) is lowest, unless no bound lowers P by DUAL_MOVE_SHARE of the joint gap and the last
+# W-step did not either: then the W the dual recovers with the lowest P (hpcmtl.dmtrl.dual_phase)
+DUAL_MOVE_SHARE = 0.03
 # after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
 # halves it again when the quadratic model fails)
 STEP_TRIAL_AFTER = 10
@@ -360,7 +364,30 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         if phase["dual"] > max(bounds + [out["joint_dual"]]):
             out["dual_scale"] = 1.0               # the phase's own beta
         bounds.append(phase["dual"])
-        chosen = phase["wt"]
+        # the next W-step's P is at most P + the floor's majorizer excess at the W its Sigma comes from: the
+        # candidate (the prox steps' best, or a W the dual recovered) with the lowest such bound (one collective)
+        floor = float(np.clip(FLOOR_PER_GAP * (out["joint_primal"] - max(bounds)) / abs(out["joint_primal"]),
+                              eig_floor, min(FLOOR_START, outer_state.floor or FLOOR_START)))
+        recovered = phase["wts"]
+        sums, _ = evaluate(recovered)
+        singular = [np.linalg.svd(wt, compute_uv=False) for wt in [wts[best]] + recovered]
+        primals = [out["prox_primal"]] + [float(np.sum(sums[:, c] / n)) + 0.5 * lam * float(sv.sum()) ** 2
+                                          for c, sv in enumerate(singular[1:])]
+        bound = [p + majorizer_excess(sv, len(n), lam, floor) if np.isfinite(p) else np.inf
+                 for p, sv in zip(primals, singular)]
+        pick = int(np.argmin(bound))
+        gap = out["joint_primal"] - max(bounds)
+        earlier = [w["joint_primal"] for w in outer_state.wsteps if "joint_primal" in w]
+        progress = earlier[-1] - out["joint_primal"] if earlier else np.inf
+        if not bound[pick] < out["joint_primal"] - DUAL_MOVE_SHARE * gap and 0 <= progress < DUAL_MOVE_SHARE * gap:
+            # no candidate's bound promises a step worth taking and the last W-step lowered P by next to nothing:
+            # the alternation has stalled (the floor pins W's task subspace), so the W the dual recovers with the
+            # lowest P goes on, bound or not, if that P is within the joint gap of W's (a step that raised P is not
+            # followed by another such move)
+            bold = 1 + int(np.argmin(primals[1:]))
+            pick = bold if primals[bold] <= out["joint_primal"] + gap else pick
+        if pick > 0:
+            chosen = recovered[pick - 1]
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
