@@ -6,7 +6,8 @@ import scipy.linalg
 from hpcmtl.baselines import mtrl_central
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
-from hpcmtl.dmtrl.joint import DUAL_SCALES, choose, conjugate_at_scales, prox_trace_norm_squared
+from hpcmtl.dmtrl.joint import (DUAL_SCALES, choose, conjugate_at_scales, prox_trace_norm_squared,
+                                spectral_norm_squared)
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.losses import conjugate_reference
 
@@ -44,6 +45,63 @@ def test_prox_of_the_squared_trace_norm_matches_bisection(shape, t):
     value = lambda V: 0.5 * np.sum((V - Z) ** 2) + 0.5 * t * np.linalg.svd(V, compute_uv=False).sum() ** 2
     rng = np.random.default_rng(2)
     assert all(value(W) <= value(W + 1e-3 * rng.normal(size=shape)) for _ in range(20))
+
+
+@pytest.mark.parametrize("shape", [(139, 28), (5, 60), (1, 1), (40, 40), (300, 2)])
+def test_the_spectral_norm_from_the_gram_matrix_matches_the_svd(shape):
+    """The joint dual's ||V||_2^2 from the smaller Gram matrix: to rounding of the SVD's, with columns of very
+    different scales (the Gram squares them), and 0 for an empty or zero V."""
+    rng = np.random.default_rng(shape[0] * 100 + shape[1])
+    A = rng.standard_normal(shape) * np.logspace(-6, 3, shape[1])
+    ref = np.linalg.norm(A, 2) ** 2
+    assert np.isfinite(spectral_norm_squared(A))
+    assert abs(spectral_norm_squared(A) - ref) <= 1e-13 * ref
+    assert spectral_norm_squared(np.zeros(shape)) == 0.0
+    assert spectral_norm_squared(np.zeros((0, 3))) == 0.0
+
+
+@pytest.mark.parametrize("identity", [True, False])
+def test_per_task_sums_are_the_block_loop_bit_for_bit(identity):
+    """ServerBase.per_task (np.add.at in block order, or the rows themselves when block k is task k) gives the bits
+    of the loop it replaced, -0.0 and magnitudes 1e-20 to 1e20 included."""
+    from hpcmtl.engine import ServerBase
+    rng = np.random.default_rng(3)
+    m = 17
+    block_task = np.arange(m) if identity else np.sort(np.concatenate([np.arange(m), rng.integers(0, m, 30)]))
+    rows = rng.standard_normal((block_task.size, 6)) * 10.0 ** rng.integers(-20, 20, (block_task.size, 1))
+    rows[rng.random(rows.shape) < 0.1] = -0.0
+    server = ServerBase.__new__(ServerBase)
+    server.m, server.block_task = m, block_task
+    server.block_is_task = bool(np.array_equal(block_task, np.arange(m)))
+    loop = np.zeros((m, 6))
+    for k, task in enumerate(block_task):
+        loop[task] += rows[k]
+    for got, want in ((server.per_task(rows), loop), (server.per_task(rows[:, 0]), loop[:, 0])):
+        assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(28, 139), (139, 28), (20, 20), (3, 500)])
+@pytest.mark.parametrize("spectrum", ["spread", "tied", "low-rank"])
+def test_the_gram_route_of_the_prox_matches_the_svd_route(monkeypatch, shape, spectrum):
+    """prox_trace_norm_squared from the smaller Gram matrix's eigenvectors against its thin-SVD route (forced
+    with GRAM_PROX_SPREAD = inf): the same W and trace norm to 1e-9, with tied singular values and with a rank
+    below min(m, d) (the Gram route's smallest kept value then near 0: it must fall back)."""
+    import hpcmtl.dmtrl.joint as joint
+    rng = np.random.default_rng(sum(shape))
+    k = min(shape)
+    U, _ = np.linalg.qr(rng.standard_normal((shape[0], k)))
+    V, _ = np.linalg.qr(rng.standard_normal((shape[1], k)))
+    z = {"spread": np.logspace(0, -5, k), "tied": np.r_[np.full(3, 2.0), np.linspace(1, 0.1, k - 3)],
+         "low-rank": np.r_[np.linspace(3, 1, k // 2), np.zeros(k - k // 2)]}[spectrum]
+    Z = (U * z) @ V.T
+    for t in (1e-3, 0.05, 1.0):
+        W, nuc = prox_trace_norm_squared(Z, t)
+        monkeypatch.setattr(joint, "GRAM_PROX_SPREAD", np.inf)
+        W_svd, nuc_svd = prox_trace_norm_squared(Z, t)
+        monkeypatch.undo()
+        assert np.isfinite(nuc) and abs(nuc - nuc_svd) <= 1e-9 * max(nuc_svd, 1e-300)
+        assert np.linalg.norm(W - W_svd) <= 1e-9 * max(np.linalg.norm(W_svd), 1e-300)
+        assert abs(np.linalg.svd(W, compute_uv=False).sum() - nuc) <= 1e-9 * max(nuc, 1e-300)
 
 
 def test_prox_of_zero_is_zero():

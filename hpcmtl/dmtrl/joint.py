@@ -33,6 +33,7 @@ import numpy as np
 from .. import _sdca
 from ..engine import Command, Down, Up, check_finite_rows
 from ..losses import get_loss
+from .dual_phase import DualCommand, dual_phase
 
 # the prox step t: STEP_SPREAD candidates on each side of the last chosen t (or of the first guess), a factor
 # STEP_FACTOR apart; t = 0 (W itself) is always a candidate
@@ -51,6 +52,10 @@ FLOOR_PER_GAP = 0.1
 APG_FIRST = 200
 APG_MOST = 6400
 APG_TARGET = 0.5
+# the hinge's dual phase: the next Omega-step's W is the candidate whose bound on the next W-step's P (P plus the
+# floor's majorizer excess) is lowest, unless no bound lowers P by DUAL_MOVE_SHARE of the joint gap and the last
+# W-step did not either: then the W the dual recovers with the lowest P (hpcmtl.dmtrl.dual_phase)
+DUAL_MOVE_SHARE = 0.03
 # after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
 # halves it again when the quadratic model fails)
 STEP_TRIAL_AFTER = 10
@@ -72,17 +77,42 @@ def prox_trace_norm_squared(Z: np.ndarray, t: float):
 
     With Z's singular values z (descending): ``w_k = max(z_k - t S, 0)`` where ``S = sum_{k<=K} z_k /
     (1 + K t)`` and K is the largest count with ``z_K > t S_K`` (the optimality of the shrunk values, which
-    sum to S).  Thin SVD of Z: O(m d min(m, d)).
+    sum to S).  O(m d min(m, d)): the smaller Gram matrix's eigenvectors, or a thin SVD of Z.
     """
-    U, z, Vt = np.linalg.svd(Z, full_matrices=False)
-    if z.size == 0 or not z[0] > 0:
+    wide = Z.shape[0] <= Z.shape[1]
+    if min(Z.shape) == 0:
         return np.zeros_like(Z), 0.0
+    # the eigenvectors of the smaller Gram matrix are Z's singular vectors on one side: a third of a thin SVD's
+    # cost (the accelerated phase's one prox an iteration).  Its singular values carry an error of about
+    # eps z_1^2 / z_k: kept only while every shrunk value it keeps is within GRAM_PROX_SPREAD of z_1, else the SVD
+    e, Q = np.linalg.eigh(Z @ Z.T if wide else Z.T @ Z)
+    z, Q = np.sqrt(np.maximum(e[::-1], 0.0)), Q[:, ::-1]
+    k, w = shrunk_values(z, t)
+    if k == 0:
+        return np.zeros_like(Z), 0.0
+    if z[k - 1] >= GRAM_PROX_SPREAD * z[0]:
+        Qk = Q[:, :k] * (w / z[:k])
+        return (Qk @ (Q[:, :k].T @ Z) if wide else (Z @ Q[:, :k]) @ Qk.T), float(w.sum())
+    U, z, Vt = np.linalg.svd(Z, full_matrices=False)
+    k, w = shrunk_values(z, t)
+    if k == 0:
+        return np.zeros_like(Z), 0.0
+    return (U[:, :k] * w) @ Vt[:k], float(w.sum())
+
+
+GRAM_PROX_SPREAD = 1e-3     # prox_trace_norm_squared: the Gram route's smallest kept z_k / z_1 (error <= 1e-10 z_k)
+
+
+def shrunk_values(z, t):
+    """``(K, w)``: the prox's shrunk singular values ``w_k = z_k - t S`` of Z's singular values z (descending),
+    K of them (0 when z is empty or zero)."""
+    if z.size == 0 or not z[0] > 0:
+        return 0, z[:0]
     K = np.arange(1, z.size + 1)
     S = np.cumsum(z) / (1.0 + K * t)
     keep = np.nonzero(z - t * S > 0)[0]
     k = int(keep[-1]) + 1
-    w = np.maximum(z[:k] - t * S[k - 1], 0.0)
-    return (U[:, :k] * w) @ Vt[:k], float(w.sum())
+    return k, np.maximum(z[:k] - t * S[k - 1], 0.0)
 
 
 def candidate_steps(center: float):
@@ -172,10 +202,20 @@ def block_gradient_terms(blk, w_prox, w_ext, loss, gamma):
     return grad, scalars[:-1]
 
 
+def spectral_norm_squared(A: np.ndarray) -> float:
+    """``||A||_2^2``: the largest eigenvalue of the smaller Gram matrix (min(m, d) square), which LAPACK's
+    symmetric solver finds to the rounding of ``||A||_2^2`` itself; a full SVD costs twice as much, and the
+    accelerated phase asks for this once an iteration."""
+    if A.size == 0:
+        return 0.0
+    gram = A.T @ A if A.shape[0] >= A.shape[1] else A @ A.T
+    return max(float(np.linalg.eigvalsh(gram)[-1]), 0.0)
+
+
 def joint_dual_at(loss_name, conj_sums, box_max, n, VT, lam):
     """``(max_s D(s alpha), s)`` from the per-task conjugate sums at DUAL_SCALES and ``V(alpha)^T`` (the W-step's
     B, or minus the loss's gradient G for ``alpha = -l'(z)``)."""
-    spectral2 = float(np.linalg.norm(VT, 2)) ** 2 if VT.size else 0.0
+    spectral2 = spectral_norm_squared(VT)
     duals = -np.sum(conj_sums / n[:, None], axis=0) - DUAL_SCALES ** 2 * spectral2 / (2.0 * lam)
     if loss_name != "squared":                # hinge, smoothed hinge, logistic: y s alpha stays in [0, 1]
         duals = np.where(DUAL_SCALES * box_max <= 1.0 + 1e-12, duals, -np.inf)
@@ -326,7 +366,7 @@ class JointBlocks:
 
 
 def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
-               stop=None):
+               stop=None, dual=None):
     """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
@@ -334,7 +374,10 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     when W itself was best).  ``gradient`` (smooth losses): GRADIENT_TERMS' evaluation for
     :func:`accelerated_phase`, which then runs from the best candidate while the joint gap is above
     ``outer_tol``; its dual bounds join the certificate and its best W, when better, is the next Omega-step's.
-    ``stop()`` ends the phase early (a signal).  Shared by the server and the centralized baselines.
+    ``stop()`` ends the phase early (a signal).  ``dual`` (the hinge loss): DUAL_TERMS' evaluation for
+    :func:`.dual_phase.dual_phase`, which runs instead while the joint gap is above ``outer_tol``: its dual
+    bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to).
+    Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
     steps, wts, norms = candidates(WT, BT, lam, center)
@@ -364,6 +407,40 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         budget = FLOOR_PER_GAP * (phase["primal"] - max(bounds + [out["joint_dual"]]))
         floor = floor_within(np.linalg.svd(phase["wt"], compute_uv=False), len(n), lam, budget, eig_floor,
                              min(FLOOR_START, outer_state.floor or FLOOR_START))
+    if dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
+                                               outer_tol * abs(out["joint_primal"])):
+        phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
+        phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST),
+                           APG_TARGET * outer_tol, outer_state.apg_step, stop)
+        outer_state.apg_step = phase["step"]
+        out["apg_iterations"] = phase["iterations"]
+        if phase["dual"] > max(bounds + [out["joint_dual"]]):
+            out["dual_scale"] = 1.0               # the phase's own beta
+        bounds.append(phase["dual"])
+        # the next W-step's P is at most P + the floor's majorizer excess at the W its Sigma comes from: the
+        # candidate (the prox steps' best, or a W the dual recovered) with the lowest such bound (one collective)
+        floor = float(np.clip(FLOOR_PER_GAP * (out["joint_primal"] - max(bounds)) / abs(out["joint_primal"]),
+                              eig_floor, min(FLOOR_START, outer_state.floor or FLOOR_START)))
+        recovered = phase["wts"]
+        sums, _ = evaluate(recovered)
+        singular = [np.linalg.svd(wt, compute_uv=False) for wt in [wts[best]] + recovered]
+        primals = [out["prox_primal"]] + [float(np.sum(sums[:, c] / n)) + 0.5 * lam * float(sv.sum()) ** 2
+                                          for c, sv in enumerate(singular[1:])]
+        bound = [p + majorizer_excess(sv, len(n), lam, floor) if np.isfinite(p) else np.inf
+                 for p, sv in zip(primals, singular)]
+        pick = int(np.argmin(bound))
+        gap = out["joint_primal"] - max(bounds)
+        earlier = [w["joint_primal"] for w in outer_state.wsteps if "joint_primal" in w]
+        progress = earlier[-1] - out["joint_primal"] if earlier else np.inf
+        if not bound[pick] < out["joint_primal"] - DUAL_MOVE_SHARE * gap and 0 <= progress < DUAL_MOVE_SHARE * gap:
+            # no candidate's bound promises a step worth taking and the last W-step lowered P by next to nothing:
+            # the alternation has stalled (the floor pins W's task subspace), so the W the dual recovers with the
+            # lowest P goes on, bound or not, if that P is within the joint gap of W's (a step that raised P is not
+            # followed by another such move)
+            bold = 1 + int(np.argmin(primals[1:]))
+            pick = bold if primals[bold] <= out["joint_primal"] + gap else pick
+        if pick > 0:
+            chosen = recovered[pick - 1]
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
@@ -434,11 +511,20 @@ class JointServer:
             box = float(np.max(raw[:, -1])) if raw.shape[0] else 0.0
             return rows[:, :self.d], rows[:, self.d], rows[:, self.d + 1], rows[:, self.d + 2:], box
 
+        def dual(action, payload):
+            if payload is None:
+                payload = np.zeros((self.m, self.d + 3))
+            raw = self.command(DualCommand.DUAL_TERMS, payload=payload[self.block_task], width=self.d + 3,
+                               action=action)
+            rows = self.per_task(raw)
+            check_finite_rows(rows, self.round, self.names, "dual phase's V or sum", self.outer)
+            return rows
+
         smooth = get_loss(self.config.loss).smooth
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
                                        gradient if smooth else None, self.config.outer_tol,
-                                       self.signal_pending)
+                                       self.signal_pending, dual if self.config.loss == "hinge" else None)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

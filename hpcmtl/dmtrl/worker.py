@@ -15,6 +15,7 @@ from .batched import BatchedBlocks
 from .commands import DMTRLCommand
 from .config import DMTRLConfig, uses_exact_box_solver, uses_exact_solver
 from .interior_rounds import InteriorBlocks
+from .dual_phase import DualCommand, DualPhaseBlocks
 from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
@@ -61,7 +62,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
-                  BatchedBlocks, LocalBase):
+                  DualPhaseBlocks, BatchedBlocks, LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
@@ -77,7 +78,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
     (None: the block keeps all d columns).
     """
 
-    COMMANDS = (EngineCommand, DMTRLCommand, JointCommand)
+    COMMANDS = (EngineCommand, DMTRLCommand, JointCommand, DualCommand)
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None, consume=False):
         """``consume``: the caller hands ``blocks`` over (its list then holds this rank's blocks as computed

@@ -1,0 +1,188 @@
+"""The hinge loss's outer step: accelerated ascent on a smoothed joint dual (issue 36).
+
+The smooth losses reach the learned-Sigma optimum by an accelerated proximal-gradient phase on P(W)
+(:func:`hpcmtl.dmtrl.joint.accelerated_phase`); the hinge loss has no gradient, and its W-steps alone stall
+(the Omega-step's floor freezes W's task subspace; on many one-row tasks 14 % above P*).  Its joint dual has
+no such obstacle: with ``beta = y alpha`` in the box ``[0, 1]`` and ``V(beta)_i = sum_j beta_ij y_ij x_ij / n_i``
+(d x m)::
+
+    D(beta) = sum_i (1/n_i) sum_j beta_ij - ||V(beta)||_2^2 / (2 lam)  <=  P*
+
+and ``||V||_2^2``, the largest eigenvalue of ``V^T V``, has the smooth upper bound
+``f_mu(V) = mu log sum_k exp(s_k^2 / mu)`` over V's singular values s (``f_mu - ||V||_2^2 <= mu log r``,
+r = min(m, d)), whose gradient is ``2 V Sigma_mu`` with ``Sigma_mu = R diag(w) R^T`` (R: V's right singular
+vectors, w: the softmax of ``s^2 / mu``, trace 1).  So ``D_mu = sum beta / n - f_mu / (2 lam) <= D`` is a
+smooth concave function on a box, and its gradient in ``beta_ij`` is ``(1 - y_ij x_ij . w_i) / n_i`` with
+``W = V Sigma_mu / lam``: the hinge margins of the W that Sigma_mu's W-step would recover.  The phase runs
+FISTA with backtracking and the gradient restart on D_mu (projected steps onto the box), from the W-step's
+own alpha, halving mu every :data:`MU_EVERY` accepted steps down to a level where the smoothing costs a
+fraction of the target gap:
+
+* every accepted point's exact ``D(beta)`` (its own spectral norm) joins the certificate;
+* the last point's ``W_mu`` is the next Omega-step's W: its Omega-step is ``Sigma_mu``'s (up to the
+  singular values' weights), the covariance the dual says the optimum has, and the next W-step (certified,
+  distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W.
+
+One collective an iteration (:data:`DualCommand.DUAL_TERMS`): the server sends ``W_mu`` at the extrapolated
+point, each block takes its projected step and returns ``X^T (y beta)`` of the trial and four sums; the
+extrapolation is linear, so the server forms V at the next extrapolated point from what it has.
+Worker half: :class:`DualPhaseBlocks`; server half: :func:`dual_phase` (through an evaluator the server
+builds: :meth:`hpcmtl.dmtrl.joint.JointServer.certify`).  Derivation: docs/math.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine import Command, Down, Up
+
+# mu halves after this many accepted steps (the smoothed dual's own progress comes first, then its accuracy)
+MU_EVERY = 50
+# mu starts where the smoothing costs MU_START_SHARE of the gap left and stops where it costs MU_END_SHARE of
+# the phase's target gap
+MU_START_SHARE = 0.5
+MU_END_SHARE = 0.25
+# the next Omega-step's W_mu is taken at a mu where the smoothing costs at least MU_RECOVER of the gap left
+MU_RECOVER = 0.1
+# at its last mu the phase ends once MU_EVERY accepted steps raised the dual by less than DUAL_STALL of the gap
+# left to the W-step's P (what is left is the primal's to close, through the next Omega-step and W-step)
+DUAL_STALL = 0.02
+# the first phase's step in beta (backtracking halves it until the quadratic model holds)
+FIRST_STEP = 1.0
+# after this many accepted steps in a row the phase tries a twice longer step
+STEP_TRIAL_AFTER = 10
+# the block's row: [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)]
+START, TRIAL = 0, 1
+
+
+class DualCommand(Command):
+    """The dual phase's message (ids: DMTRL's protocol, :mod:`.commands`)."""
+    # START: nothing down; per block [X^T (y beta) (d), sum beta, 0, 0, 0] at beta = y alpha of the W-step.
+    # TRIAL: per block [W_mu's column at the extrapolated point (d), step, theta, accept] -> per block
+    # [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)], where
+    # g = 1 - y x.w, trial = clip(ext + step g, 0, 1); accept = 1 first commits the previous trial (beta <- trial,
+    # ext <- trial + theta (trial - beta))
+    DUAL_TERMS = 42, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "action"), "dual_terms"
+
+
+class DualPhaseBlocks:
+    """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial)."""
+
+    def dual_terms(self, ctrl, rows):
+        d = self.d
+        out = np.zeros((len(self.blocks), d + 4))
+        if ctrl.action == START:
+            self.dual_state = []
+            for k, blk in enumerate(self.blocks):
+                beta = np.clip(blk.y * self.state[k].alpha, 0.0, 1.0)     # the W-step's alpha, in the box
+                self.dual_state.append([beta, beta, beta])
+                self.put_dual_row(out, k, blk, beta, 0.0, 0.0, 0.0)
+            return out
+        for k, blk in enumerate(self.blocks):
+            beta, ext, trial = self.dual_state[k]
+            w, (step, theta, accept) = rows[k, :d], rows[k, d:d + 3]
+            if accept:
+                beta, ext = trial, trial + theta * (trial - beta)
+            f = self.columns[k]
+            g = 1.0 - blk.y * blk.decision(np.ascontiguousarray(w if f is None else w[f]))
+            trial = np.clip(ext + step * g, 0.0, 1.0)
+            move = trial - ext
+            self.put_dual_row(out, k, blk, trial, float(g @ move), float(move @ move),
+                              float((ext - trial) @ (trial - beta)))
+            self.dual_state[k] = [beta, ext, trial]
+        return out
+
+    def put_dual_row(self, out, k, blk, beta, gdot, square, restart):
+        d, f = self.d, self.columns[k]
+        v = blk.rmatvec(blk.y * beta)
+        if f is None:
+            out[k, :d] = v
+        else:
+            out[k, f] = v
+        out[k, d:] = (float(beta.sum()), gdot, square, restart)
+
+
+def smoothed(VT, mu, lam):
+    """``(||V||_2^2, f_mu(V), W_mu^T)`` from the thin SVD of V^T (m x d): ``W_mu^T = R diag(w s) U^T / lam``."""
+    if VT.size == 0:
+        return 0.0, 0.0, np.zeros_like(VT)
+    R, s, Ut = np.linalg.svd(VT, full_matrices=False)
+    e = s * s
+    top = float(e[0])
+    if not top > 0:
+        return 0.0, 0.0, np.zeros_like(VT)
+    weights = np.exp((e - top) / mu)
+    total = float(weights.sum())
+    weights /= total
+    return top, top + mu * np.log(total), (R * (weights * s)) @ Ut / lam
+
+
+def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
+    """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
+    returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
+    ``budget`` trials, once ``(primal - best D) / primal <= target``, or when ``stop()`` says so.  Returns a
+    dict: ``dual`` (the best exact D), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
+    average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
+    the next Omega-step's W),
+    ``iterations``, ``step`` (the next phase's first guess)."""
+    inv_n = 1.0 / n
+    rows = terms(START, None)
+    d = rows.shape[1] - 4
+
+    def parts(rows):
+        return rows[:, :d] * inv_n[:, None], float(rows[:, d] @ inv_n), rows[:, d + 1:].T @ inv_n
+
+    VT_beta, lin_beta, _ = parts(rows)
+    top, _, _ = smoothed(VT_beta, 1.0, lam)
+    best = lin_beta - top / (2.0 * lam)
+    r = max(2, min(VT_beta.shape))
+    mu_end = max(MU_END_SHARE * target * abs(primal) * 2.0 * lam / np.log(r), 1e-300)
+    mu = max(MU_START_SHARE * (primal - best) * 2.0 * lam / np.log(r), mu_end)
+    step = FIRST_STEP if step is None else step
+    VT_ext, lin_ext = VT_beta, lin_beta
+    momentum, theta, accept, k, accepted, run, checked = 1.0, 0.0, 0, 0, 0, 0, best
+    _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
+    WT_sum, weight = np.zeros_like(WT_ext), 0.0
+    while k < budget and step > 0:
+        if stop is not None and stop():
+            break
+        k += 1
+        payload = np.column_stack([WT_ext, np.tile([step, theta, float(accept)], (WT_ext.shape[0], 1))])
+        VT_trial, lin_trial, (gdot, square, restart) = parts(terms(TRIAL, payload))
+        top, f_trial, _ = smoothed(VT_trial, mu, lam)
+        value_ext = lin_ext - f_ext / (2.0 * lam)
+        value = lin_trial - f_trial / (2.0 * lam)
+        if not (np.isfinite(value) and value >= value_ext + gdot - square / (2.0 * step) - 1e-12 * abs(value_ext)):
+            step *= 0.5                       # backtracking: the quadratic model did not hold
+            accept, run = 0, 0
+            continue
+        best = max(best, lin_trial - top / (2.0 * lam))
+        accepted += 1
+        run += 1
+        if run == STEP_TRIAL_AFTER:
+            step, run = 2.0 * step, 0
+        if accepted % MU_EVERY == 0:
+            if mu <= mu_end and best - checked < DUAL_STALL * (primal - best):
+                break                         # the dual has stalled at its sharpest: the next W-step goes on
+            checked = best
+            if mu > mu_end:
+                mu = max(0.5 * mu, mu_end)    # a sharper dual: the momentum starts again
+                restart = 1.0
+        if restart > 0:                       # the gradient restart (O'Donoghue & Candes), in beta
+            momentum, theta = 1.0, 0.0
+        else:
+            following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
+            momentum, theta = following, (momentum - 1.0) / following
+        VT_ext = VT_trial + theta * (VT_trial - VT_beta)
+        lin_ext = lin_trial + theta * (lin_trial - lin_beta)
+        VT_beta, lin_beta, accept = VT_trial, lin_trial, 1
+        WT_sum = WT_sum + accepted * smoothed(VT_beta, mu, lam)[2]     # the primal recovery's average
+        weight += accepted
+        _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
+        if primal - best <= target * abs(primal):
+            break
+    # the covariance the dual points to is as sharp as the dual is accurate: a mu far below the gap left puts
+    # Sigma_mu on V's top singular vector alone while the top values are not yet tied (rank one: a poor W-step)
+    mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))
+    _, _, WT_last = smoothed(VT_beta, mu_recover, lam)
+    wts = [WT_last] + ([WT_sum / weight] if weight > 0 else [])
+    return {"dual": float(best), "wts": wts, "iterations": k, "step": step}
