@@ -261,6 +261,12 @@ def accelerated_args(tr, out, *extra):
             "--quiet", "--force", *extra]
 
 
+def dual_phase_args(tr, out, *extra):
+    """Hinge, learned Sigma, the default --outer and --outer-tol: the dual phase runs after each W-step."""
+    return ["train", "dmtrl", "--train", tr, "--out", out, "--loss", "hinge", "--lam", "1e-3", "--tol", "1e-6",
+            "--quiet", "--force", *extra]
+
+
 def check_accelerated(runs, data, args, tmp_path):
     ref = converged(runs)
     steps = ref["wsteps"]
@@ -550,6 +556,9 @@ CASES = {
     "accelerated outer step": Case(SYNTH_AGGREGATION, accelerated_args, check_accelerated, counts=(1, 2, 3),
                                    compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
                                                               ("wsteps", "apg_iterations"))),
+    "hinge dual phase": Case(SYNTH_AGGREGATION, dual_phase_args, check_accelerated, counts=(1, 2, 3),
+                             compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
+                                                        ("wsteps", "apg_iterations"))),
     "exact box steps": Case(synth_file("--scale", "0.025", "--seed", "5"), learned("1e-3", "3"),
                             check_exact_box),
     "interior-point W-steps": Case(written(interior_small_raw), learned("1e-4", "4"), check_interior_learned),

@@ -68,7 +68,7 @@ class DualPhaseBlocks:
     """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial)."""
 
     def dual_terms(self, ctrl, rows):
-        d = self.d
+        d = ctrl.width - 3                    # from the command: a rank without blocks knows no d
         out = np.zeros((len(self.blocks), d + 4))
         if ctrl.action == START:
             self.dual_state = []
@@ -92,7 +92,7 @@ class DualPhaseBlocks:
         return out
 
     def put_dual_row(self, out, k, blk, beta, gdot, square, restart):
-        d, f = self.d, self.columns[k]
+        d, f = out.shape[1] - 4, self.columns[k]
         v = blk.rmatvec(blk.y * beta)
         if f is None:
             out[k, :d] = v

@@ -441,6 +441,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
             pick = bold if primals[bold] <= out["joint_primal"] + gap else pick
         if pick > 0:
             chosen = recovered[pick - 1]
+            out["prox_primal"] = min(out["prox_primal"], primals[pick])    # P at the next Omega-step's W
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
