@@ -192,9 +192,12 @@ class LamSearch(Search):
 
     def fold_config(self, cfg):
         """A fold fit's config: ``cfg`` with its tolerances loosened to the selection's
-        (:func:`hpcmtl.model_selection.split.selection_tol`: ``--selection-tol``, by default 100x ``--tol``)."""
+        (:func:`hpcmtl.model_selection.split.selection_tol`: ``--selection-tol``, by default 100x ``--tol``).
+        ``--outer-tol 0`` stays 0: it asks for ``--outer`` W-steps without the joint stop or the outer phases, and
+        the fold fits keep that (a positive tolerance would add phases the refit does not take)."""
         tol = self.fold_tol()
-        return dataclasses.replace(cfg, tol=max(cfg.tol, tol), outer_tol=max(cfg.outer_tol, tol))
+        outer_tol = max(cfg.outer_tol, tol) if cfg.outer_tol > 0 else 0.0
+        return dataclasses.replace(cfg, tol=max(cfg.tol, tol), outer_tol=outer_tol)
 
     def load(self, whole, source, test_source):
         return engine.load_blocks(whole, source, self.config, test_source, prepare=not self.center)
