@@ -80,30 +80,6 @@ def test_per_task_sums_are_the_block_loop_bit_for_bit(identity):
         assert got.shape == want.shape and got.tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("shape", [(28, 139), (139, 28), (20, 20), (3, 500)])
-@pytest.mark.parametrize("spectrum", ["spread", "tied", "low-rank"])
-def test_the_gram_route_of_the_prox_matches_the_svd_route(monkeypatch, shape, spectrum):
-    """prox_trace_norm_squared from the smaller Gram matrix's eigenvectors against its thin-SVD route (forced
-    with GRAM_PROX_SPREAD = inf): the same W and trace norm to 1e-9, with tied singular values and with a rank
-    below min(m, d) (the Gram route's smallest kept value then near 0: it must fall back)."""
-    import hpcmtl.dmtrl.joint as joint
-    rng = np.random.default_rng(sum(shape))
-    k = min(shape)
-    U, _ = np.linalg.qr(rng.standard_normal((shape[0], k)))
-    V, _ = np.linalg.qr(rng.standard_normal((shape[1], k)))
-    z = {"spread": np.logspace(0, -5, k), "tied": np.r_[np.full(3, 2.0), np.linspace(1, 0.1, k - 3)],
-         "low-rank": np.r_[np.linspace(3, 1, k // 2), np.zeros(k - k // 2)]}[spectrum]
-    Z = (U * z) @ V.T
-    for t in (1e-3, 0.05, 1.0):
-        W, nuc = prox_trace_norm_squared(Z, t)
-        monkeypatch.setattr(joint, "GRAM_PROX_SPREAD", np.inf)
-        W_svd, nuc_svd = prox_trace_norm_squared(Z, t)
-        monkeypatch.undo()
-        assert np.isfinite(nuc) and abs(nuc - nuc_svd) <= 1e-9 * max(nuc_svd, 1e-300)
-        assert np.linalg.norm(W - W_svd) <= 1e-9 * max(np.linalg.norm(W_svd), 1e-300)
-        assert abs(np.linalg.svd(W, compute_uv=False).sum() - nuc) <= 1e-9 * max(nuc, 1e-300)
-
-
 def test_prox_of_zero_is_zero():
     W, nuc = prox_trace_norm_squared(np.zeros((4, 7)), 1.0)
     assert nuc == 0.0 and not W.any()

@@ -124,8 +124,10 @@ SAME_TRAJECTORY = {"squared", "logistic", "smoothed-hinge"}
     ("smoothed-hinge", "adaptive", True)])
 def test_support_algebra_matches_the_dense_rows(loss, aggregation, intercept):
     Xs, ys = sparse_tasks()
+    # (the box losses without the joint stop: their rounding gives another certified trajectory, and the hinge's
+    # dual phase then may pick another W for the last Omega-step, whose W-step need not share the dense one's optimum)
     kw = dict(loss=loss, aggregation=aggregation, fit_intercept=intercept, lam=1e-2, tol=1e-6, outer=3,
-              max_rounds=300)
+              max_rounds=300, **({} if loss in SAME_TRAJECTORY else {"outer_tol": 0.0}))
     before, after = fit(Xs, ys, supports=False, **kw), fit(Xs, ys, **kw)
     assert after.extra["space"] and not before.extra["space"]
     assert_certified_alike(after, before, loss in SAME_TRAJECTORY)

@@ -77,30 +77,14 @@ def prox_trace_norm_squared(Z: np.ndarray, t: float):
 
     With Z's singular values z (descending): ``w_k = max(z_k - t S, 0)`` where ``S = sum_{k<=K} z_k /
     (1 + K t)`` and K is the largest count with ``z_K > t S_K`` (the optimality of the shrunk values, which
-    sum to S).  O(m d min(m, d)): the smaller Gram matrix's eigenvectors, or a thin SVD of Z.
+    sum to S).  Thin SVD of Z: O(m d min(m, d)) (not the smaller Gram matrix's eigenvectors: their rounding,
+    eps z_1^2 / z_k, moves the accelerated phase's iterates enough to change where it stops).
     """
-    wide = Z.shape[0] <= Z.shape[1]
-    if min(Z.shape) == 0:
-        return np.zeros_like(Z), 0.0
-    # the eigenvectors of the smaller Gram matrix are Z's singular vectors on one side: a third of a thin SVD's
-    # cost (the accelerated phase's one prox an iteration).  Its singular values carry an error of about
-    # eps z_1^2 / z_k: kept only while every shrunk value it keeps is within GRAM_PROX_SPREAD of z_1, else the SVD
-    e, Q = np.linalg.eigh(Z @ Z.T if wide else Z.T @ Z)
-    z, Q = np.sqrt(np.maximum(e[::-1], 0.0)), Q[:, ::-1]
-    k, w = shrunk_values(z, t)
-    if k == 0:
-        return np.zeros_like(Z), 0.0
-    if z[k - 1] >= GRAM_PROX_SPREAD * z[0]:
-        Qk = Q[:, :k] * (w / z[:k])
-        return (Qk @ (Q[:, :k].T @ Z) if wide else (Z @ Q[:, :k]) @ Qk.T), float(w.sum())
     U, z, Vt = np.linalg.svd(Z, full_matrices=False)
     k, w = shrunk_values(z, t)
     if k == 0:
         return np.zeros_like(Z), 0.0
     return (U[:, :k] * w) @ Vt[:k], float(w.sum())
-
-
-GRAM_PROX_SPREAD = 1e-3     # prox_trace_norm_squared: the Gram route's smallest kept z_k / z_1 (error <= 1e-10 z_k)
 
 
 def shrunk_values(z, t):
