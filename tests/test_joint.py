@@ -267,18 +267,22 @@ def test_the_smoothed_spectral_norm_bounds_and_its_gradient():
     (1 / (2 lam)) times f_mu's gradient (central differences), Sigma_mu with trace 1."""
     from hpcmtl.dmtrl.dual_phase import smoothed
     rng = np.random.default_rng(5)
-    VT = rng.normal(size=(9, 4))            # m x d
+    for shape in ((9, 4), (4, 9), (1, 3), (3, 1)):         # m x d: the Gram matrix on either side, r = 1
+        check_smoothed(smoothed, rng.normal(size=shape))
+
+
+def check_smoothed(smoothed, VT):
     lam, mu = 0.3, 0.05
     top, f, WT = smoothed(VT, mu, lam)
     assert top == pytest.approx(np.linalg.norm(VT, 2) ** 2, rel=1e-12)
-    assert top <= f <= top + mu * np.log(4) + 1e-12
+    assert top <= f <= top + mu * np.log(min(VT.shape)) + 1e-12
     h, grad = 1e-6, np.zeros_like(VT)
     for idx in np.ndindex(*VT.shape):
         E = np.zeros_like(VT)
         E[idx] = h
         grad[idx] = (smoothed(VT + E, mu, lam)[1] - smoothed(VT - E, mu, lam)[1]) / (2 * h)
     assert np.allclose(WT, grad / (2 * lam), rtol=1e-5, atol=1e-7)
-    R, s, _ = np.linalg.svd(VT, full_matrices=False)
+    R, s, _ = np.linalg.svd(VT, full_matrices=False)   # the thin SVD's W_mu
     Sigma = R @ np.diag(np.exp((s ** 2 - s[0] ** 2) / mu) / np.exp((s ** 2 - s[0] ** 2) / mu).sum()) @ R.T
     assert np.trace(Sigma) == pytest.approx(1.0) and np.allclose(WT, Sigma @ VT / lam, atol=1e-12)
 

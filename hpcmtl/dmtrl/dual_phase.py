@@ -102,18 +102,27 @@ class DualPhaseBlocks:
 
 
 def smoothed(VT, mu, lam):
-    """``(||V||_2^2, f_mu(V), W_mu^T)`` from the thin SVD of V^T (m x d): ``W_mu^T = R diag(w s) U^T / lam``."""
+    """``(||V||_2^2, f_mu(V), W_mu^T)`` from the smaller Gram matrix of V^T (m x d): with
+    ``VT^T VT = Q diag(e) Q^T`` (d x d, when d < m) ``W_mu^T = VT Q diag(w) Q^T / lam``; else with
+    ``VT VT^T = R diag(e) R^T`` (m x m) ``W_mu^T = R diag(w) R^T VT / lam`` (``= Sigma_mu V^T / lam``).  The weights
+    w multiply the eigenvectors and never divide by a singular value, so the Gram route's rounding in the small
+    eigenvalues (eps ||V||^2) reaches W_mu only through weights of order ``exp(-(top - e) / mu)``; a thin SVD of
+    V^T costs several times as much, and the phase asks for this once or twice an iteration."""
     if VT.size == 0:
         return 0.0, 0.0, np.zeros_like(VT)
-    R, s, Ut = np.linalg.svd(VT, full_matrices=False)
-    e = s * s
-    top = float(e[0])
+    feature_side = VT.shape[0] > VT.shape[1]
+    e, Q = np.linalg.eigh(VT.T @ VT if feature_side else VT @ VT.T)
+    top = float(e[-1])
     if not top > 0:
         return 0.0, 0.0, np.zeros_like(VT)
-    weights = np.exp((e - top) / mu)
+    weights = np.exp((np.maximum(e, 0.0) - top) / mu)
     total = float(weights.sum())
     weights /= total
-    return top, top + mu * np.log(total), (R * (weights * s)) @ Ut / lam
+    if feature_side:
+        WT = (VT @ Q * weights) @ Q.T / lam
+    else:
+        WT = (Q * weights) @ (Q.T @ VT) / lam
+    return top, top + mu * np.log(total), WT
 
 
 def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
@@ -148,7 +157,8 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         k += 1
         payload = np.column_stack([WT_ext, np.tile([step, theta, float(accept)], (WT_ext.shape[0], 1))])
         VT_trial, lin_trial, (gdot, square, restart) = parts(terms(TRIAL, payload))
-        top, f_trial, _ = smoothed(VT_trial, mu, lam)
+        top, f_trial, WT_trial = smoothed(VT_trial, mu, lam)
+        mu_trial = mu
         value_ext = lin_ext - f_ext / (2.0 * lam)
         value = lin_trial - f_trial / (2.0 * lam)
         if not (np.isfinite(value) and value >= value_ext + gdot - square / (2.0 * step) - 1e-12 * abs(value_ext)):
@@ -175,7 +185,8 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         VT_ext = VT_trial + theta * (VT_trial - VT_beta)
         lin_ext = lin_trial + theta * (lin_trial - lin_beta)
         VT_beta, lin_beta, accept = VT_trial, lin_trial, 1
-        WT_sum = WT_sum + accepted * smoothed(VT_beta, mu, lam)[2]     # the primal recovery's average
+        # the primal recovery's average (the trial's W_mu is beta's while mu stayed)
+        WT_sum = WT_sum + accepted * (WT_trial if mu == mu_trial else smoothed(VT_beta, mu, lam)[2])
         weight += accepted
         _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
         if primal - best <= target * abs(primal):
