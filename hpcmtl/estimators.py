@@ -252,7 +252,7 @@ class DMTRL(_MultiTaskLinear):
     """
 
     def __init__(self, loss="hinge", lam=1e-3, gamma=1.0, tol=1e-6, max_rounds=500, outer=30,
-                 outer_tol=1e-3, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
+                 outer_tol=2e-4, local_iters=1.0, seed=0, eta=1.0, gap_every=1, relationship="learned",
                  sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp", fit_intercept=True,
                  intercept_scaling=1.0, exchange="auto", float32=False, task_column=None):
         keep_params(self, locals())
@@ -312,7 +312,7 @@ class DMTRLCV(DMTRL):
     """
 
     def __init__(self, lams=(1e-4, 1e-3, 1e-2, 1e-1), cv=None, metric=None, loss="hinge", gamma=1.0, tol=1e-6,
-                 max_rounds=500, outer=30, outer_tol=1e-3, local_iters=1.0, seed=0, eta=1.0, gap_every=1,
+                 max_rounds=500, outer=30, outer_tol=2e-4, local_iters=1.0, seed=0, eta=1.0, gap_every=1,
                  relationship="learned", sigma=None, rff_dim=0, rff_gamma=1.0, shrinking=True, aggregation="qp",
                  fit_intercept=True, intercept_scaling=1.0, exchange="auto", float32=False, task_column=None,
                  selection_tol=None, path_patience=3):

@@ -145,7 +145,7 @@ PARAMS = {
     "gap_every": Param(COUNT, 1, "compute the duality gap every N rounds"),
     "shrinking": Param(bool, True, "liblinear-style shrinking of the local SDCA (hinge losses)"),
     "outer": Param(COUNT, 30, "maximum W-steps (Omega-steps + 1; one W-step when Sigma is fixed)"),
-    "outer_tol": Param(Interval(float, 0, math.inf, "both"), 1e-3,
+    "outer_tol": Param(Interval(float, 0, math.inf, "both"), 2e-4,
                        "learned Sigma: stop when the joint relative duality gap of the learned-Sigma problem "
                        "(P(W) with the squared trace norm) is at most this: the optimum certified"),
     "eig_floor": Param(POSITIVE, 1e-8, "eigenvalues of (W^T W)^(1/2) floored at this fraction of the largest "

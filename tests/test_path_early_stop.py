@@ -39,6 +39,9 @@ def test_the_selection_tolerance_defaults_to_a_hundred_times_tol():
     assert selection_tol(Selection([1.0], tol=0.0), 1e-6) == 1e-6         # 0: the exhaustive path's
     assert selection_tol(Selection([1.0], tol=1e-3), 1e-6) == 1e-3
     assert selection_tol(Selection([1.0]), 1e-6, 1e-3) == 1e-3             # a learned Sigma: its --outer-tol
+    assert selection_tol(Selection([1.0]), 1e-6, 2e-4) == 1e-3             # ... at least 1e-3 (the default 2e-4:
+    assert selection_tol(Selection([1.0]), 1e-6, 5e-3) == 5e-3             # the refit's), or a looser one
+    assert selection_tol(Selection([1.0]), 1e-6, 0.0) == pytest.approx(1e-4)   # --outer-tol 0: no joint stop
     assert selection_tol(Selection([1.0], tol=0.0), 1e-6, 1e-3) == 1e-6
     for bad, field in ((dict(tol=1.0), "selection_tol"), (dict(tol=-1e-3), "selection_tol"),
                        (dict(patience=-1), "path_patience"), (dict(patience=1.5), "path_patience")):
