@@ -84,6 +84,20 @@ def timed(cls, name, log):
     setattr(cls, name, wrapper)
 
 
+def timed_function(module, name, log):
+    """Wrap ``module.name`` (looked up at call time) so every call appends its seconds and CPU seconds to ``log``."""
+    inner = getattr(module, name)
+
+    def wrapper(*a, **k):
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return inner(*a, **k)
+        finally:
+            log.setdefault(name, []).append(time.perf_counter() - t)
+            log.setdefault(name + ":cpu", []).append(time.process_time() - c)
+    setattr(module, name, wrapper)
+
+
 def child(args):
     """One training run on this rank (under mpiexec or alone): per-rank timings to ``args.out.RANK``."""
     from hpcmtl import cluster as hc
@@ -111,6 +125,9 @@ def child(args):
     steps.StepSolver.steps_momentum_cg = cg_counted
     for name in ("trial", "apply", "gradient_terms"):
         timed(worker.LocalBlocks, name, log)
+    from hpcmtl import engine               # outside the rounds: reading the blocks, the intercepts' task means
+    for name in ("load_blocks", "split_intercept"):
+        timed_function(engine, name, log)
     from hpcmtl.dmtrl import joint
     if args.gradient_batch_min_blocks is not None:
         joint.GRADIENT_BATCH_MIN_BLOCKS = args.gradient_batch_min_blocks
@@ -238,7 +255,13 @@ def run_case(args, path, m, ranks, work):
                                   if r_["log"].get("per_block")],
            "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
            "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
-           "wall": s["wall"], "primal": s["primal"]}
+           "wall": s["wall"], "primal": s["primal"],
+           # outside the rounds: the slowest rank's reading of its blocks, rank 0's intercepts (seconds, CPU s)
+           "load_s": max(sum(r_["log"].get("load_blocks", [])) for r_ in per_rank),
+           "load_cpu": max(sum(r_["log"].get("load_blocks:cpu", [])) for r_ in per_rank),
+           "means_s": sum(s["log"].get("split_intercept", [])),
+           "means_cpu": sum(s["log"].get("split_intercept:cpu", [])),
+           "rounds_s": float(sum(coupled)) + float(sum(s["log"].get("round_local", [])))}
     return row
 
 
@@ -350,6 +373,9 @@ def main():
                   f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
                   f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f} {row['cg_products']:9.1f}  {marks}   "
                   f"(wall {row['wall']:.1f} s)", flush=True)
+            print(f"        outside the rounds: reading the blocks {row['load_s']:.1f} s ({row['load_cpu']:.1f} CPU s, "
+                  f"slowest rank), the intercepts' task means on rank 0 {row['means_s']:.1f} s "
+                  f"({row['means_cpu']:.1f} CPU s)", flush=True)
             if row["gradient_calls"]:
                 print(f"        accelerated phase: {row['gradient_calls']} GRADIENT_TERMS, {row['gradient_cpu']:.2f} "
                       f"CPU s in them (all ranks)", flush=True)
