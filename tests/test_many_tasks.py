@@ -564,3 +564,31 @@ def test_a_signal_ends_the_matrix_free_solves_with_the_ascent_they_have():
                              stop=lambda: calls.append(1) or len(calls) > 3)
     exact = np.linalg.solve(A, g)
     assert k == 3 and 0 < value(x) < value(exact)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_intercepts_come_from_the_workers_means(sparse, monkeypatch):
+    """The centered problem's intercepts at the end of a run come from the means each block was centered with
+    (INTERCEPTS): rank 0 reads no task again, and each intercept is ``ybar - mu . w`` of the task's means read
+    afresh bit for bit (dense rows, CSR rows on their support columns), the re-reading path's within rounding."""
+    from hpcmtl import _blockops, engine
+    Xs, ys = tasks(12, 5, 3, sparse=sparse)
+    ys = [y + 3.0 * i - 10.0 for i, y in enumerate(ys)]         # intercepts far from zero
+    source = MemoryTasks(Xs, ys)
+    calls = []
+    inner = MemoryTasks.task_means
+
+    def counted(self, i, *a, **k):
+        calls.append(i)
+        return inner(self, i, *a, **k)
+    monkeypatch.setattr(MemoryTasks, "task_means", counted)
+    config = DMTRLConfig(loss="squared", lam=0.05, outer=2)
+    res = train(Cluster.serial(), source, config, warn=lambda msg: None)
+    assert sorted(calls) == list(range(12))                     # each task's means once: the load's
+    for i in range(12):
+        mu, ybar = inner(source, i)
+        want = float(ybar - _blockops.ordered_dot(np.ascontiguousarray(mu), np.ascontiguousarray(res.W[:, i])))
+        assert res.intercept[i] == want
+    _, again = engine.split_intercept(res.W, config, source)
+    assert_allclose(res.intercept, again, rtol=1e-13, atol=1e-13)
+    assert np.abs(res.intercept).max() > 5
