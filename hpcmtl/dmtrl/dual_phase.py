@@ -92,28 +92,21 @@ class DualPhaseBlocks:
         return out
 
     def dual_rows(self, w, control, d, out):
-        """The blocks' kernel calls: the whole blocks' in one (fewer than DUAL_BATCH_MIN_BLOCKS: one each), each
-        support block's on its own columns; ``out`` gets ``[X^T (y trial) (d), sum trial, g . move, |move|^2,
-        restart]`` a block, the implicit centering's ``- mu sum(y trial)`` applied."""
+        """The blocks' kernel calls (:func:`dual_groups`); ``out`` gets ``[X^T (y trial) (d), sum trial, g . move,
+        |move|^2, restart]`` a block, the implicit centering's ``- mu sum(y trial)`` applied."""
         batch, (beta, ext, trial) = self.dual_batch, self.dual_state
         control = np.ascontiguousarray(control, dtype=np.float64)
-        whole, starts, pos = batch["whole"], batch["y_start"], batch["position"]
-        groups = [whole] if len(whole) >= DUAL_BATCH_MIN_BLOCKS else [[k] for k in whole]
-        groups += [[k] for k in batch["support"]]
-        for ks in groups:
-            f = self.columns[ks[0]]
-            first, last = pos[ks[0]], pos[ks[-1]]                   # a group's blocks are consecutive in the state
-            a, b = int(starts[first]), int(starts[last + 1])
+        for ks, f, a, b, rows, starts, centered in batch["groups"]:
             wk = np.ascontiguousarray(w[ks] if f is None else w[ks[0]][f][None, :], dtype=np.float64)
-            shift = np.array([self.blocks[k].z_shift(wk[i]) for i, k in enumerate(ks)]) if batch["centered"] \
-                else np.zeros(len(ks))
+            shift = np.zeros(len(ks))
+            for i in centered:
+                shift[i] = self.blocks[ks[i]].z_shift(wk[i])
             v = np.zeros((len(ks), wk.shape[1]))
             sums = np.empty((len(ks), 5))
-            _sdca.dual_terms_blocks([self.blocks[k].rows for k in ks], batch["y"][a:b], starts[first:last + 2] - a,
-                                    wk, shift, control[ks], beta[a:b], ext[a:b], trial[a:b], v, sums)
-            for i, k in enumerate(ks):
-                if self.blocks[k].mu is not None:                    # X^T u - mu sum(u): centered rows
-                    v[i] -= self.blocks[k].mu * sums[i, 4]
+            _sdca.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b], ext[a:b],
+                                    trial[a:b], v, sums)
+            for i in centered:                                     # X^T u - mu sum(u): centered rows
+                v[i] -= self.blocks[ks[i]].mu * sums[i, 4]
             if f is None:
                 out[ks, :d] = v
             else:
@@ -122,21 +115,28 @@ class DualPhaseBlocks:
 
 
 def dual_batch(blocks, columns):
-    """What DUAL_TERMS hands the kernel for a phase: the blocks on all d columns (``whole``) and the others
-    (``support``), their order in the phase's state (``order``: the whole blocks first, so one slice is all of
-    theirs; ``position[k]``: block k's place in it), their labels end to end in that order with each block's
-    start, whether any block is implicitly centered."""
+    """What DUAL_TERMS hands the kernel, built once a phase: the blocks' labels end to end in the phase's state
+    order (the blocks on all d columns first, so one slice holds all of theirs; then the blocks on their support
+    columns) and the kernel calls' groups ``(blocks, columns or None, state slice a:b, their rows, their starts in
+    the slice, the positions of the implicitly centered ones)``: the whole blocks in one call (fewer than
+    DUAL_BATCH_MIN_BLOCKS: one each), each support block alone."""
     whole = [k for k, f in enumerate(columns) if f is None]
     support = [k for k, f in enumerate(columns) if f is not None]
     order = whole + support
-    position = np.zeros(len(blocks), dtype=np.int64)
-    position[order] = np.arange(len(order))
     sizes = np.array([blocks[k].n_rows for k in order], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    calls = [whole] if len(whole) >= DUAL_BATCH_MIN_BLOCKS else [[k] for k in whole]
+    calls += [[k] for k in support]
+    groups, first = [], 0
+    for ks in calls:                                  # in state order: each call's blocks are consecutive there
+        last = first + len(ks)
+        a, b = int(starts[first]), int(starts[last])
+        groups.append((ks, columns[ks[0]], a, b, [blocks[k].rows for k in ks], starts[first:last + 1] - a,
+                       [i for i, k in enumerate(ks) if blocks[k].mu is not None]))
+        first = last
     return {"y": np.ascontiguousarray(np.concatenate([blocks[k].y for k in order]) if order else np.zeros(0),
                                       dtype=np.float64),
-            "y_start": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-            "whole": whole, "support": support, "order": order, "position": position.tolist(),
-            "centered": any(blk.mu is not None for blk in blocks)}
+            "order": order, "groups": groups}
 
 
 def smoothed(VT, mu, lam):
