@@ -231,6 +231,11 @@ def run_case(args, path, m, ranks, work):
     # the workers' part of a coupled round: trial + apply, summed over the ranks (each rank's k-th pair is round k)
     pairs = [np.array(r_["pairs"]) for r_ in per_rank if len(r_["pairs"]) == n and n]
     worker_round = np.sum(pairs, axis=0) if pairs else np.zeros(0)
+    # its CPU seconds (what a loaded machine's wall clock blurs): the median trial's + the median apply's, summed
+    # over the ranks that hold blocks
+    worker_cpu = np.array([sum(float(np.median(r_["log"][k])) for k in ("trial:cpu", "apply:cpu"))
+                           for r_ in per_rank if r_["log"].get("trial:cpu") and r_["log"].get("apply:cpu")])
+    worker_cpu = np.array([worker_cpu.sum()]) if worker_cpu.size else worker_cpu
     # a whole round: from one coupled round's start to the next's in the same W-step (the gap, the checks
     # between rounds, the safe point included)
     starts, outers = np.array(s["rounds"]["start"]), np.array(s["rounds"]["outer"])
@@ -242,6 +247,7 @@ def run_case(args, path, m, ranks, work):
            "server_median": statistics.median(s["rounds"]["server"]) if n else float("nan"),
            "server_cpu_median": statistics.median(s["rounds"]["server_cpu"]) if n else float("nan"),
            "worker_median": float(np.median(worker_round)) if worker_round.size else float("nan"),
+           "worker_cpu_median": float(np.median(worker_cpu)) if worker_cpu.size else float("nan"),
            "local_round_median": statistics.median(s["log"]["round_local"]) if s["log"].get("round_local") else
            float("nan"),
            "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
@@ -373,6 +379,8 @@ def main():
                   f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
                   f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f} {row['cg_products']:9.1f}  {marks}   "
                   f"(wall {row['wall']:.1f} s)", flush=True)
+            print(f"        workers' CPU s a round (median trial + median apply, summed over the ranks): "
+                  f"{row['worker_cpu_median']:.4f}", flush=True)
             print(f"        outside the rounds: reading the blocks {row['load_s']:.1f} s ({row['load_cpu']:.1f} CPU s, "
                   f"slowest rank), the intercepts' task means on rank 0 {row['means_s']:.1f} s "
                   f"({row['means_cpu']:.1f} CPU s)", flush=True)
