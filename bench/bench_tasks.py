@@ -14,7 +14,10 @@ wall clock blurs), and its worker part: ``LocalBlocks.trial`` and ``apply`` summ
 over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
 the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of
 each W-step and whether it was certified (``>``: it stopped at ``--max-rounds``), and, when both are run, the
-ratio of seconds a round at m = 10^4 to m = 10^3 (linear growth: <= 12 at 20-40 rows a task).
+ratio of seconds a round at m = 10^4 to m = 10^3 (linear growth: <= 12 at 20-40 rows a task).  Below each row:
+the workers' CPU seconds a round (the median TRIAL's and APPLY's, summed over the ranks) and the time outside the
+rounds (the slowest rank's reading of its blocks, ``engine.load_blocks``; rank 0's intercepts' task means,
+``engine.split_intercept``: 0 once the workers send them).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
         [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--outer-tol T]
