@@ -75,7 +75,7 @@ class Batch:
                                     X[j0 - i0:j1 - i0]))
         self.Q = self.s = None
         self.kept_scores = None            # (W, a copy of it, X_b w_b): the objective's scores, TRIAL's next
-        self.kept = {}                     # name -> (flat array, the blocks' views of it) that the lists still hold
+        self.kept = {}                     # name -> (flat array, the blocks' views of it, their ids) the lists may hold
 
     @property
     def size(self):
@@ -86,20 +86,6 @@ class Batch:
         out = np.empty(self.y.size)
         for n, i0, i1, f0, f1, X in self.groups:
             out[f0:f1] = np.matmul(X, W[i0:i1, :, None]).reshape(-1)
-        return out
-
-    def rmatvec(self, v):
-        """``X_b^T v_b`` of every block (B x d) of a flat N-vector ``v``."""
-        out = np.empty((self.size, self.groups[0][5].shape[2] if self.groups else 0))
-        for n, i0, i1, f0, f1, X in self.groups:
-            out[i0:i1] = np.matmul(v[f0:f1].reshape(-1, 1, n), X)[:, 0, :]
-        return out
-
-    def dots(self, u, v):
-        """``u_b . v_b`` of every block (B) of two flat N-vectors."""
-        out = np.empty(self.size)
-        for n, i0, i1, f0, f1, _ in self.groups:
-            out[i0:i1] = block_dots(u[f0:f1], v[f0:f1], n)
         return out
 
     def scores_at(self, W):
