@@ -14,7 +14,10 @@ wall clock blurs), and its worker part: ``LocalBlocks.trial`` and ``apply`` summ
 over the ranks that hold blocks, per round), the median Omega-step seconds, rank 0's peak resident memory,
 the median bytes a coupled round moves, the squared-loss step's CG products a round (mean), the rounds of
 each W-step and whether it was certified (``>``: it stopped at ``--max-rounds``), and, when both are run, the
-ratio of seconds a round at m = 10^4 to m = 10^3 (linear growth: <= 12 at 20-40 rows a task).
+ratio of seconds a round at m = 10^4 to m = 10^3 (linear growth: <= 12 at 20-40 rows a task).  Below each row:
+the workers' CPU seconds a round (the median TRIAL's and APPLY's, summed over the ranks) and the time outside the
+rounds (the slowest rank's reading of its blocks, ``engine.load_blocks``; rank 0's intercepts' task means,
+``engine.split_intercept``: 0 once the workers send them).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
         [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--outer-tol T]
@@ -84,6 +87,20 @@ def timed(cls, name, log):
     setattr(cls, name, wrapper)
 
 
+def timed_function(module, name, log):
+    """Wrap ``module.name`` (looked up at call time) so every call appends its seconds and CPU seconds to ``log``."""
+    inner = getattr(module, name)
+
+    def wrapper(*a, **k):
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return inner(*a, **k)
+        finally:
+            log.setdefault(name, []).append(time.perf_counter() - t)
+            log.setdefault(name + ":cpu", []).append(time.process_time() - c)
+    setattr(module, name, wrapper)
+
+
 def child(args):
     """One training run on this rank (under mpiexec or alone): per-rank timings to ``args.out.RANK``."""
     from hpcmtl import cluster as hc
@@ -111,6 +128,9 @@ def child(args):
     steps.StepSolver.steps_momentum_cg = cg_counted
     for name in ("trial", "apply", "gradient_terms"):
         timed(worker.LocalBlocks, name, log)
+    from hpcmtl import engine               # outside the rounds: reading the blocks, the intercepts' task means
+    for name in ("load_blocks", "split_intercept"):
+        timed_function(engine, name, log)
     from hpcmtl.dmtrl import joint
     if args.gradient_batch_min_blocks is not None:
         joint.GRADIENT_BATCH_MIN_BLOCKS = args.gradient_batch_min_blocks
@@ -214,6 +234,11 @@ def run_case(args, path, m, ranks, work):
     # the workers' part of a coupled round: trial + apply, summed over the ranks (each rank's k-th pair is round k)
     pairs = [np.array(r_["pairs"]) for r_ in per_rank if len(r_["pairs"]) == n and n]
     worker_round = np.sum(pairs, axis=0) if pairs else np.zeros(0)
+    # its CPU seconds (what a loaded machine's wall clock blurs): the median trial's + the median apply's, summed
+    # over the ranks that hold blocks
+    worker_cpu = np.array([sum(float(np.median(r_["log"][k])) for k in ("trial:cpu", "apply:cpu"))
+                           for r_ in per_rank if r_["log"].get("trial:cpu") and r_["log"].get("apply:cpu")])
+    worker_cpu = np.array([worker_cpu.sum()]) if worker_cpu.size else worker_cpu
     # a whole round: from one coupled round's start to the next's in the same W-step (the gap, the checks
     # between rounds, the safe point included)
     starts, outers = np.array(s["rounds"]["start"]), np.array(s["rounds"]["outer"])
@@ -225,6 +250,7 @@ def run_case(args, path, m, ranks, work):
            "server_median": statistics.median(s["rounds"]["server"]) if n else float("nan"),
            "server_cpu_median": statistics.median(s["rounds"]["server_cpu"]) if n else float("nan"),
            "worker_median": float(np.median(worker_round)) if worker_round.size else float("nan"),
+           "worker_cpu_median": float(np.median(worker_cpu)) if worker_cpu.size else float("nan"),
            "local_round_median": statistics.median(s["log"]["round_local"]) if s["log"].get("round_local") else
            float("nan"),
            "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
@@ -238,7 +264,13 @@ def run_case(args, path, m, ranks, work):
                                   if r_["log"].get("per_block")],
            "peak_mb": s["peak_mb"], "bytes_round": statistics.median(s["rounds"]["bytes"]) if n else 0,
            "wstep_rounds": steps_rounds, "certified": [bool(c) for c in ws["converged"]],
-           "wall": s["wall"], "primal": s["primal"]}
+           "wall": s["wall"], "primal": s["primal"],
+           # outside the rounds: the slowest rank's reading of its blocks, rank 0's intercepts (seconds, CPU s)
+           "load_s": max(sum(r_["log"].get("load_blocks", [])) for r_ in per_rank),
+           "load_cpu": max(sum(r_["log"].get("load_blocks:cpu", [])) for r_ in per_rank),
+           "means_s": sum(s["log"].get("split_intercept", [])),
+           "means_cpu": sum(s["log"].get("split_intercept:cpu", [])),
+           "rounds_s": float(sum(coupled)) + float(sum(s["log"].get("round_local", [])))}
     return row
 
 
@@ -350,6 +382,11 @@ def main():
                   f"{row['worker_median']:9.4f} {row['omega_median']:8.3f} "
                   f"{row['peak_mb']:8.0f} {row['bytes_round']:12.0f} {row['cg_products']:9.1f}  {marks}   "
                   f"(wall {row['wall']:.1f} s)", flush=True)
+            print(f"        workers' CPU s a round (median trial + median apply, summed over the ranks): "
+                  f"{row['worker_cpu_median']:.4f}", flush=True)
+            print(f"        outside the rounds: reading the blocks {row['load_s']:.1f} s ({row['load_cpu']:.1f} CPU s, "
+                  f"slowest rank), the intercepts' task means on rank 0 {row['means_s']:.1f} s "
+                  f"({row['means_cpu']:.1f} CPU s)", flush=True)
             if row["gradient_calls"]:
                 print(f"        accelerated phase: {row['gradient_calls']} GRADIENT_TERMS, {row['gradient_cpu']:.2f} "
                       f"CPU s in them (all ranks)", flush=True)

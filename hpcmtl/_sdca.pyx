@@ -780,3 +780,79 @@ def gradient_terms_blocks(list rows not None, const double[::1] y, const int64_t
                            &w_prox[k, 0] if d > 0 else hpcmtl_no_doubles,
                            &w_ext[k, 0] if d > 0 else hpcmtl_no_doubles, loss, gamma, shift_prox[k], shift_ext[k],
                            cptr(scales), &grad[k, 0] if d > 0 else hpcmtl_no_doubles, &scalars[k, 0])
+
+
+# ---------------------------------------------------------------------------
+# The hinge loss's dual phase (hpcmtl.dmtrl.dual_phase): DUAL_TERMS on a worker's blocks
+# ---------------------------------------------------------------------------
+cdef void dual_terms_one(const RowView* view, const double* y, Py_ssize_t n, const double* w, double shift,
+                         double step, double theta, bint accept, double* beta, double* ext, double* trial,
+                         double* v, double* out) noexcept nogil:
+    """:func:`dual_terms_blocks` on one block's checked rows: its one body, so a block's bits are the same alone
+    or in any batch."""
+    cdef Py_ssize_t j
+    cdef double t, b, e, g, move, u
+    cdef double total = 0.0, gdot = 0.0, square = 0.0, restart = 0.0, signed = 0.0
+    if accept:                   # commit the previous trial: beta <- trial, ext <- trial + theta (trial - beta)
+        for j in range(n):
+            t, b = trial[j], beta[j]
+            beta[j] = t
+            ext[j] = t + theta * (t - b)
+    for j in range(n):
+        e = ext[j]
+        g = 1.0 - y[j] * (row_dot(view, j, w) - shift)
+        t = clip01(e + step * g)
+        move = t - e
+        gdot += g * move
+        square += move * move
+        restart += (e - t) * (t - beta[j])
+        total += t
+        u = y[j] * t
+        signed += u
+        if u != 0.0:
+            row_axpy(view, j, u, v)
+        trial[j] = t
+    out[0], out[1], out[2], out[3], out[4] = total, gdot, square, restart, signed
+
+
+def dual_terms_blocks(list rows not None, const double[::1] y, const int64_t[::1] y_start, const double[:, ::1] w,
+                      const double[::1] shift, const double[:, ::1] control, double[::1] beta, double[::1] ext,
+                      double[::1] trial, double[:, ::1] v, double[:, ::1] out):
+    """DUAL_TERMS (hpcmtl.dmtrl.dual_phase) of many blocks in one call, their state updated in place: block k's
+    rows ``rows[k]`` (all with d = ``w.shape[1]`` features), its labels and state ``y``, ``beta``, ``ext``,
+    ``trial`` ``[y_start[k]:y_start[k + 1]]`` (the blocks' end to end), its ``w[k]``, ``shift[k]``,
+    ``control[k] = [step, theta, accept]``.  With ``accept`` first ``beta <- trial``, ``ext <- trial + theta
+    (trial - beta)``; then, with ``g_j = 1 - y_j (x_j . w - shift)``, ``trial = clip(ext + step g, 0, 1)``;
+    ``sum_j y_j trial_j x_j`` is added to ``v[k]`` (the rows as stored: an implicit centering is the caller's, from
+    ``out[k, 4]``) and ``out[k] = [sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta),
+    sum_j y_j trial_j]``.  A block's arithmetic depends on its own values alone (the same bits in any batch or
+    alone): the dual phase's iterations at many tasks without the Python around each block."""
+    cdef Py_ssize_t nb = len(rows), d = w.shape[1], k, n, total
+    cdef Rows block
+    cdef RowView view
+    check_length("y_start", y_start.shape[0], nb + 1)
+    check_shape("v", v, nb, d)
+    check_shape("out", out, nb, 5)
+    check_shape("control", control, nb, 3)
+    check_length("shift", shift.shape[0], nb)
+    total = y.shape[0]
+    if y_start[0] != 0 or y_start[nb] != total:
+        raise ValueError(f"y_start spans {y_start[0]}..{y_start[nb]}, expected 0..{total}")
+    check_length("beta", beta.shape[0], total)
+    check_length("ext", ext.shape[0], total)
+    check_length("trial", trial.shape[0], total)
+    for k in range(nb):
+        if y_start[k + 1] < y_start[k]:
+            raise ValueError(f"y_start decreases at block {k}")
+    for k in range(nb):
+        block = rows[k]
+        n = y_start[k + 1] - y_start[k]
+        check_rows(block, 0, n, True)
+        check_length("block features", block.n_features, d)
+        view = block.view
+        dual_terms_one(&view, &y[y_start[k]] if n > 0 else hpcmtl_no_doubles, n,
+                       &w[k, 0] if d > 0 else hpcmtl_no_doubles, shift[k], control[k, 0], control[k, 1],
+                       control[k, 2] != 0.0, &beta[y_start[k]] if n > 0 else hpcmtl_no_doubles,
+                       &ext[y_start[k]] if n > 0 else hpcmtl_no_doubles,
+                       &trial[y_start[k]] if n > 0 else hpcmtl_no_doubles,
+                       &v[k, 0] if d > 0 else hpcmtl_no_doubles, &out[k, 0])

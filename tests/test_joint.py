@@ -305,3 +305,87 @@ def test_the_hinge_dual_phase_certifies_where_the_w_steps_alone_stall():
     sv = np.linalg.svd(result.W, compute_uv=False)
     P = sum(np.mean(primal_reference("hinge", zi, y)) for zi, y in zip(z, ys)) + 0.5 * 0.05 * sv.sum() ** 2
     assert steps["joint_primal"][-1] == pytest.approx(P, rel=1e-9)
+
+
+def numpy_dual_terms(local, state, w_rows, control, d):
+    """The dual phase's worker arithmetic block by block in NumPy (the independent reference): per block
+    ``[X^T (y trial) (d), sum trial, g . move, |move|^2, restart]``; ``state``: per block [beta, ext, trial]."""
+    out = np.zeros((len(local.blocks), d + 4))
+    for k, blk in enumerate(local.blocks):
+        beta, ext, trial = state[k]
+        step, theta, accept = control[k]
+        if accept:
+            beta, ext = trial, trial + theta * (trial - beta)
+        f = local.columns[k]
+        w = w_rows[k] if f is None else w_rows[k][f]
+        g = 1.0 - blk.y * blk.decision(np.ascontiguousarray(w))
+        trial = np.clip(ext + step * g, 0.0, 1.0)
+        move = trial - ext
+        v = blk.rmatvec(blk.y * trial)
+        if f is None:
+            out[k, :d] = v
+        else:
+            out[k, f] = v
+        out[k, d:] = (trial.sum(), g @ move, move @ move, (ext - trial) @ (trial - beta))
+        state[k] = [beta, ext, trial]
+    return out
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_dual_phase_s_one_kernel_call_is_each_block_s_own_call(sparse, monkeypatch):
+    """DUAL_TERMS of a rank's blocks in one kernel call gives every block the bits of a call of its own (dense and
+    CSR rows, tasks of one row, blocks on their support columns), both within rounding of the NumPy
+    arithmetic block by block, over a phase's START and trials that accept, reject and extrapolate."""
+    import scipy.sparse as sp
+    from hpcmtl import engine
+    from hpcmtl.dmtrl import dual_phase
+    from hpcmtl.dmtrl.dual_phase import START, TRIAL, DualCommand
+    from hpcmtl.dmtrl.worker import LocalBlocks
+    from hpcmtl.engine import Control
+    rng = np.random.default_rng(4)
+    d, sizes = 7, [1, 1, 5, 1, 12, 3, 1, 8]
+    Xs = [rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < (0.5 if sparse else 1.1)) for n in sizes]
+    ys = [np.where(rng.normal(size=n) > 0, 1.0, -1.0) for n in sizes]
+    if sparse:
+        Xs = [sp.csr_matrix(X) for X in Xs]
+    config = DMTRLConfig(loss="hinge", lam=0.05)
+
+    def local():
+        state = engine.local_reader(LocalBlocks, Cluster.serial(), MemoryTasks(Xs, ys), config)()
+        for k, blk in enumerate(state.blocks):
+            state.state[k].alpha = blk.y * np.random.default_rng(k).uniform(-0.2, 1.2, blk.n_rows)
+        return state
+
+    one, many = local(), local()
+    d = many.d                              # the model's width: the intercept's augmented column included
+
+    def ctrl(action):
+        return Control(DualCommand.DUAL_TERMS, np.array([int(DualCommand.DUAL_TERMS), d + 3, action]))
+    assert sparse == any(f is not None for f in many.columns)    # CSR rows: blocks on their support columns
+    monkeypatch.setattr(dual_phase, "DUAL_BATCH_MIN_BLOCKS", 10 ** 9)
+    a = one.dual_terms(ctrl(START), None)
+    monkeypatch.setattr(dual_phase, "DUAL_BATCH_MIN_BLOCKS", 1)
+    b = many.dual_terms(ctrl(START), None)
+    assert a.tobytes() == b.tobytes()
+    state = []
+    for k, blk in enumerate(many.blocks):
+        beta = np.clip(blk.y * many.state[k].alpha, 0.0, 1.0)
+        state.append([beta, beta, beta])
+    ref = numpy_dual_terms(many, [list(s) for s in state], np.zeros((len(sizes), d)), np.zeros((len(sizes), 3)), d)
+    ref[:, d + 1:] = 0.0
+    np.testing.assert_allclose(b, ref, rtol=1e-13, atol=1e-13)
+    for it, accept in enumerate([0, 1, 1, 0, 1]):
+        rows = np.column_stack([rng.normal(size=(len(sizes), d)), np.full(len(sizes), 0.7 / (it + 1)),
+                                np.full(len(sizes), 0.3 * it), np.full(len(sizes), float(accept))])
+        monkeypatch.setattr(dual_phase, "DUAL_BATCH_MIN_BLOCKS", 10 ** 9)
+        a = one.dual_terms(ctrl(TRIAL), rows)
+        monkeypatch.setattr(dual_phase, "DUAL_BATCH_MIN_BLOCKS", 1)
+        b = many.dual_terms(ctrl(TRIAL), rows)
+        assert a.tobytes() == b.tobytes()
+        ref = numpy_dual_terms(many, state, rows[:, :d], rows[:, d:], d)
+        np.testing.assert_allclose(b, ref, rtol=1e-12, atol=1e-12)
+    # a rank holding no blocks answers an empty row set of the command's width
+    empty = dual_phase.DualPhaseBlocks()
+    empty.blocks, empty.columns, empty.state = [], [], []
+    assert empty.dual_terms(ctrl(START), None).shape == (0, d + 4)
+    assert empty.dual_terms(ctrl(TRIAL), np.zeros((0, d + 3))).shape == (0, d + 4)

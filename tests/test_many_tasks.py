@@ -492,6 +492,34 @@ def test_batched_blocks_are_the_per_block_arithmetic_and_independent_of_the_batc
             b"".join(st.alpha.tobytes() for st in whole.state)
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 700])
+def test_batched_trial_in_chunks_is_the_whole_batch_bit_for_bit(chunk_bytes, monkeypatch):
+    """TRIAL takes the batch a chunk of blocks at a time (CHUNK_BYTES: one block a chunk, a few) and reuses the
+    objective's scores while w stays: every number the bits of the batch taken whole, over rounds that change
+    w, alpha and the previous steps; a w changed in place is not taken for the kept one."""
+    from hpcmtl.dmtrl import batched
+    from hpcmtl.dmtrl.commands import DMTRLCommand
+    m, d = 40, 5
+    rng = np.random.default_rng(3)
+    Xs = [rng.normal(size=(int(rng.integers(1, 9)), d)) for _ in range(m)]
+    ys = [X @ rng.normal(size=d) + rng.normal(size=len(X)) for X in Xs]
+    whole = local_state(Xs, ys, monkeypatch, batch=True)
+    monkeypatch.setattr(batched, "CHUNK_BYTES", chunk_bytes)
+    chunked = local_state(Xs, ys, monkeypatch, batch=True)
+    assert len(chunked.batch.groups) > len(whole.batch.groups) and not chunked.batch.others
+    width = d + (5 if whole.momentum == "free" else 2)
+    for r in range(1, 5):
+        a, b = round_of(whole, r, width, 1), round_of(chunked, r, width, 1)
+        assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(a[2] + a[3], b[2] + b[3]))
+    for local in (whole, chunked):            # w changed in place after the objective: the scores follow it
+        local.w[int(local.batch.ks[0])][0] += 1.0
+    a = whole.trial(control(DMTRLCommand.TRIAL, round=9, width=width), None)
+    whole.batch.kept_scores = None
+    fresh = whole.trial(control(DMTRLCommand.TRIAL, round=9, width=width), None)
+    assert a.tobytes() == fresh.tobytes()
+
+
 def test_a_fixed_sigma_from_a_factored_result_file_is_its_dense_matrix(tmp_path):
     """``train fixed --sigma RESULT.h5`` reads a result file of many tasks (factors) as the m x m matrix (a fixed
     Sigma keeps its dense arithmetic), and today's dense files as before."""
@@ -536,3 +564,31 @@ def test_a_signal_ends_the_matrix_free_solves_with_the_ascent_they_have():
                              stop=lambda: calls.append(1) or len(calls) > 3)
     exact = np.linalg.solve(A, g)
     assert k == 3 and 0 < value(x) < value(exact)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_intercepts_come_from_the_workers_means(sparse, monkeypatch):
+    """The centered problem's intercepts at the end of a run come from the means each block was centered with
+    (INTERCEPTS): rank 0 reads no task again, and each intercept is ``ybar - mu . w`` of the task's means read
+    afresh bit for bit (dense rows, CSR rows on their support columns), the re-reading path's within rounding."""
+    from hpcmtl import _blockops, engine
+    Xs, ys = tasks(12, 5, 3, sparse=sparse)
+    ys = [y + 3.0 * i - 10.0 for i, y in enumerate(ys)]         # intercepts far from zero
+    source = MemoryTasks(Xs, ys)
+    calls = []
+    inner = MemoryTasks.task_means
+
+    def counted(self, i, *a, **k):
+        calls.append(i)
+        return inner(self, i, *a, **k)
+    monkeypatch.setattr(MemoryTasks, "task_means", counted)
+    config = DMTRLConfig(loss="squared", lam=0.05, outer=2)
+    res = train(Cluster.serial(), source, config, warn=lambda msg: None)
+    assert sorted(calls) == list(range(12))                     # each task's means once: the load's
+    for i in range(12):
+        mu, ybar = inner(source, i)
+        want = float(ybar - _blockops.ordered_dot(np.ascontiguousarray(mu), np.ascontiguousarray(res.W[:, i])))
+        assert res.intercept[i] == want
+    _, again = engine.split_intercept(res.W, config, source)
+    assert_allclose(res.intercept, again, rtol=1e-13, atol=1e-13)
+    assert np.abs(res.intercept).max() > 5

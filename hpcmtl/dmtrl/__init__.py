@@ -121,7 +121,10 @@ def train(cluster, source, config: DMTRLConfig, test_source=None, sigma_fixed=No
                       warn=warn)
 
     def result(server, converged, extra):
-        W, intercept = engine.split_intercept(server.dense_wt().T, config, source)
+        if getattr(server, "intercept", None) is not None:     # the centered problem's, from the workers' means
+            W, intercept = server.dense_wt().T.copy(), server.intercept
+        else:
+            W, intercept = engine.split_intercept(server.dense_wt().T, config, source)
         return TrainResult(W=W, Sigma=server.Sigma.copy(), intercept=intercept,
                            history=server.history.arrays(),
                            config=config.to_dict(), task_names=server.names, converged=converged,

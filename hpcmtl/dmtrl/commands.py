@@ -82,6 +82,9 @@ class DMTRLCommand(Command):
     # sums at w + s c for s in MARGIN_SCALES, c . b (local: the block's own b; else 0)], c the least-squares
     # change of w that puts the free rows on their margins (margin_correction); nothing changes on the workers
     MARGIN_CORRECTION = 36, Down.NOTHING, Up.GATHER_ROWS, ("width", "d", "local"), "margin_correction_rows"
+    # the centered problem's intercepts at the end of a run: per block its task's column of the model's W (all d) ->
+    # per block [ybar - mu . w], from the means the block was centered with (no task read again on rank 0)
+    INTERCEPTS = 43, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width",), "intercepts"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _sdca
 from ..engine import Command, Down, Up
 
 # mu halves after this many accepted steps (the smoothed dual's own progress comes first, then its accuracy)
@@ -52,6 +53,9 @@ FIRST_STEP = 1.0
 STEP_TRIAL_AFTER = 10
 # the block's row: [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)]
 START, TRIAL = 0, 1
+# a worker's blocks on all d columns take one kernel call from this many on (below: one call a block; a huge
+# number: one call a block always, the tests' reference)
+DUAL_BATCH_MIN_BLOCKS = 2
 
 
 class DualCommand(Command):
@@ -65,40 +69,74 @@ class DualCommand(Command):
 
 
 class DualPhaseBlocks:
-    """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial)."""
+    """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial, the
+    blocks' rows end to end).  The blocks on all d columns take one kernel call (``_sdca.dual_terms_blocks``), a
+    block on its support columns one call of its own: the same body, so a block's bits never depend on the
+    path, the batch or the rank count."""
 
     def dual_terms(self, ctrl, rows):
         d = ctrl.width - 3                    # from the command: a rank without blocks knows no d
         out = np.zeros((len(self.blocks), d + 4))
         if ctrl.action == START:
-            self.dual_state = []
-            for k, blk in enumerate(self.blocks):
-                beta = np.clip(blk.y * self.state[k].alpha, 0.0, 1.0)     # the W-step's alpha, in the box
-                self.dual_state.append([beta, beta, beta])
-                self.put_dual_row(out, k, blk, beta, 0.0, 0.0, 0.0)
+            self.dual_batch = dual_batch(self.blocks, self.columns)
+            y = self.dual_batch["y"]
+            order = self.dual_batch["order"]
+            alpha = np.concatenate([self.state[k].alpha for k in order]) if order else np.zeros(0)
+            beta = np.clip(y * alpha, 0.0, 1.0)                         # the W-step's alpha, in the box
+            self.dual_state = (beta, beta.copy(), beta.copy())          # beta, ext, trial
+            # step 0: trial = ext = beta, the row [X^T (y beta), sum beta, 0, 0, 0]
+            self.dual_rows(np.zeros((len(self.blocks), d)), np.zeros((len(self.blocks), 3)), d, out)
+            out[:, d + 1:] = 0.0
             return out
-        for k, blk in enumerate(self.blocks):
-            beta, ext, trial = self.dual_state[k]
-            w, (step, theta, accept) = rows[k, :d], rows[k, d:d + 3]
-            if accept:
-                beta, ext = trial, trial + theta * (trial - beta)
-            f = self.columns[k]
-            g = 1.0 - blk.y * blk.decision(np.ascontiguousarray(w if f is None else w[f]))
-            trial = np.clip(ext + step * g, 0.0, 1.0)
-            move = trial - ext
-            self.put_dual_row(out, k, blk, trial, float(g @ move), float(move @ move),
-                              float((ext - trial) @ (trial - beta)))
-            self.dual_state[k] = [beta, ext, trial]
+        self.dual_rows(rows[:, :d], rows[:, d:d + 3], d, out)
         return out
 
-    def put_dual_row(self, out, k, blk, beta, gdot, square, restart):
-        d, f = out.shape[1] - 4, self.columns[k]
-        v = blk.rmatvec(blk.y * beta)
-        if f is None:
-            out[k, :d] = v
-        else:
-            out[k, f] = v
-        out[k, d:] = (float(beta.sum()), gdot, square, restart)
+    def dual_rows(self, w, control, d, out):
+        """The blocks' kernel calls (:func:`dual_groups`); ``out`` gets ``[X^T (y trial) (d), sum trial, g . move,
+        |move|^2, restart]`` a block, the implicit centering's ``- mu sum(y trial)`` applied."""
+        batch, (beta, ext, trial) = self.dual_batch, self.dual_state
+        control = np.ascontiguousarray(control, dtype=np.float64)
+        for ks, f, a, b, rows, starts, centered in batch["groups"]:
+            wk = np.ascontiguousarray(w[ks] if f is None else w[ks[0]][f][None, :], dtype=np.float64)
+            shift = np.zeros(len(ks))
+            for i in centered:
+                shift[i] = self.blocks[ks[i]].z_shift(wk[i])
+            v = np.zeros((len(ks), wk.shape[1]))
+            sums = np.empty((len(ks), 5))
+            _sdca.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b], ext[a:b],
+                                    trial[a:b], v, sums)
+            for i in centered:                                     # X^T u - mu sum(u): centered rows
+                v[i] -= self.blocks[ks[i]].mu * sums[i, 4]
+            if f is None:
+                out[ks, :d] = v
+            else:
+                out[ks[0], f] = v[0]
+            out[ks, d:] = sums[:, :4]
+
+
+def dual_batch(blocks, columns):
+    """What DUAL_TERMS hands the kernel, built once a phase: the blocks' labels end to end in the phase's state
+    order (the blocks on all d columns first, so one slice holds all of theirs; then the blocks on their support
+    columns) and the kernel calls' groups ``(blocks, columns or None, state slice a:b, their rows, their starts in
+    the slice, the positions of the implicitly centered ones)``: the whole blocks in one call (fewer than
+    DUAL_BATCH_MIN_BLOCKS: one each), each support block alone."""
+    whole = [k for k, f in enumerate(columns) if f is None]
+    support = [k for k, f in enumerate(columns) if f is not None]
+    order = whole + support
+    sizes = np.array([blocks[k].n_rows for k in order], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    calls = [whole] if len(whole) >= DUAL_BATCH_MIN_BLOCKS else [[k] for k in whole]
+    calls += [[k] for k in support]
+    groups, first = [], 0
+    for ks in calls:                                  # in state order: each call's blocks are consecutive there
+        last = first + len(ks)
+        a, b = int(starts[first]), int(starts[last])
+        groups.append((ks, columns[ks[0]], a, b, [blocks[k].rows for k in ks], starts[first:last + 1] - a,
+                       [i for i, k in enumerate(ks) if blocks[k].mu is not None]))
+        first = last
+    return {"y": np.ascontiguousarray(np.concatenate([blocks[k].y for k in order]) if order else np.zeros(0),
+                                      dtype=np.float64),
+            "order": order, "groups": groups}
 
 
 def smoothed(VT, mu, lam):

@@ -319,7 +319,19 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             self.push_dense_w()
         if self.want_test:
             self.test = self.test_metrics(not get_loss(self.config.loss).binary_labels)
+        if engine.intercept_mode(self.config) == "center":
+            self.intercept = self.intercepts()
         return converged
+
+    def intercepts(self):
+        """The centered problem's per-task intercepts ``ybar_i - mu_i . w_i`` from the workers, which hold the
+        means their blocks were centered with: m numbers come back, where rank 0 read every task again (minutes at
+        10^5 tasks).  A split task's blocks give the same number; its first block's is taken."""
+        rows = self.command(DMTRLCommand.INTERCEPTS, payload=self.dense_wt()[self.block_task], width=self.d)
+        tasks, first = np.unique(self.block_task, return_index=True)
+        b = np.zeros(self.m)
+        b[tasks] = rows[first, 0]
+        return b
 
     def checkpoint_state(self):
         """(server arrays, per-block worker state, counters) for :class:`hpcmtl.checkpoint.Checkpointer`."""

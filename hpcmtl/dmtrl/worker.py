@@ -310,6 +310,15 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         self.rho = float(shared[m])
         self.reset_shrinking()
 
+    def intercepts(self, ctrl, rows):
+        """INTERCEPTS: per block its task's w (all d columns) -> ``[ybar - mu . w]`` (:meth:`TaskBlock.intercept`,
+        on the block's own columns: its means are those it was centered with, the whole task's)."""
+        out = np.zeros((len(self.blocks), 1))
+        for k, blk in enumerate(self.blocks):
+            f = self.columns[k]
+            out[k, 0] = blk.intercept(rows[k] if f is None else rows[k][f])
+        return out
+
     def get_state(self, ctrl, inputs):
         """GET_STATE: every block's :class:`BlockState`, packed and concatenated in plan order."""
         return BlockState.pack_all(self.state)
