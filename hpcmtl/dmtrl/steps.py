@@ -2,8 +2,8 @@
 solve, and the box QP they use.
 
 :func:`box_qp` (the one call of ``_box_qp.box_qp``), :func:`conjugate_along` / :func:`conjugate_two` /
-:func:`conjugate_terms` (the conjugate along the steps), :func:`coupled_passes` (local passes under 'qp'), :class:`StepSolver` and its
-one-task :class:`TaskSteps`.
+:func:`conjugate_terms` (the conjugate along the steps), :func:`coupled_passes` (local passes under 'qp'),
+:class:`StepSolver` and its one-task :class:`TaskSteps`.
 """
 from __future__ import annotations
 
