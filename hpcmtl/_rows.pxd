@@ -128,6 +128,33 @@ cdef inline double row_dot(const RowView* rows, Py_ssize_t i, const double* w) n
     return sparse_dot(rows.data + start, idx, nnz, w)
 
 
+cdef inline double checked_sparse_dot(const floating* values, const int* idx, int nnz, const double* w, int d,
+                                     int* outside) noexcept nogil:
+    """``sparse_dot`` (the same operations in the same order) that also sets ``outside`` when a column index is
+    outside ``0..d-1``; such an index reads ``w[0]`` instead, and the caller drops the sum (``w`` has at least
+    one entry).  The check rides on the index loads of the product instead of a pass of its own over the row
+    before it (``row_columns_outside``): local SDCA reads every CSR row it visits this way."""
+    cdef double s = 0.0
+    cdef unsigned int c, n = <unsigned int>d
+    cdef int k, bad = 0
+    for k in range(nnz):
+        c = <unsigned int>idx[k]                 # (a negative index wraps to a large one: outside too)
+        bad |= c >= n
+        s += values[k] * w[c if c < n else 0]
+    outside[0] = bad
+    return s
+
+
+cdef inline double checked_row_dot(const RowView* rows, Py_ssize_t i, const double* w, int* outside) noexcept nogil:
+    """``row_dot`` of CSR row ``i`` with its column check (:func:`checked_sparse_dot`)."""
+    cdef int64_t start
+    cdef const int* idx
+    cdef int nnz = row_span(rows, i, &start, &idx)
+    if rows.single:
+        return checked_sparse_dot(rows.data32 + start, idx, nnz, w, rows.n_features, outside)
+    return checked_sparse_dot(rows.data + start, idx, nnz, w, rows.n_features, outside)
+
+
 cdef inline void row_axpy(const RowView* rows, Py_ssize_t i, double c, double* out) noexcept nogil:
     """``out += c x_i`` over row ``i``'s entries (either dtype)."""
     cdef int64_t start

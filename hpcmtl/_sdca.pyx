@@ -23,8 +23,8 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
 from hpcmtl._random cimport bounded_rand
-from hpcmtl._rows cimport (RowView, Rows, row_span, row_dot, row_axpy, row_columns_outside, cptr, mptr2, check_rows,
-                           check_length, check_shape, hpcmtl_no_doubles)
+from hpcmtl._rows cimport (RowView, Rows, row_span, row_dot, checked_row_dot, row_axpy, row_columns_outside, cptr,
+                           mptr2, check_rows, check_length, check_shape, hpcmtl_no_doubles)
 
 import numpy as np                 # output arrays only, allocated before a kernel runs
 
@@ -365,8 +365,8 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     shapes, rows, ``order`` entries outside ``0..n-1`` (with shrinking), an
     unknown loss id, or a non-positive ``rho_sigma_over_lam`` / ``n_task``, all
     before any step, except a CSR column index outside ``0..d-1``: that is found
-    when its row comes up (each row's columns are checked as it is read, before
-    ``u`` is indexed with them), and then ``alpha`` and ``order`` keep the steps
+    when its row comes up (each row's columns are checked by the loop of its dot
+    product, which never indexes ``u`` with one outside), and then ``alpha`` and ``order`` keep the steps
     taken before it (``delta_b`` and ``shrink_state`` are not written).
     """
     cdef Py_ssize_t n = y.shape[0]
@@ -374,7 +374,7 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef RowView view
     cdef uint64_t state = seed
     cdef Py_ssize_t step = 0, pos, j, n_steps, i
-    cdef int k, tmp
+    cdef int k, tmp, outside = 0
     cdef const double* wp
     cdef const double* alpha_p                        # (prefetch hints only)
     cdef const double* y_p
@@ -393,7 +393,8 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
     cdef Py_ssize_t bad_row = -1
     # a CSR row's column indices are checked when the row comes up, not all of them here: a scan of every
     # index streams 4 bytes a non-zero through memory once more a call (with shrinking, more than the pass
-    # itself reads), while a row's check runs on indices the step loads anyway, in the shadow of its dot product
+    # itself reads), while a row's check runs on indices the step loads anyway, inside its dot product's loop
+    # (checked_row_dot: a separate loop over the indices before it cost a few % of a pass, bench_local_sdca)
     check_dual_rows(rows, n, alpha.shape[0], sq_norms.shape[0], columns=False)
     check_length("order", order.shape[0], n)
     check_length("w", w.shape[0], d)
@@ -480,10 +481,13 @@ def sdca_local(Rows rows not None, const double[::1] y, double[::1] alpha,
                 HPCMTL_PREFETCH_READ(view.indptr + order[pos + 2 * PREFETCH_AHEAD])
             if pos + PREFETCH_AHEAD < sh.active_size:
                 prefetch_row(&view, order[pos + PREFETCH_AHEAD], alpha_p, y_p, sq_p)
-            if check_columns and row_columns_outside(&view, j):
-                bad_row = j
-                break
-            ux = row_dot(&view, j, u)
+            if check_columns:                         # CSR: the row's columns checked as it is read
+                ux = checked_row_dot(&view, j, u, &outside)
+                if outside:
+                    bad_row = j
+                    break
+            else:
+                ux = row_dot(&view, j, u)
             if centered:                              # (x_j - mu) . (u_s - t mu)
                 ux = ux - t_mu * xmup[j] - mu_u
             if shrinking:

@@ -362,13 +362,28 @@ def nan_fault(round_, task) -> bool:
     """Test hook: ``HPCMTL_FAULT_NAN=ROUND:TASK`` makes that task's worker report NaN in that round.
 
     The same round and task at any rank count, so tests can check that a
-    non-finite number ends the job wherever it appears.
+    non-finite number ends the job wherever it appears.  The variable is read by
+    :func:`arm_nan_fault` (at import and at the start of every :func:`run`), not
+    here: this is asked once a block a round, and an ``os.environ`` lookup each
+    time was a visible part of a Landmine-sized serial run.
     """
+    spec = _nan_fault
+    return spec is not None and spec[0] == int(round_) and spec[1] == int(task)
+
+
+def arm_nan_fault():
+    """Read ``HPCMTL_FAULT_NAN`` for :func:`nan_fault` (None when unset or empty)."""
+    global _nan_fault
     spec = os.environ.get("HPCMTL_FAULT_NAN")
-    if not spec:
-        return False
-    r, t = spec.split(":")[:2]
-    return int(r) == int(round_) and int(t) == int(task)
+    if spec:
+        r, t = spec.split(":")[:2]
+        _nan_fault = (int(r), int(t))
+    else:
+        _nan_fault = None
+
+
+_nan_fault = None
+arm_nan_fault()
 
 
 def check_finite_rows(values, round_, names, what, outer=None):
@@ -572,6 +587,7 @@ def run(local, make_server, rss_before_data, resume=None):
     workers, so no rank is left waiting in a collective.
     """
     cluster = local.cluster
+    arm_nan_fault()                      # the test hook as this run's environment sets it
     endpoint = Endpoint(cluster, local)
     stats = lambda: (rss_before_data, local.partition_mb(), peak_rss_mb())  # noqa: E731
     if not cluster.is_server:

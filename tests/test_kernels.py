@@ -324,6 +324,43 @@ def test_a_bad_column_index_is_refused_when_its_row_comes_up(kernels):
     assert np.isfinite(good).all()
 
 
+@pytest.mark.parametrize("value", [3, 4, -1, 2**31 - 1, -2**31])
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("single", [False, True])
+def test_local_sdca_checks_each_column_index_inside_its_dot_product(kernels, value, where, single):
+    """sdca_local checks a CSR row's columns in the loop of its dot product (checked_sparse_dot), not in a pass
+    of their own: every index just past either end of 0..d-1 (and the int32 extremes; a negative one as well),
+    at either end of the row, in either value dtype, is refused naming it, with the steps before its row kept;
+    the last valid column (d - 1) at the same places is read as before."""
+    rng = np.random.default_rng(5)
+    X = sp.csr_matrix(rng.normal(size=(30, 3)) * (rng.uniform(size=(30, 3)) < 0.8))
+    X[29, :] = [1.0, 2.0, 3.0]                                # the last row: all three columns stored
+    X = sp.csr_matrix(X)
+    y = np.where(rng.normal(size=30) > 0, 1.0, -1.0)
+    blk = _block(X.astype(np.float32) if single else X, y)
+    at = X.indptr[29] if where == "first" else X.indptr[30] - 1
+    indices = np.array(X.indices)
+    indices[at] = value
+    bad = changed(blk.rows, indices=indices)
+    order = np.arange(30, dtype=np.int32)
+    alpha, db, state = np.zeros(30), np.full(3, 7.0), kernels.new_shrink_state(30, True)
+    with pytest.raises(ValueError, match=f"column index {value} outside 0..2"):
+        kernels.sdca_local(bad, blk.y, alpha, np.zeros(3), db, blk.sq_norms, order, state, 0, 1.0, 1.0, 30.0, 1.0, 3)
+    assert np.count_nonzero(alpha) == list(order).index(29) and np.all(db == 7.0)
+    # the edge inside: column d - 1 there is a valid row (its column repeated), read like any other
+    indices[at] = 2
+    edge = changed(blk.rows, indices=indices)
+    runs = []
+    for rows in (edge, blk.rows):
+        alpha, db, state = np.zeros(30), np.zeros(3), kernels.new_shrink_state(30, True)
+        steps = kernels.sdca_local(rows, blk.y, alpha, np.zeros(3), db, blk.sq_norms, np.arange(30, dtype=np.int32),
+                                   state, 0, 1.0, 1.0, 30.0, 1.0, 3)
+        runs.append((steps, alpha, db))
+    assert runs[0][0] == runs[1][0] == 30 and np.isfinite(runs[0][2]).all()
+    if where == "last":                                       # X[29, 2] moved onto column 2: nothing changed
+        assert np.array_equal(runs[0][1], runs[1][1]) and np.array_equal(runs[0][2], runs[1][2])
+
+
 def test_row_kernels_check_the_row_structure(kernels, online_kernels):
     csr = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2))
     rows = csr.rows

@@ -30,6 +30,7 @@ def box_direction(a, p, y):
 
 
 DIRECTION_ULPS = 8.0      # box momentum on supports: dP stands for X^T q / n where B could not tell them apart
+EPS64 = np.finfo(np.float64).eps
 
 
 def direction_tolerance(direction, dp, b, beta_max):
@@ -37,9 +38,11 @@ def direction_tolerance(direction, dp, b, beta_max):
     ulps of the largest of ``|X^T q / n|``, ``|dP|`` and ``|B| / max(1, beta_max)``.  With the step ``beta <=
     beta_max`` (:meth:`StepSolver.within_triangle`), what B gains from it is then off by at most those ulps of
     B's largest entry: the rounding of B's own update."""
-    scale = max(float(np.max(np.abs(direction), initial=0.0)), float(np.max(np.abs(dp), initial=0.0)),
-                float(np.max(np.abs(b), initial=0.0)) / max(1.0, beta_max))
-    return DIRECTION_ULPS * np.finfo(np.float64).eps * scale
+    # (the ndarray methods: np.max's Python wrapper and np.finfo were most of this call's time on
+    # Landmine-sized blocks, asked once a block a round; the same reductions)
+    scale = max(float(np.abs(direction).max(initial=0.0)), float(np.abs(dp).max(initial=0.0)),
+                float(np.abs(b).max(initial=0.0)) / max(1.0, beta_max))
+    return DIRECTION_ULPS * EPS64 * scale
 
 
 def encode_direction(direction, dp, b, beta_max):

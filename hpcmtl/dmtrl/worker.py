@@ -6,6 +6,8 @@ the state); each feature's commands are answered by its mixin (:mod:`.supports`,
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import _sdca
@@ -20,7 +22,7 @@ from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
-from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_two, coupled_passes
+from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_terms, coupled_passes
 from .supports import SupportBlocks
 
 
@@ -34,8 +36,16 @@ UNSHRINK_EVERY = 20
 def block_seed(seed: int, task: int, part: int, round_: int, inner: int = 0) -> int:
     """The 64-bit seed of one block's coordinate stream in one round (``inner``: its local step in that round,
     ``local_steps``)."""
-    key = [seed, task, part, round_] + ([inner] if inner else [])
-    return int(np.random.SeedSequence(key).generate_state(1, dtype=np.uint64)[0])
+    return _seed_of((int(seed), int(task), int(part), int(round_)) + ((int(inner),) if inner else ()))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _seed_of(key: tuple) -> int:
+    # The first 64 bits of SeedSequence(key).  Memoized: a SeedSequence costs some 25 us, and a CV path asks
+    # for the same (seed, task, part, round) in every fold fit and at every grid point (tens of thousands of
+    # calls, about 5 s of a 68 s Landmine-sized DMTRL run); the cache holds the same integers, so the
+    # streams are bit for bit those of a fresh SeedSequence (tests/test_kernels.py checks against one)
+    return int(np.random.SeedSequence(list(key)).generate_state(1, dtype=np.uint64)[0])
 
 
 def box_local_step(blk, a, w, c, loss, gamma=1.0):
@@ -193,17 +203,18 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
                                         block_seed(cfg.seed, blk.task, blk.part, round_, inner), blk.mu, blk.x_mu)
                     delta = trial - a
                 self.pending[k] = delta
-                conjugate_terms = conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma)
-                if self.momentum == "free":
-                    p = self.previous[k]
-                    vecs, scalars = [db], [*conjugate_terms, float((a - blk.y) @ p), float(p @ p), float(delta @ p)]
-                elif self.momentum == "box":
+                if self.momentum == "box":
                     q, beta_max = box_direction(a, self.previous[k], blk.y)
                     self.pending_q[k] = q
                     vecs = [db, blk.rmatvec_sparse(q) / blk.n_task]     # q moves few rows
-                    scalars = [*conjugate_terms, *conjugate_two(self.loss.name, a, delta, q, beta_max, blk.y, cfg.gamma), beta_max]
+                    # conjugate_along's terms then conjugate_two's, from one evaluation of the conjugates
+                    scalars = [*conjugate_terms(self.loss.name, a, delta, blk.y, cfg.gamma, q, beta_max), beta_max]
+                elif self.momentum == "free":
+                    p = self.previous[k]
+                    vecs, scalars = [db], [*conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma),
+                                           float((a - blk.y) @ p), float(p @ p), float(delta @ p)]
                 else:
-                    vecs, scalars = [db], list(conjugate_terms)
+                    vecs, scalars = [db], list(conjugate_along(self.loss.name, a, delta, blk.y, cfg.gamma))
                 scalars = np.array(scalars, dtype=np.float64)
                 if nan_fault(round_, blk.task):
                     scalars[0] = np.nan
