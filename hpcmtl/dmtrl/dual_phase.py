@@ -45,8 +45,11 @@ MU_END_SHARE = 0.25
 # the next Omega-step's W_mu is taken at a mu where the smoothing costs at least MU_RECOVER of the gap left
 MU_RECOVER = 0.1
 # at its last mu the phase ends once MU_EVERY accepted steps raised the dual by less than DUAL_STALL of the gap
-# left to the W-step's P (what is left is the primal's to close, through the next Omega-step and W-step)
-DUAL_STALL = 0.02
+# left to the W-step's P (what is left is the primal's to close, through the next Omega-step and W-step).  Small:
+# D is one function at every W-step, but each phase starts again from its W-step's alpha, so what a phase stopped
+# while D still rose is lost (at 0.02 phases on MDS ended short of the bound a longer one reached, and certifying
+# took two more W-steps and their phases)
+DUAL_STALL = 0.005
 # the first phase's step in beta (backtracking halves it until the quadratic model holds)
 FIRST_STEP = 1.0
 # after this many accepted steps in a row the phase tries a twice longer step
