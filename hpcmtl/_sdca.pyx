@@ -748,6 +748,25 @@ def gradient_terms(Rows rows not None, const double[::1] y, const double[::1] w_
         gradient_terms_one(&view, yp, n, S, wp, we, loss, gamma, shift_prox, shift_ext, sp, gp, &scalars[0])
 
 
+cdef check_starts(const int64_t[::1] y_start, Py_ssize_t nb, Py_ssize_t total):
+    """The batched kernels' label ranges: ``y_start`` (nb + 1 entries, checked by the caller) runs from 0 to
+    ``total`` without decreasing, so block k's labels are ``[y_start[k], y_start[k + 1])``."""
+    cdef Py_ssize_t k
+    if y_start[0] != 0 or y_start[nb] != total:
+        raise ValueError(f"y_start spans {y_start[0]}..{y_start[nb]}, expected 0..{total}")
+    for k in range(nb):
+        if y_start[k + 1] < y_start[k]:
+            raise ValueError(f"y_start decreases at block {k}")
+
+
+cdef Rows checked_block(list rows, Py_ssize_t k, Py_ssize_t n, Py_ssize_t d):
+    """Block k of a batched kernel's ``rows``: a :class:`Rows` of ``n`` rows and ``d`` features."""
+    cdef Rows block = rows[k]
+    check_rows(block, 0, n, True)
+    check_length("block features", block.n_features, d)
+    return block
+
+
 def gradient_terms_blocks(list rows not None, const double[::1] y, const int64_t[::1] y_start,
                           const double[:, ::1] w_prox, const double[:, ::1] w_ext, int loss, double gamma,
                           const double[::1] shift_prox, const double[::1] shift_ext, const double[::1] scales,
@@ -759,7 +778,6 @@ def gradient_terms_blocks(list rows not None, const double[::1] y, const int64_t
     block's arithmetic is the per-block kernel's (the same bits, alone or in any batch); only the Python
     around the blocks goes (10^4 small blocks a call: the accelerated outer phase's iterations at many tasks)."""
     cdef Py_ssize_t nb = len(rows), d = w_prox.shape[1], S = scales.shape[0], k, n
-    cdef Rows block
     cdef RowView view
     check_length("y_start", y_start.shape[0], nb + 1)
     check_shape("w_prox", w_prox, nb, d)
@@ -769,17 +787,10 @@ def gradient_terms_blocks(list rows not None, const double[::1] y, const int64_t
     check_length("shift_prox", shift_prox.shape[0], nb)
     check_length("shift_ext", shift_ext.shape[0], nb)
     check_loss(loss)
-    if y_start[0] != 0 or y_start[nb] != y.shape[0]:
-        raise ValueError(f"y_start spans {y_start[0]}..{y_start[nb]}, expected 0..{y.shape[0]}")
+    check_starts(y_start, nb, y.shape[0])
     for k in range(nb):
-        if y_start[k + 1] < y_start[k]:
-            raise ValueError(f"y_start decreases at block {k}")
-    for k in range(nb):
-        block = rows[k]
         n = y_start[k + 1] - y_start[k]
-        check_rows(block, 0, n, True)
-        check_length("block features", block.n_features, d)
-        view = block.view
+        view = checked_block(rows, k, n, d).view
         gradient_terms_one(&view, &y[y_start[k]] if n > 0 else hpcmtl_no_doubles, n, S,
                            &w_prox[k, 0] if d > 0 else hpcmtl_no_doubles,
                            &w_ext[k, 0] if d > 0 else hpcmtl_no_doubles, loss, gamma, shift_prox[k], shift_ext[k],
@@ -832,7 +843,6 @@ def dual_terms_blocks(list rows not None, const double[::1] y, const int64_t[::1
     sum_j y_j trial_j]``.  A block's arithmetic depends on its own values alone (the same bits in any batch or
     alone): the dual phase's iterations at many tasks without the Python around each block."""
     cdef Py_ssize_t nb = len(rows), d = w.shape[1], k, n, total
-    cdef Rows block
     cdef RowView view
     check_length("y_start", y_start.shape[0], nb + 1)
     check_shape("v", v, nb, d)
@@ -840,20 +850,13 @@ def dual_terms_blocks(list rows not None, const double[::1] y, const int64_t[::1
     check_shape("control", control, nb, 3)
     check_length("shift", shift.shape[0], nb)
     total = y.shape[0]
-    if y_start[0] != 0 or y_start[nb] != total:
-        raise ValueError(f"y_start spans {y_start[0]}..{y_start[nb]}, expected 0..{total}")
+    check_starts(y_start, nb, total)
     check_length("beta", beta.shape[0], total)
     check_length("ext", ext.shape[0], total)
     check_length("trial", trial.shape[0], total)
     for k in range(nb):
-        if y_start[k + 1] < y_start[k]:
-            raise ValueError(f"y_start decreases at block {k}")
-    for k in range(nb):
-        block = rows[k]
         n = y_start[k + 1] - y_start[k]
-        check_rows(block, 0, n, True)
-        check_length("block features", block.n_features, d)
-        view = block.view
+        view = checked_block(rows, k, n, d).view
         dual_terms_one(&view, &y[y_start[k]] if n > 0 else hpcmtl_no_doubles, n,
                        &w[k, 0] if d > 0 else hpcmtl_no_doubles, shift[k], control[k, 0], control[k, 1],
                        control[k, 2] != 0.0, &beta[y_start[k]] if n > 0 else hpcmtl_no_doubles,

@@ -897,6 +897,51 @@ def test_gradient_terms_of_many_blocks_are_the_per_block_bits(kernels):
             kernels.gradient_terms_blocks(rows, y, np.array(y_start), np.zeros((2, 3)), np.zeros((2, 3)), *args)
 
 
+def test_dual_terms_of_many_blocks_are_each_blocks_own_call_and_refuse_what_does_not_fit(kernels):
+    """dual_terms_blocks (the hinge dual phase's DUAL_TERMS): a block's state (beta, ext, trial), its v and out are
+    the same bits in a batch as in a call of its own -- dense, CSR, float32 and centered rows, 0 to 25 rows,
+    accept on and off; label starts, state lengths and a block of another width that do not fit are refused."""
+    rng = np.random.default_rng(13)
+    d = 5
+    blocks = [blk for n in (25, 1, 0, 3) for _, blk, _ in _gradient_blocks(rng, n, d)]
+    for blk in blocks:
+        blk.y = np.where(blk.y >= 0, 1.0, -1.0)
+    nb = len(blocks)
+    sizes = [b.y.size for b in blocks]
+    y_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    total = int(y_start[-1])
+    w, shift = rng.normal(size=(nb, d)), rng.normal(size=nb)
+    control = np.column_stack([rng.uniform(0.1, 2.0, nb), rng.uniform(0.0, 0.9, nb), np.arange(nb) % 2])
+    state = [rng.uniform(0.0, 1.0, total) for _ in range(3)]
+    v, out = rng.normal(size=(nb, d)), np.full((nb, 5), np.nan)
+    batch = [a.copy() for a in state] + [v.copy(), out.copy()]
+    kernels.dual_terms_blocks([b.rows for b in blocks], np.concatenate([b.y for b in blocks]), y_start, w, shift,
+                              control, *batch)
+    for k, blk in enumerate(blocks):
+        a, b = y_start[k], y_start[k + 1]
+        own = [x[a:b].copy() for x in state] + [v[k:k + 1].copy(), out[k:k + 1].copy()]
+        kernels.dual_terms_blocks([blk.rows], blk.y, np.array([0, b - a]), w[k:k + 1], shift[k:k + 1],
+                                  control[k:k + 1], *own)
+        for got, want in zip([x[a:b] for x in batch[:3]] + [batch[3][k:k + 1], batch[4][k:k + 1]], own):
+            assert np.array_equal(got, want), (k, sizes[k])
+    assert np.all(np.isfinite(batch[4])) and np.all((batch[2] >= 0) & (batch[2] <= 1))
+    blocks = [TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4)),
+              TaskBlock(0, "t", 2, 0, np.ones((2, 4)), np.ones(2))]
+    rows, y = [b.rows for b in blocks], np.ones(6)
+
+    def call(y_start=(0, 4, 6), width=3, length=6):
+        kernels.dual_terms_blocks(rows, y, np.array(y_start, dtype=np.int64), np.zeros((2, width)), np.zeros(2),
+                                  np.zeros((2, 3)), np.zeros(length), np.zeros(6), np.zeros(6),
+                                  np.zeros((2, width)), np.zeros((2, 5)))
+    with pytest.raises(ValueError, match="block features"):
+        call()
+    for y_start, message in (((0, 4), "y_start"), ((0, 4, 5), "y_start spans"), ((0, 7, 6), "decreases")):
+        with pytest.raises(ValueError, match=message):
+            call(y_start, width=4)
+    with pytest.raises(ValueError, match="beta"):
+        call(width=4, length=5)
+
+
 def test_gradient_terms_refuse_mismatched_lengths(kernels):
     blk = TaskBlock(0, "t", 4, 0, np.ones((4, 3)), np.ones(4))
     scales = np.ones(2)
