@@ -142,3 +142,16 @@ def test_every_estimator_keeps_its_init_arguments_as_given():
         assert all(getattr(est, name) is given[name] for name in names), cls.__name__
         assert set(est.get_params(deep=False)) == set(names)
         assert all(clone(cls(), safe=True).get_params()[n] == cls().get_params()[n] for n in names)
+
+
+def test_the_engine_config_s_defaults_are_the_table_s():
+    """DMTRLConfig (the Python API, the estimators' engine) and the command line share their defaults: a default
+    changed in one place only (as --outer-tol once was) would make `train()` and `hpcmtl train` solve to
+    different tolerances."""
+    import dataclasses
+
+    from hpcmtl.dmtrl import DMTRLConfig
+    shared = [f for f in dataclasses.fields(DMTRLConfig) if f.name in PARAMS]
+    assert len(shared) >= 15
+    for field in shared:
+        assert field.default == PARAMS[field.name].default, field.name

@@ -34,7 +34,7 @@ class DMTRLConfig:
     tol: float = 1e-6               # relative duality gap of each W-step
     max_rounds: int = 500           # rounds per W-step
     outer: int = 30                 # maximum W-steps (learned Sigma)
-    outer_tol: float = 1e-3         # joint relative duality gap of the learned-Sigma problem (dmtrl.joint)
+    outer_tol: float = 2e-4         # joint relative duality gap of the learned-Sigma problem (dmtrl.joint)
     local_iters: float = 1.0        # H as a multiple of each block's rows
     local_steps: int = 100          # local rounds: at most this many local steps a block a round (LocalBlocks.local_round)
     seed: int = 0
