@@ -158,7 +158,7 @@ def test_warm_started_points_take_fewer_rounds_than_cold_ones(monkeypatch):
 
 @pytest.mark.parametrize("loss,relationship,split,seed", [
     ("logistic", "identity", dict(cv=3, metric="auc"), 1),
-    ("squared", "learned", dict(cv=3), 2),
+    ("squared", "learned", dict(cv=3), 6),
     ("logistic", "learned", dict(cv=3, metric="auc"), 1),
 ])
 def test_selection_at_a_looser_tolerance_chooses_the_exhaustive_lam_and_refit(loss, relationship, split, seed):
@@ -168,7 +168,9 @@ def test_selection_at_a_looser_tolerance_chooses_the_exhaustive_lam_and_refit(lo
     20 such cases, seeds 1-4 of five kinds, 19 chose alike; squared/learned seed 4 did not: its two best points'
     validation rmse lie 4e-5 apart, less than what a gap of 1e-3 moves a score.  Since the accelerated outer step
     the exhaustive path's learned-Sigma points sit at their optima, and squared/learned seed 1 is such a near tie
-    too: 0.3502354 against 0.3503569, where the loose path's scores move by up to 5e-4.)"""
+    too: 0.3502354 against 0.3503569, where the loose path's scores move by up to 5e-4.  With the refit's joint
+    gap at its default 2e-4 (it was 1e-3) seeds 2, 3 and 5 are near ties as well: their two best points lie
+    3.2e-4, 9.6e-5 and 3.8e-4 apart; seed 6's lie 1.8e-3 apart.)"""
     Xs, ys = random_tasks(seed, m=5, d=8, sizes=(60, 45, 80, 50, 70), loss=loss)
     source = MemoryTasks(Xs, ys)
     grid = list(np.logspace(-4, -1, 7))
