@@ -6,8 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
-KERNELS := hpcmtl/_sdca.pyx hpcmtl/_blockops.pyx hpcmtl/_projections.pyx hpcmtl/_box_qp.pyx hpcmtl/_online.pyx
-SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_random.pxd $(KERNELS)
+KERNELS := hpcmtl/_sdca.pyx hpcmtl/_joint_terms.pyx hpcmtl/_blockops.pyx hpcmtl/_projections.pyx hpcmtl/_box_qp.pyx hpcmtl/_online.pyx
+SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_random.pxd hpcmtl/_losses.pxd $(KERNELS)
 
 .PHONY: demo test test-fast test-kernels install clean
 
@@ -26,7 +26,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m hpcmtl demo --out demo-output
 
 # tests/ includes the kernel tests twice: on the optimized kernel modules
-# (hpcmtl._sdca, ._blockops, ._projections, ._box_qp, ._online) and on their
+# (hpcmtl._sdca, ._joint_terms, ._blockops, ._projections, ._box_qp, ._online) and on their
 # hpcmtl.<name>_debug twins, the same sources with bounds checks on, which the tests compile into
 # build/kernels-debug/<source hash>/ the first time (HPCMTL_DEBUG_KERNELS=1, see
 # setup.py); the in-place modules are never touched.

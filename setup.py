@@ -1,11 +1,13 @@
 """Build script for hpcmtl: the Cython kernels are compiled against NumPy (and SciPy's LAPACK: ``_box_qp``).
 
-Six extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``) and
+Seven extension modules: ``hpcmtl._rows`` (the row interface type, ``Rows``) and
 the kernels, one module a concern (``KERNELS``): ``hpcmtl._sdca`` (the workers'
-SDCA steps and objective sums), ``hpcmtl._blockops`` (fixed-order row sums),
+SDCA steps and objective sums), ``hpcmtl._joint_terms`` (the learned-Sigma
+problem's outer phases), ``hpcmtl._blockops`` (fixed-order row sums),
 ``hpcmtl._projections`` (l1,inf and l1 projections), ``hpcmtl._box_qp`` (the
 server's box QP) and ``hpcmtl._online`` (the online tau solvers); the kernel
-modules cimport ``_rows.pxd`` (and ``_random.pxd``).  The Cython directives are
+modules cimport ``_rows.pxd`` (and ``_random.pxd``, ``_losses.pxd``: inline
+arithmetic compiled into each module that uses it).  The Cython directives are
 set here, once: bounds checking off.
 
 ``HPCMTL_DEBUG_KERNELS=1`` compiles every kernel source as a separate module,
@@ -50,7 +52,8 @@ def extension(name, source):
     )
 
 
-KERNELS = [("hpcmtl._sdca", "hpcmtl/_sdca.pyx"), ("hpcmtl._blockops", "hpcmtl/_blockops.pyx"),
+KERNELS = [("hpcmtl._sdca", "hpcmtl/_sdca.pyx"), ("hpcmtl._joint_terms", "hpcmtl/_joint_terms.pyx"),
+           ("hpcmtl._blockops", "hpcmtl/_blockops.pyx"),
            ("hpcmtl._projections", "hpcmtl/_projections.pyx"), ("hpcmtl._box_qp", "hpcmtl/_box_qp.pyx"),
            ("hpcmtl._online", "hpcmtl/_online.pyx")]
 if DEBUG:
@@ -71,8 +74,8 @@ setup(
     # entry) instead of a meta-path finder, so `import hpcmtl` from the folder that holds a clone called
     # hpcmtl finds this regular package, not the clone's top folder as an empty namespace package
     package_dir={"": "."},
-    package_data={"hpcmtl": ["_sdca.pyx", "_blockops.pyx", "_projections.pyx", "_box_qp.pyx", "_online.pyx",
-                             "_rows.pyx", "_rows.pxd", "_random.pxd", "templates/*"]},
+    package_data={"hpcmtl": ["_sdca.pyx", "_joint_terms.pyx", "_blockops.pyx", "_projections.pyx", "_box_qp.pyx",
+                             "_online.pyx", "_rows.pyx", "_rows.pxd", "_random.pxd", "_losses.pxd", "templates/*"]},
     ext_modules=cythonize(extensions, compiler_directives=directives, build_dir=cython_dir, quiet=DEBUG),
     python_requires=">=3.9",
     install_requires=[

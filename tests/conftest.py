@@ -212,11 +212,12 @@ def fake_slurm(directory):
 # each compiled module, and the modules calling it (their attribute of that name is the build under test)
 KERNEL_USERS = {"_sdca": ("hpcmtl.dmtrl.worker", "hpcmtl.dmtrl.joint", "hpcmtl.dmtrl.interior_rounds",
                           "hpcmtl.baselines", "hpcmtl.checkpoint"),
+                "_joint_terms": ("hpcmtl.dmtrl.joint", "hpcmtl.dmtrl.dual_phase"),
                 "_blockops": ("hpcmtl.taskdata", "hpcmtl.dmtrl.steps", "hpcmtl.dmtrl.local_rounds", "hpcmtl.interior"),
                 "_projections": ("hpcmtl.projection",),
                 "_box_qp": ("hpcmtl.dmtrl.steps",),
                 "_online": ("hpcmtl.online_rules", "hpcmtl.estimators", "hpcmtl.online")}
-KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_random.pxd", "setup.py",
+KERNEL_SOURCES = ("hpcmtl/_rows.pxd", "hpcmtl/_rows.pyx", "hpcmtl/_random.pxd", "hpcmtl/_losses.pxd", "setup.py",
                   *(f"hpcmtl/{name}.pyx" for name in KERNEL_USERS))
 
 
@@ -297,11 +298,12 @@ def kernel_build(request, monkeypatch):
 
 @pytest.fixture
 def kernels(kernel_build):
-    """The SDCA, row-sum, projection and box-QP kernels (``hpcmtl._sdca``, ``._blockops``, ``._projections``,
-    ``._box_qp``) of the build under test, as one namespace: a test names a kernel, not its module."""
+    """The SDCA, outer-phase, row-sum, projection and box-QP kernels (``hpcmtl._sdca``, ``._joint_terms``,
+    ``._blockops``, ``._projections``, ``._box_qp``) of the build under test, as one namespace: a test names a
+    kernel, not its module."""
     import types
     names = {}
-    for name in ("_sdca", "_blockops", "_projections", "_box_qp"):
+    for name in ("_sdca", "_joint_terms", "_blockops", "_projections", "_box_qp"):
         for attr, value in vars(kernel_build[name]).items():
             if not attr.startswith("_") and attr != "np":
                 assert attr not in names, f"{attr} is in two kernel modules"

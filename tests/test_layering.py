@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
-    ("foundations", {"errors", "_rows", "_sdca", "_blockops", "_projections", "_box_qp", "_online", "features",
+    ("foundations", {"errors", "_rows", "_sdca", "_joint_terms", "_blockops", "_projections", "_box_qp", "_online", "features",
                      "progress", "memory"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
               "online_rules", "output_codes", "stream_scaling", "interior", "covariance"}),
@@ -157,14 +157,15 @@ def test_import_graph_has_no_cycle():
 
 
 # the compiled kernels (hpcmtl/*.pyx, *.pxd) are leaves, one concern a module: each may use these and nothing else
-KERNEL_IMPORTS = {"cython", "libc.math", "libc.stdint", "libc.stdlib", "libc.string", "numpy", "hpcmtl._rows",
-                  "hpcmtl._random"}
+KERNEL_IMPORTS = {"cython", "libc.math", "libc.stdint", "libc.stdlib", "libc.string", "numpy", "enum", "hpcmtl._rows",
+                  "hpcmtl._random", "hpcmtl._losses"}
 KERNEL_ONLY_IN = {"scipy.linalg.cython_lapack": "_box_qp"}      # LAPACK: the server's box QP only
 
 
 def test_each_compiled_kernel_imports_only_the_row_interface_the_random_numbers_and_c():
-    """No kernel module imports another (they share only the inline ``_rows.pxd`` and ``_random.pxd``), and
-    SciPy's LAPACK stays in ``_box_qp``, so SDCA, the projections and the box QP build and change apart."""
+    """No kernel module imports another (they share only the inline ``_rows.pxd``, ``_random.pxd`` and
+    ``_losses.pxd``), and SciPy's LAPACK stays in ``_box_qp``, so SDCA, the projections and the box QP build
+    and change apart."""
     import re
     wrong, seen = [], set()
     for path in sorted(PACKAGE.glob("*.pyx")) + sorted(PACKAGE.glob("*.pxd")):
@@ -179,7 +180,7 @@ def test_each_compiled_kernel_imports_only_the_row_interface_the_random_numbers_
                 continue
             wrong.append(f"{path.relative_to(PACKAGE.parent)}:{n} imports {name}")
     assert not wrong, "\n".join(wrong)
-    assert {"hpcmtl._rows", "hpcmtl._random", "scipy.linalg.cython_lapack"} <= seen       # the reader reads them
+    assert {"hpcmtl._rows", "hpcmtl._random", "hpcmtl._losses", "scipy.linalg.cython_lapack"} <= seen       # the reader reads them
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

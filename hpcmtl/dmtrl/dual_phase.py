@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _sdca
+from .. import _joint_terms
 from ..engine import Command, Down, Up
 
 # mu halves after this many accepted steps (the smoothed dual's own progress comes first, then its accuracy)
@@ -73,7 +73,7 @@ class DualCommand(Command):
 
 class DualPhaseBlocks:
     """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial, the
-    blocks' rows end to end).  The blocks on all d columns take one kernel call (``_sdca.dual_terms_blocks``), a
+    blocks' rows end to end).  The blocks on all d columns take one kernel call (``_joint_terms.dual_terms_blocks``), a
     block on its support columns one call of its own: the same body, so a block's bits never depend on the
     path, the batch or the rank count."""
 
@@ -106,7 +106,7 @@ class DualPhaseBlocks:
                 shift[i] = self.blocks[ks[i]].z_shift(wk[i])
             v = np.zeros((len(ks), wk.shape[1]))
             sums = np.empty((len(ks), 5))
-            _sdca.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b], ext[a:b],
+            _joint_terms.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b], ext[a:b],
                                     trial[a:b], v, sums)
             for i in centered:                                     # X^T u - mu sum(u): centered rows
                 v[i] -= self.blocks[ks[i]].mu * sums[i, 4]

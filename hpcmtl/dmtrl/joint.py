@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _sdca
+from .. import _joint_terms, _sdca
 from ..engine import Command, Down, Up, check_finite_rows
 from ..losses import get_loss
 from .dual_phase import DualCommand, dual_phase
@@ -179,8 +179,8 @@ def block_gradient_terms(blk, w_prox, w_ext, loss, gamma):
     w_ext = np.ascontiguousarray(w_ext, dtype=np.float64)
     grad = np.zeros(blk.n_features)
     scalars = np.empty(DUAL_SCALES.size + 4)
-    _sdca.gradient_terms(blk.rows, blk.y, w_prox, w_ext, loss.kernel_id, gamma, blk.z_shift(w_prox),
-                         blk.z_shift(w_ext), DUAL_SCALES, grad, scalars)
+    _joint_terms.gradient_terms(blk.rows, blk.y, w_prox, w_ext, loss.kernel_id, gamma, blk.z_shift(w_prox),
+                                blk.z_shift(w_ext), DUAL_SCALES, grad, scalars)
     if blk.mu is not None:                # X^T l' - mu sum(l'): the centered rows' gradient
         grad -= blk.mu * scalars[-1]
     return grad, scalars[:-1]
@@ -302,7 +302,7 @@ class JointBlocks:
 
     def gradient_terms_whole(self, whole, rows, out):
         """:meth:`gradient_terms` of the blocks ``whole`` (those on all d columns) in one kernel call
-        (``_sdca.gradient_terms_blocks``): each block's numbers are :func:`block_gradient_terms`' bits, its
+        (``_joint_terms.gradient_terms_blocks``): each block's numbers are :func:`block_gradient_terms`' bits, its
         implicit centering (``mu``) applied the same way, so the choice of path never changes a result."""
         d, blocks = self.d, self.blocks
         batch = self.gradient_batch(whole)
@@ -315,8 +315,9 @@ class JointBlocks:
             shift_prox[j], shift_ext[j] = blk.z_shift(w_prox[j]), blk.z_shift(w_ext[j])
         grad = np.zeros((idx.size, d))
         scalars = np.empty((idx.size, DUAL_SCALES.size + 4))
-        _sdca.gradient_terms_blocks(batch["rows"], batch["y"], batch["y_start"], w_prox, w_ext, self.loss.kernel_id,
-                                    self.config.gamma, shift_prox, shift_ext, DUAL_SCALES, grad, scalars)
+        _joint_terms.gradient_terms_blocks(batch["rows"], batch["y"], batch["y_start"], w_prox, w_ext,
+                                           self.loss.kernel_id, self.config.gamma, shift_prox, shift_ext, DUAL_SCALES,
+                                           grad, scalars)
         for j in centered:                    # X^T l' - mu sum(l'): the centered rows' gradient
             grad[j] -= blocks[whole[j]].mu * scalars[j, -1]
         out[idx, :d] = grad
