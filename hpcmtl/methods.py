@@ -593,6 +593,7 @@ def summary_table(args, result, headline, times=None):
 
 def write_sdca(run, result):
     """The result of a dual coordinate ascent method: the model, its W-steps, the path of a grid, the warnings."""
+    from .dmtrl.outer import outer_advice
     config = run.config
     h, steps = result.history, result.wsteps
     n_bad = int(len(steps["converged"]) - steps["converged"].sum()) if len(steps.get("converged", [])) else 0
@@ -629,9 +630,11 @@ def write_sdca(run, result):
                   f"raise --max-rounds, or rescale the features where a W-step's warning says its gap stalled",
                   file=sys.stderr, flush=True)
         if joint is not None and len(joint) and not float(joint[-1]) <= config.outer_tol:
+            # fewer W-steps than --outer: the loop ended because the joint gap stopped shrinking
             print(f"hpcmtl: warning: the outer loop ended with the joint relative gap {float(joint[-1]):.3e} > "
                   f"--outer-tol {config.outer_tol:g}: W is not certified as the optimum of the learned-Sigma "
-                  f"problem; raise --outer", file=sys.stderr, flush=True)
+                  f"problem; {outer_advice(float(joint[-1]), len(joint) < config.outer)}", file=sys.stderr,
+                  flush=True)
     return result
 
 

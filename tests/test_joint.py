@@ -407,3 +407,29 @@ def test_the_default_tolerances_put_the_model_within_2e_4_of_the_optimum(loss):
     assert result.converged and np.isfinite(P) and steps["joint_rel_gap"][-1] <= 2e-4
     assert steps["joint_dual"].max() <= P_star * (1 + 1e-9)
     assert P_star <= P * (1 + 1e-12) and P <= P_star * (1 + 2e-4)
+
+
+@pytest.mark.parametrize("outer,shrink,stalled", [(4, 0.9, False), (30, 0.999, True)])
+def test_an_uncertified_outer_loop_says_whether_more_w_steps_would_help(outer, shrink, stalled):
+    """The outer loop's warning: 'raise --outer' when it ran out of W-steps, but when the joint gap stopped
+    shrinking (it ends early) that more W-steps would not help, and how far from the optimum W can be."""
+    from hpcmtl.dmtrl.outer import STALL_STEPS, OuterState, outer_loop
+    config = DMTRLConfig(loss="hinge", lam=1e-3, outer=outer, outer_tol=1e-4)
+    state, said = OuterState(), []
+    gap = [4e-3]
+
+    def certify():
+        gap[0] *= shrink
+        primal = 1.0
+        return dict(joint_primal=primal, joint_dual=primal - gap[0], joint_rel_gap=gap[0], dual_scale=1.0,
+                    prox_step=0.0, prox_primal=primal, apg_iterations=0)
+
+    done = outer_loop(config, lambda p: ({"primal": 1.0, "round": p, "rel_gap": 1e-7}, True), lambda: None,
+                      state, said.append, certify)
+    assert not done and len(said) == 1
+    assert len(state.wsteps) == (STALL_STEPS + 1 if stalled else outer)
+    if stalled:
+        assert "the joint gap stopped shrinking" in said[0] and "raise --outer" not in said[0]
+        assert f"more W-steps would not help: P(W) is within {gap[0]:.1e} (relative) of the optimum" in said[0]
+    else:
+        assert said[0].endswith("raise --outer") and f"--outer {outer} W-steps were taken" in said[0]

@@ -68,7 +68,16 @@ def outer_not_certified_message(step, config, stalled=False):
     return (f"the outer loop ended after W-step {step['outer'] + 1} ({why}) with the joint relative gap "
             f"{step['joint_rel_gap']:.3e} > --outer-tol {config.outer_tol:g}: W is not certified as the optimum "
             f"of the learned-Sigma problem (P(W) {step['joint_primal']:.10g}, lower bound {step['joint_dual']:.10g}); "
-            f"raise --outer")
+            + outer_advice(step["joint_rel_gap"], stalled))
+
+
+def outer_advice(joint_rel_gap, stalled):
+    """What to do about an outer loop that ended above --outer-tol: more W-steps, unless the joint gap had
+    stopped shrinking (then they would not help, and the gap says how far from the optimum W can be)."""
+    if not stalled:
+        return "raise --outer"
+    return (f"more W-steps would not help: P(W) is within {joint_rel_gap:.1e} (relative) of the optimum, and "
+            f"--outer-tol {joint_rel_gap:.1e} or more accepts that")
 
 
 def outer_loop(config, w_step, omega_update, state: OuterState | None = None, warn=None, certify=None):
