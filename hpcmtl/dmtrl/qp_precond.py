@@ -57,9 +57,9 @@ def block_inverse(a11, a12, a22):
     (``det <= 1e-12 a11 a22``) is a task whose two directions are parallel (one-row tasks: db and dq are both
     multiples of the row), so Z's two rows of it are parallel too and A is singular along the same vector n:
     the block's null direction is lifted to its other eigenvalue (the inverse ``I / (a11 + a22)``), so that
-    ``M = A + (a11 + a22) n n^T`` on such tasks and ``M^-1 A`` is the projector onto A's range (CG: one product,
-    where keeping the diagonal, block_jacobi's rule, left eigenvalues 0 and 2 mixed with the rest).  A zero
-    diagonal entry (that direction's row of A is zero) -> 0."""
+    ``M = A + (a11 + a22) n n^T`` on such tasks and ``M^-1 A`` is the projector onto A's range (where keeping the
+    diagonal, block_jacobi's rule, left eigenvalues 0 and 2 mixed with the rest; :func:`null_directions` then
+    removes n from the solve).  A zero diagonal entry (that direction's row of A is zero) -> 0."""
     det = a11 * a22 - a12 * a12
     good = det > 1e-12 * a11 * a22
     safe = np.where(good, det, 1.0)
@@ -68,6 +68,20 @@ def block_inverse(a11, a12, a22):
     i11 = np.where(good, a22 / safe, np.where(lift, 1.0 / trace, np.where(a11 > 0, 1.0 / np.where(a11 > 0, a11, 1.0), 0.0)))
     i22 = np.where(good, a11 / safe, np.where(lift, 1.0 / trace, np.where(a22 > 0, 1.0 / np.where(a22 > 0, a22, 1.0), 0.0)))
     return i11, np.where(good, -a12 / safe, 0.0), i22
+
+
+def null_directions(a11, a12, a22):
+    """``(n1, n2)``: per task, the unit null vector of a block :func:`block_inverse` lifts (0 elsewhere).  The
+    solve is then ``(I - n n^T) M^-1 (I - n n^T)``, A's pseudo-inverse on those tasks: the rounding part of a
+    residual along n (not in A's range, so CG cannot reduce it) weighs ``1 / (a11 + a22)`` in ``r.M^-1 r``, a
+    large number on the tiny blocks of tasks whose step barely moved, and kept CG iterating there (about 9
+    products a direction instead of 1 on 500 one-row tasks)."""
+    det = a11 * a22 - a12 * a12
+    lift = ~(det > 1e-12 * a11 * a22) & (a11 > 0) & (a22 > 0)
+    norm = np.sqrt(np.where(lift, a11 + a22, 1.0))
+    n1 = np.where(lift, np.sqrt(np.where(lift, a22, 0.0)) / norm, 0.0)
+    n2 = np.where(lift, -np.where(a12 < 0, -1.0, 1.0) * np.sqrt(np.where(lift, a11, 0.0)) / norm, 0.0)
+    return n1, n2
 
 
 class CapacitancePreconditioner:
@@ -89,6 +103,7 @@ class CapacitancePreconditioner:
         self.a11 = rest * np.einsum("ij,ij->i", self.D[0], self.D[0]) + c2
         self.a12 = rest * np.einsum("ij,ij->i", self.D[0], self.D[1]) + cross if two else np.zeros(self.m)
         self.a22 = rest * np.einsum("ij,ij->i", self.D[1], self.D[1]) + c2q if two else np.zeros(self.m)
+        self.null = null_directions(self.a11, self.a12, self.a22) if two else None
         self.G = np.zeros((self.k * self.d, self.k * self.d))
         self.code = np.zeros(self.m, dtype=np.int8)      # a task's free coordinates: bit 0 eta, bit 1 beta
         self.inv = (np.zeros(self.m), np.zeros(self.m), np.zeros(self.m))
@@ -149,13 +164,19 @@ class CapacitancePreconditioner:
                 return np.concatenate([i11 * x + i12 * y, i12 * x + i22 * y])
             return i11 * r
 
+        n1, n2 = self.null if two else (None, None)
+        if two:
+            both = code == 3
+            n1, n2 = np.where(both, n1, 0.0), np.where(both, n2, 0.0)
+
         def solve(r):
             u = dg_inv(r)
-            if factor is None:
-                return u
-            t = self.z_t(u)
-            t = scipy.linalg.cho_solve(factor, t, check_finite=False)
-            return u - dg_inv(self.z_times(t))
+            if factor is not None:
+                u = u - dg_inv(self.z_times(scipy.linalg.cho_solve(factor, self.z_t(u), check_finite=False)))
+            if two:                     # (I - n n^T) on the lifted tasks: M^-1 there is I / trace, symmetric
+                along = n1 * u[:m] + n2 * u[m:]
+                u = np.concatenate([u[:m] - n1 * along, u[m:] - n2 * along])
+            return u
         return solve
 
     def z_t(self, u):
