@@ -9,8 +9,7 @@ QPs' CPU seconds a round, the run's CPU seconds (medians over the repeats), the 
 gap, and the ratios capacitance / jacobi of products and of QP CPU a round.
 
     python bench/bench_box_qp.py FILE.h5 [FILE.h5 ...] [--lam 1e-2] [--repeats 1] [--factored-min-tasks N]
-        [--preconditioners jacobi,capacitance]
-        [-- extra train options, e.g. --outer 3 --max-rounds 6]
+        [--preconditioners jacobi,capacitance] [--train-args '--outer 3 --max-rounds 6']
 
 ``--make M:PATH`` writes M one-row hinge tasks (d = 20: one shared weight vector, each task's sign flipped every
 other task, plus noise; rows N(0, I)) to PATH first (the files measured in docs/many-tasks.md were made this way
@@ -85,11 +84,12 @@ def main():
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--make", action="append", default=[])
     ap.add_argument("--preconditioners", default="jacobi,capacitance", help="which to run (a long case: one)")
+    ap.add_argument("--train-args", default="", help="extra `train dmtrl` options, one string: '--outer 3 --max-rounds 6'")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    args, rest = ap.parse_known_args()
-    rest = [r for r in rest if r != "--"]
+    args = ap.parse_args()
+    rest = args.train_args.split()
     if args.child:
         return child(args, rest)
     for spec in args.make:
@@ -105,7 +105,7 @@ def main():
                        "--out", os.path.join(work, f"{pre}.h5"), "--lam", str(args.lam)]
                 if args.factored_min_tasks is not None:
                     cmd += ["--factored-min-tasks", str(args.factored_min_tasks)]
-                out = subprocess.run(cmd + ["--", *rest], capture_output=True, text=True)
+                out = subprocess.run(cmd + ["--train-args", args.train_args], capture_output=True, text=True)
                 line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
                 if not line:
                     sys.exit(f"child failed:\n{out.stdout}\n{out.stderr}")
