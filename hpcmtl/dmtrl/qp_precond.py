@@ -65,9 +65,14 @@ def block_inverse(a11, a12, a22):
     safe = np.where(good, det, 1.0)
     lift = ~good & (a11 > 0) & (a22 > 0)
     trace = np.where(lift, a11 + a22, 1.0)
-    i11 = np.where(good, a22 / safe, np.where(lift, 1.0 / trace, np.where(a11 > 0, 1.0 / np.where(a11 > 0, a11, 1.0), 0.0)))
-    i22 = np.where(good, a11 / safe, np.where(lift, 1.0 / trace, np.where(a22 > 0, 1.0 / np.where(a22 > 0, a22, 1.0), 0.0)))
+    i11 = np.where(good, a22 / safe, np.where(lift, 1.0 / trace, reciprocal(a11)))
+    i22 = np.where(good, a11 / safe, np.where(lift, 1.0 / trace, reciprocal(a22)))
     return i11, np.where(good, -a12 / safe, 0.0), i22
+
+
+def reciprocal(a):
+    """``1 / a`` where a > 0, else 0 (a direction whose row of A is zero)."""
+    return np.where(a > 0, 1.0 / np.where(a > 0, a, 1.0), 0.0)
 
 
 def null_directions(a11, a12, a22):
@@ -116,8 +121,7 @@ class CapacitancePreconditioner:
     def block_inverses(self, code):
         """The per-task inverse of Dg restricted to the free coordinates ``code`` says."""
         both = block_inverse(self.a11, self.a12, self.a22)
-        one1 = np.where(self.a11 > 0, 1.0 / np.where(self.a11 > 0, self.a11, 1.0), 0.0)
-        one2 = np.where(self.a22 > 0, 1.0 / np.where(self.a22 > 0, self.a22, 1.0), 0.0)
+        one1, one2 = reciprocal(self.a11), reciprocal(self.a22)
         i11 = np.where(code == 3, both[0], np.where(code == 1, one1, 0.0))
         i12 = np.where(code == 3, both[1], 0.0)
         i22 = np.where(code == 3, both[2], np.where(code == 2, one2, 0.0))
