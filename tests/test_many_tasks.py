@@ -232,18 +232,28 @@ def test_the_other_aggregations_take_the_factored_sigma_alike(aggregation, loss,
 @pytest.mark.parametrize("loss", ["squared", "logistic"])
 def test_no_m_by_m_eigensolve_or_factorization_once_factored(loss, monkeypatch):
     """From FACTORED_MIN_TASKS on no round and no Omega-step solves an m x m or 2m x 2m system, the first
-    W-step (Sigma = I / m) included: every eigh, SVD and Cholesky the server calls is at most d wide.
+    W-step (Sigma = I / m) included: every eigh, SVD and Cholesky the server calls is at most d wide, but the box
+    QPs' capacitance (dmtrl/qp_precond.py: k d wide, k of Sigma's r terms, whatever m is, at most CAPACITY_MAX).
     (Not yet the hinge losses: their margin corrections near a W-step's end invert Sigma, dmtrl/margin.py.)"""
     import scipy.linalg
+    from hpcmtl.dmtrl import qp_precond
     m, d = 16, 4
     Xs, ys = tasks(m, d, 5, False, loss)
-    sizes = []
+    sizes, capacitance = [], []
+    for_free = qp_precond.CapacitancePreconditioner.for_free
+
+    def for_free_spy(self, free):
+        capacitance.append(self.k * self.d)
+        return for_free(self, free)
+    monkeypatch.setattr(qp_precond.CapacitancePreconditioner, "for_free", for_free_spy)
     for mod, name in ((np.linalg, "eigh"), (np.linalg, "cholesky"), (np.linalg, "pinv"), (np.linalg, "inv"),
                       (scipy.linalg, "cho_factor"), (scipy.linalg, "eigh")):
         inner = getattr(mod, name)
 
-        def spy(a, *args, _inner=inner, **kw):
-            sizes.append(min(np.shape(a)[-2:]))
+        def spy(a, *args, _inner=inner, _cho=(mod is scipy.linalg and name == "cho_factor"), **kw):
+            width = min(np.shape(a)[-2:])
+            if not (_cho and capacitance and width == capacitance[-1]):      # the capacitance's own Cholesky
+                sizes.append(width)
             return _inner(a, *args, **kw)
         monkeypatch.setattr(mod, name, spy)
     svd = np.linalg.svd
@@ -258,6 +268,7 @@ def test_no_m_by_m_eigensolve_or_factorization_once_factored(loss, monkeypatch):
             fit_intercept=False, local_solver="sdca")
     assert wsteps_certified(r)
     assert max(sizes, default=0) <= d
+    assert max(capacitance, default=0) <= qp_precond.CAPACITY_MAX
 
 
 @pytest.mark.parametrize("aggregation", ["qp", "line"])

@@ -351,7 +351,7 @@ class JointBlocks:
 
 
 def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
-               stop=None, dual=None):
+               stop=None, dual=None, steps_left=None):
     """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
@@ -362,6 +362,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     ``stop()`` ends the phase early (a signal).  ``dual`` (the hinge loss): DUAL_TERMS' evaluation for
     :func:`.dual_phase.dual_phase`, which runs instead while the joint gap is above ``outer_tol``: its dual
     bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to).
+    ``steps_left``: the W-steps --outer still allows after this one (a move that may raise P needs two).
     Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
@@ -375,6 +376,12 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     bounds = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
     floor = None
     out["apg_iterations"] = 0
+    reverted = outer_state.revert_wt is not None and out["joint_primal"] > outer_state.revert_primal
+    if reverted:
+        # the last Omega-step took a W the dual recovered and this W-step's P is above the P of the W it replaced:
+        # the next Omega-step is that W's (hpcmtl.dmtrl.dual_phase; recorded as dual_move -1)
+        chosen, out["prox_primal"], out["dual_move"] = outer_state.revert_wt, outer_state.revert_primal, -1
+    outer_state.revert_wt = outer_state.revert_primal = None
     if gradient is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
                                                    outer_tol * abs(out["joint_primal"])):
         phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
@@ -415,18 +422,26 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
                  for p, sv in zip(primals, singular)]
         pick = int(np.argmin(bound))
         gap = out["joint_primal"] - max(bounds)
-        earlier = [w["joint_primal"] for w in outer_state.wsteps if "joint_primal" in w]
-        progress = earlier[-1] - out["joint_primal"] if earlier else np.inf
-        if not bound[pick] < out["joint_primal"] - DUAL_MOVE_SHARE * gap and 0 <= progress < DUAL_MOVE_SHARE * gap:
+        earlier = [w for w in outer_state.wsteps if "joint_primal" in w]
+        progress = earlier[-1]["joint_primal"] - out["joint_primal"] if earlier else np.inf
+        failed = any(w.get("dual_move", 0) < 0 for w in earlier)
+        if reverted:
+            pick = 0                              # the W before the move, chosen above
+        elif (not bound[pick] < out["joint_primal"] - DUAL_MOVE_SHARE * gap and 0 <= progress < DUAL_MOVE_SHARE * gap
+                and not failed and (steps_left is None or steps_left >= 2)):
             # no candidate's bound promises a step worth taking and the last W-step lowered P by next to nothing:
             # the alternation has stalled (the floor pins W's task subspace), so the W the dual recovers with the
-            # lowest P goes on, bound or not, if that P is within the joint gap of W's (a step that raised P is not
-            # followed by another such move)
-            bold = 1 + int(np.argmin(primals[1:]))
-            pick = bold if primals[bold] <= out["joint_primal"] + gap else pick
+            # lowest P goes on, bound or not: its Sigma is supported where the dual says the optimum's is, and
+            # the W-step after it finds the weights there.  Its P is no bound on that W-step's, so the W it
+            # replaces is kept: if the W-step raises P, the next Omega-step goes back to it, and no such move is
+            # tried again
+            outer_state.revert_wt = wts[best]
+            outer_state.revert_primal = out["prox_primal"]
+            pick = 1 + int(np.argmin(primals[1:]))
+            out["dual_move"] = 1
         if pick > 0:
             chosen = recovered[pick - 1]
-            out["prox_primal"] = min(out["prox_primal"], primals[pick])    # P at the next Omega-step's W
+            out["prox_primal"] = primals[pick] if out.get("dual_move") else min(out["prox_primal"], primals[pick])
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
@@ -510,7 +525,8 @@ class JointServer:
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
                                        gradient if smooth else None, self.config.outer_tol,
-                                       self.signal_pending, dual if self.config.loss == "hinge" else None)
+                                       self.signal_pending, dual if self.config.loss == "hinge" else None,
+                                       self.config.outer - self.outer_state.outer - 1)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

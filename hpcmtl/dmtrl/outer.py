@@ -38,6 +38,8 @@ class OuterState:
         self.prox_center = prox_center
         self.floor = floor                   # the Omega-step's eigenvalue floor (None: --eig-floor)
         self.apg_step = apg_step             # the accelerated phase's last step size (None: none ran yet)
+        # the hinge's dual phase: the W^T a move to a recovered W replaced, and its P (None: no such move pending)
+        self.revert_wt, self.revert_primal = None, None
 
     def wstep_arrays(self):
         out = {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
@@ -129,7 +131,8 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
             break
         gaps = [w["joint_rel_gap"] for w in state.wsteps if "joint_rel_gap" in w]
         # a prox step or the accelerated phase that lowered P by a part of the gap worth another W-step
-        moved = step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * (step["joint_primal"] - step["joint_dual"])
+        moved = (step.get("dual_move", 0) > 0 or      # a move to a W the hinge's dual phase recovered (.joint)
+                 step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * (step["joint_primal"] - step["joint_dual"]))
         stalled = (config.outer_tol > 0 and not moved and len(gaps) > STALL_STEPS and
                    gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
         if stalled or state.outer + 1 == config.outer:

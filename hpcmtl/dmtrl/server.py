@@ -350,11 +350,13 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         if self.momentum:
             arrays.update(beta=self.beta, dPT=self.space.dense(self.dPT), previous=self.gather_previous())
         arrays.update(self.history.checkpoint_arrays())
+        if self.outer_state.revert_wt is not None:      # a recovered-W move's W, until the W-step after it ends
+            arrays["revert_WT"] = self.outer_state.revert_wt
         counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
                     "prox_center": self.outer_state.prox_center, "floor": self.outer_state.floor,
-                    "apg_step": self.outer_state.apg_step,
+                    "apg_step": self.outer_state.apg_step, "revert_primal": self.outer_state.revert_primal,
                     **self.momentum_counters(), **self.interior_counters()}
         return arrays, blocks, counters
 
@@ -392,6 +394,9 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.restore_interior_counters(c)
         self.outer_state = OuterState(int(c["outer"]), c["previous"], c.get("wsteps", []), c.get("prox_center"),
                                       c.get("floor"), c.get("apg_step"))
+        if "revert_WT" in ck["arrays"] and c.get("revert_primal") is not None:
+            self.outer_state.revert_wt = np.asarray(ck["arrays"]["revert_WT"], dtype=np.float64).copy()
+            self.outer_state.revert_primal = float(c["revert_primal"])
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])

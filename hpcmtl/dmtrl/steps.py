@@ -15,6 +15,7 @@ from .. import _blockops, _box_qp
 from ..losses import conjugate_reference
 from ..taskspace import DenseSpace
 from .config import uses_momentum
+from .qp_precond import CapacitancePreconditioner, low_rank_terms
 from .sigma import task_rho_bounds
 
 
@@ -201,7 +202,8 @@ class StepSolver:
                     return np.zeros(m)
                 return np.full(m, cfg.eta if curv <= slope / cfg.eta else slope / curv)
             diag = inputs.factors.diag() * space.dots(dBT, dBT) / cfg.lam + c2 / inputs.n
-            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step, stop=self.stop)
+            return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step, stop=self.stop,
+                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n, 0.0 * c2, 0.0 * c2)))
         A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
@@ -211,7 +213,8 @@ class StepSolver:
             e = cfg.eta if curv <= slope / cfg.eta else slope / curv
             return np.full(inputs.m, e)
         if inputs.m >= DENSE_OPERATOR_MIN_TASKS:
-            return box_qp_operator(lambda v: A @ v, np.diag(A).copy(), g, cfg.eta, start=inputs.step, stop=self.stop)
+            return box_qp_operator(lambda v: A @ v, np.diag(A).copy(), g, cfg.eta, start=inputs.step, stop=self.stop,
+                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n, 0.0 * c2, 0.0 * c2)))
         return box_qp(A, g, cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
 
     def two_direction_quadratic(self, inputs, dBT, dQT, c1, c2, c1q, c2q, cross):
@@ -302,22 +305,28 @@ class StepSolver:
         improved inside each task's whole triangle of feasible steps (:meth:`within_triangle`)."""
         m, cfg = inputs.m, self.config
         beta_max = scalars[:, 5]
-        if matrix_free(inputs):         # the same QPs through Sigma's factors (box_qp_operator): no 2m x 2m matrix
-            times, g, (a11, _, a22) = self.momentum_operator(inputs, dBT, scalars[:, :5], dQT)
-            diag = np.concatenate([a11, a22])
-            alone_times = (lambda v: times(np.concatenate([v, np.zeros(m)]))[:m])
-            alone = box_qp_operator(alone_times, a11, g[:m], cfg.eta, start=inputs.step, stop=self.stop)
-            solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop))
+        c2, c2q, cross = (scalars[:, k] / inputs.n for k in (1, 3, 4))
+        if matrix_free(inputs) or m >= DENSE_OPERATOR_MIN_TASKS:
+            # the projected Newton-CG (box_qp_operator) on A's products: through Sigma's factors (no 2m x 2m
+            # matrix), or the dense matrix's (see DENSE_OPERATOR_MIN_TASKS); CG preconditioned by A's structure
+            if matrix_free(inputs):
+                times, g, (a11, _, a22) = self.momentum_operator(inputs, dBT, scalars[:, :5], dQT)
+                diag = np.concatenate([a11, a22])
+                alone_times = (lambda v: times(np.concatenate([v, np.zeros(m)]))[:m])
+            else:
+                A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
+                times, alone_times, diag = (lambda v: A @ v), (lambda v: A[:m, :m] @ v), np.diag(A).copy()
+            pre_alone = self.capacitance(inputs, (dBT,), (c2, 0.0 * c2, 0.0 * c2))
+            pre_both = self.capacitance(inputs, (dBT, dQT), (c2, cross, c2q))
+            alone = box_qp_operator(alone_times, diag[:m], g[:m], cfg.eta, start=inputs.step, stop=self.stop,
+                                    precond=pre_alone)
+            solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop,
+                                                          precond=pre_both))
         else:
             A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
             times, alone_times = (lambda v: A @ v), (lambda v: A[:m, :m] @ v)
-            if m >= DENSE_OPERATOR_MIN_TASKS:        # the projected Newton-CG on A's products (see the constant)
-                diag = np.diag(A).copy()
-                alone = box_qp_operator(alone_times, diag[:m], g[:m], cfg.eta, start=inputs.step, stop=self.stop)
-                solve = (lambda upper, start: box_qp_operator(times, diag, g, upper, start=start, stop=self.stop))
-            else:
-                alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
-                solve = (lambda upper, start: box_qp(A, g, upper, start=start, max_iter=QP_ITERATIONS))
+            alone = box_qp(A[:m, :m], g[:m], cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
+            solve = (lambda upper, start: box_qp(A, g, upper, start=start, max_iter=QP_ITERATIONS))
         gain_alone = float(g[:m] @ alone - 0.5 * alone @ alone_times(alone))
         if not np.any(beta_max > 0):
             return alone, np.zeros(m)
@@ -352,6 +361,22 @@ class StepSolver:
                 break
             x = y
         return x
+
+    def capacitance(self, inputs, directions, extra):
+        """The box QP's preconditioner from A's structure (:class:`.qp_precond.CapacitancePreconditioner`) for
+        the directions' task arrays (eta's, and beta's with box momentum) and the conjugate blocks ``extra``;
+        None (Jacobi) under ``QP_PRECONDITIONER = 'jacobi'``.  Sigma's terms (its factors, or the dense Sigma's
+        eigendecomposition: m^3, once) are kept while Sigma is the same object (a W-step's rounds)."""
+        if QP_PRECONDITIONER != "capacitance":
+            return None
+        Sigma = inputs.factors if inputs.factors is not None else inputs.Sigma
+        rows = [inputs.space.dense(x) for x in directions]
+        d = rows[0].shape[1]
+        cached = getattr(self, "_terms", None)
+        if cached is None or cached[0] is not Sigma or cached[1] != d:
+            self._terms = cached = (Sigma, d, low_rank_terms(Sigma, self.config.lam, d))
+        U, rest = cached[2]
+        return CapacitancePreconditioner(U, rest, rows, self.config.lam, extra)
 
     def adapt_rho(self, eta, rho_task, Sigma, blocks_per_task):
         """The next per-task rho: under 'adaptive', rho_i up (towards the task's Lemma 6.7 bound) when its step
@@ -432,11 +457,15 @@ def block_jacobi(a11, a12, a22):
     return precond
 
 
+# the box QPs' Newton CG: 'capacitance' (A's diagonal-plus-low-rank structure, .qp_precond) or 'jacobi' (A's
+# diagonal: the preconditioner before; benches and tests compare the two)
+QP_PRECONDITIONER = "capacitance"
 NEWTON_CG_ITER = 50       # box_qp_operator: CG iterations of one Newton direction on the free coordinates
 SEARCH_HALVINGS = 12      # box_qp_operator: projected steps t = 1, 1/2, ... tried along a Newton direction
 
 
-def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, rtol=1e-12, stop=None):
+def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, rtol=1e-12, stop=None,
+                    precond=None):
     """:func:`box_qp` with A given only as ``times(v) = A v`` (and its diagonal ``diag``): a projected Newton-CG
     method (Bertsekas' two-metric projection).  Each iteration holds the coordinates at a bound whose gradient
     ``g - A x`` points out of the box, takes a Newton direction on the others by Jacobi-preconditioned CG (from
@@ -446,7 +475,9 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
     ``start`` (in the box); ends when the projected gradient is ``rtol`` of g's size, after ``max_iter``
     iterations, when no step gains, or when ``stop()`` says so (a termination signal: every iterate is in the
     box and gains, so the step so far is still dual ascent): never worse than 0, deterministic, and
-    O(iterations x a product)."""
+    O(iterations x a product).  ``precond``: an object whose ``for_free(free)`` gives the Newton CG's
+    preconditioner solve on the free set (:class:`.qp_precond.CapacitancePreconditioner`: A's structure
+    through Sigma's factors); None: Jacobi on ``diag``."""
     g = np.ascontiguousarray(g, dtype=np.float64).reshape(-1)
     m = g.size
     upper = np.full(m, float(upper)) if np.ndim(upper) == 0 else np.asarray(upper, dtype=np.float64)
@@ -466,7 +497,7 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
         pg = np.where(held, 0.0, r)
         if not float(np.linalg.norm(pg)) > rtol * size:
             break
-        d = free_newton_direction(times, inv_diag, ~held, pg, stop)
+        d = free_newton_direction(times, inv_diag, ~held, pg, stop, precond)
         moved = False
         t = 1.0
         for _ in range(SEARCH_HALVINGS):
@@ -494,11 +525,12 @@ def box_qp_operator(times, diag, g, upper, start=None, max_iter=QP_ITERATIONS, r
     return x
 
 
-def free_newton_direction(times, inv_diag, free, r, stop=None):
-    """``A_FF d_F = r_F`` (d zero off the free set F) by Jacobi-preconditioned CG from zero, at most
-    NEWTON_CG_ITER products, stopped at a preconditioned residual of 1e-10 of the first or on a direction of
-    no curvature."""
-    d, _ = preconditioned_cg(lambda p: np.where(free, times(p), 0.0), lambda res: inv_diag * res,
+def free_newton_direction(times, inv_diag, free, r, stop=None, precond=None):
+    """``A_FF d_F = r_F`` (d zero off the free set F) by preconditioned CG from zero (Jacobi, or
+    ``precond.for_free(free)``), at most NEWTON_CG_ITER products, stopped at a preconditioned residual of 1e-10
+    of the first or on a direction of no curvature."""
+    solve = (lambda res: inv_diag * res) if precond is None else precond.for_free(free)
+    d, _ = preconditioned_cg(lambda p: np.where(free, times(p), 0.0), solve,
                              np.where(free, r, 0.0), 1e-20, NEWTON_CG_ITER, stop)
     if d is None:
         return np.where(free, r, 0.0)
