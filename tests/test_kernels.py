@@ -361,6 +361,87 @@ def test_local_sdca_checks_each_column_index_inside_its_dot_product(kernels, val
         assert np.array_equal(runs[0][1], runs[1][1]) and np.array_equal(runs[0][2], runs[1][2])
 
 
+def _one_step_reference(values, columns, w, y, sq, c, n_task):
+    """One squared-loss step of sdca_local from alpha = 0 on a one-row block, in Python floats and in the
+    kernel's order: x.u summed entry by entry from the left, u += c_u x entry by entry (a repeated column
+    twice), delta_b = (u - w) / c."""
+    ux = 0.0
+    for v, k in zip(values, columns):
+        ux += float(v) * w[k]
+    q = c * sq * (1.0 / n_task)
+    delta = (y - ux - 0.0) / (1.0 + q)
+    c_u = c * delta * (1.0 / n_task)
+    u = [float(x) for x in w]
+    for v, k in zip(values, columns):
+        u[k] += c_u * float(v)
+    return delta, np.array([(u[k] - w[k]) * (1.0 / c) for k in range(len(w))])
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.parametrize("dense", [False, True])
+def test_row_loops_keep_the_left_to_right_order_at_every_row_length(kernels, dense, single):
+    """The row loops take four entries a turn (_rows.pxd, UNROLL): at every row length from 0 to 13 (no full
+    turn, whole turns, every remainder), on terms of mixed magnitudes, with a
+    repeated column in a CSR row, one local SDCA step gives the bits of the same step summed one entry at a
+    time in Python (eight rows a length: every length from 3 on has rows whose sum changes if a turn's four
+    terms are added in another order)."""
+    rng = np.random.default_rng(17)
+    dtype = np.float32 if single else np.float64
+    for nnz, trial in ((nnz, trial) for nnz in range(14) for trial in range(8)):
+        d = max(nnz, 1) if dense else 11
+        values = (rng.normal(size=nnz) * 10.0 ** rng.uniform(-2, 2, size=nnz)).astype(dtype)
+        if dense:
+            columns = np.arange(nnz, dtype=np.int32)
+            rows = Rows(data=values if nnz else np.zeros(d, dtype), indices=np.arange(d, dtype=np.int32),
+                        indptr=np.zeros(1, np.int64), dense=True, n_features=d)
+            if not nnz:
+                values, columns = np.zeros(d, dtype), np.arange(d, dtype=np.int32)
+        else:
+            columns = rng.integers(0, d, size=nnz).astype(np.int32)
+            if nnz >= 6:
+                columns[5] = columns[1]                          # a column twice in the row
+            rows = Rows(data=values, indices=columns, indptr=np.array([0, nnz], np.int64), dense=False,
+                        n_features=d)
+        w = rng.normal(size=d) * 10.0 ** rng.uniform(-2, 2, size=d)
+        sq, y, c, n_task = 2.5, 0.75, 1.5, 3.0
+        alpha, db = np.zeros(1), np.full(d, np.nan)
+        steps = kernels.sdca_local(rows, np.array([y]), alpha, w, db, np.array([sq]), np.zeros(1, np.int32),
+                                   kernels.new_shrink_state(1, False), LOSSES["squared"].kernel_id, 1.0, c,
+                                   n_task, 1.0, 5)
+        delta, ref_db = _one_step_reference(values, columns, w, y, sq, c, n_task)
+        assert steps == 1
+        assert alpha[0] == delta, (nnz, alpha[0], delta)
+        assert_array_equal(db, ref_db)
+
+
+@pytest.mark.parametrize("value", [13, -1, 2**31 - 1])
+@pytest.mark.parametrize("at", range(13))
+def test_a_bad_column_anywhere_in_a_long_row_is_refused(kernels, value, at):
+    """A 13-entry row (three turns of four and one left over, UNROLL): an index outside 0..12 at any place is
+    refused naming it, with the steps before its row kept and delta_b untouched; the same row with a valid
+    index there is read."""
+    rng = np.random.default_rng(6)
+    X = sp.csr_matrix(rng.normal(size=(20, 13)) * (rng.uniform(size=(20, 13)) < 0.5))
+    X[19, :] = rng.normal(size=13)                               # the last row: all 13 columns stored
+    X = sp.csr_matrix(X)
+    y = np.where(rng.normal(size=20) > 0, 1.0, -1.0)
+    blk = _block(X, y)
+    indices = np.array(X.indices)
+    indices[X.indptr[19] + at] = value
+    order = np.arange(20, dtype=np.int32)
+    alpha, db, state = np.zeros(20), np.full(13, 7.0), kernels.new_shrink_state(20, True)
+    with pytest.raises(ValueError, match=f"column index {value} outside 0..12"):
+        kernels.sdca_local(changed(blk.rows, indices=indices), blk.y, alpha, np.zeros(13), db, blk.sq_norms,
+                           order, state, 0, 1.0, 1.0, 20.0, 1.0, 3)
+    assert np.count_nonzero(alpha) == list(order).index(19) and np.all(db == 7.0)
+    indices[X.indptr[19] + at] = 12                              # the last valid column there: read
+    alpha, db = np.zeros(20), np.zeros(13)
+    assert kernels.sdca_local(changed(blk.rows, indices=indices), blk.y, alpha, np.zeros(13), db, blk.sq_norms,
+                              np.arange(20, dtype=np.int32), kernels.new_shrink_state(20, True), 0, 1.0, 1.0,
+                              20.0, 1.0, 3) == 20
+    assert np.isfinite(db).all() and np.count_nonzero(alpha) == 20
+
+
 def test_row_kernels_check_the_row_structure(kernels, online_kernels):
     csr = _block(sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]])), np.ones(2))
     rows = csr.rows
