@@ -389,3 +389,86 @@ def test_the_dual_phase_s_one_kernel_call_is_each_block_s_own_call(sparse, monke
     empty.blocks, empty.columns, empty.state = [], [], []
     assert empty.dual_terms(ctrl(START), None).shape == (0, d + 4)
     assert empty.dual_terms(ctrl(TRIAL), np.zeros((0, d + 3))).shape == (0, d + 4)
+
+
+def test_the_hinge_dual_phase_ends_at_the_first_point_that_certifies_outer_tol(monkeypatch):
+    """The dual phase's bounds certify the W-step it follows, and the outer loop ends there: so the phase stops at
+    its first accepted point whose exact joint dual is within --outer-tol of that W-step's P (it ran on to half
+    --outer-tol, the accelerated phase's target, which only moved the recorded bound).  Each trial's exact dual
+    ``sum beta / n - ||V||_2^2 / (2 lam)`` recomputed here from the rows DUAL_TERMS returns."""
+    from hpcmtl.dmtrl import joint
+    from hpcmtl.dmtrl.dual_phase import TRIAL
+    lam, tol = 0.05, 1e-3
+    phases = []
+
+    def recording(lam_, n, terms, primal, *args, **kwargs):
+        duals = []
+
+        def traced(action, rows):
+            out = terms(action, rows)
+            if action == TRIAL:
+                d = out.shape[1] - 4
+                V = out[:, :d] / n[:, None]
+                duals.append(float(out[:, d] @ (1.0 / n)) - np.linalg.norm(V, 2) ** 2 / (2.0 * lam_))
+            return out
+        result = real(lam_, n, traced, primal, *args, **kwargs)
+        phases.append((primal, np.array(duals), result))
+        return result
+
+    real = joint.dual_phase
+    monkeypatch.setattr(joint, "dual_phase", recording)
+    Xs, ys = low_rank_tasks(m=6, d=10, n=60, loss="hinge")            # the second W-step's phase certifies
+    config = DMTRLConfig(loss="hinge", lam=lam, tol=1e-8, outer=8, outer_tol=tol, fit_intercept=False)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert result.converged and len(phases) == 2 and result.wsteps["apg_iterations"][-1] > 0
+    primal, duals, last = phases[-1]
+    certifying = np.nonzero(primal - duals <= tol * abs(primal))[0]
+    assert certifying.size and certifying[0] == duals.size - 1         # the first certifying trial is the last
+    assert last["dual"] == pytest.approx(duals[-1], rel=1e-12, abs=1e-12)
+    assert (result.wsteps["joint_primal"][-1] - result.wsteps["joint_dual"][-1]) <= tol * primal
+
+
+def test_the_w_step_after_a_hinge_dual_phase_starts_from_the_phase_s_last_point(monkeypatch):
+    """After a dual phase the Omega-step hands the phase's last accepted point to the next W-step: the workers'
+    ``alpha = y beta`` and the server's ``B = V(beta)`` (the W-step's own alpha climbed D_Sigma, not the joint
+    dual, and each phase climbed again from it).  Checked after every such Omega-step: B is the phase's V to the
+    bit, and ``V(alpha)`` recomputed in NumPy from the workers' alpha matches it (a B that is not alpha's would
+    show as a negative W-step gap); ``y alpha`` stays in the box."""
+    from hpcmtl.dmtrl import dual_phase, joint, server
+    lam = 0.05
+    seen = {"phases": [], "checked": 0}
+    real_phase, real_terms, real_omega = joint.dual_phase, dual_phase.DualPhaseBlocks.dual_terms, server.Server.omega
+
+    def phase(*args, **kwargs):
+        result = real_phase(*args, **kwargs)
+        seen["phases"].append(result)
+        return result
+
+    def terms(self, ctrl, rows):
+        seen["local"] = self
+        return real_terms(self, ctrl, rows)
+
+    def omega(self):
+        pending = self.next_alpha
+        real_omega(self)
+        if pending is None:
+            return
+        local = seen["local"]
+        V = np.zeros((self.m, self.d))
+        for k, blk in enumerate(local.blocks):
+            alpha = local.state[k].alpha
+            assert np.all(blk.y * alpha >= 0.0) and np.all(blk.y * alpha <= 1.0)
+            V[self.block_task[k]] += (blk.X.T @ alpha) / blk.n_task
+        B = self.space.dense(self.BT)
+        assert B.tobytes() == np.ascontiguousarray(seen["phases"][-1]["vt"]).tobytes()
+        np.testing.assert_allclose(V, B, rtol=1e-12, atol=1e-15)
+        seen["checked"] += 1
+
+    monkeypatch.setattr(joint, "dual_phase", phase)
+    monkeypatch.setattr(dual_phase.DualPhaseBlocks, "dual_terms", terms)
+    monkeypatch.setattr(server.Server, "omega", omega)
+    Xs, ys = low_rank_tasks(m=12, d=5, n=20, loss="hinge")
+    config = DMTRLConfig(loss="hinge", lam=lam, tol=1e-8, outer=8, outer_tol=1e-3, fit_intercept=False)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert result.converged and seen["checked"] == len(seen["phases"]) == 2
+    assert np.all(result.wsteps["converged"]) and np.all(result.wsteps["rel_gap"] <= 1e-8)

@@ -18,10 +18,14 @@ FISTA with backtracking and the gradient restart on D_mu (projected steps onto t
 own alpha, halving mu every :data:`MU_EVERY` accepted steps down to a level where the smoothing costs a
 fraction of the target gap:
 
-* every accepted point's exact ``D(beta)`` (its own spectral norm) joins the certificate;
+* every trial point's exact ``D(beta)`` (its own spectral norm; a rejected trial is in the box too) joins the
+  certificate, and the phase ends at the first one that certifies its target;
 * the last point's ``W_mu`` is the next Omega-step's W: its Omega-step is ``Sigma_mu``'s (up to the
   singular values' weights), the covariance the dual says the optimum has, and the next W-step (certified,
-  distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W.
+  distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W;
+* the last accepted point becomes the next W-step's alpha (``ADOPT``, at the Omega-step:
+  :meth:`hpcmtl.dmtrl.joint.JointServer.adopt_dual_point`), so the next W-step and the next phase start where
+  this phase ended, not from the W-step's own alpha (which climbs its Sigma's dual, not D).
 
 One collective an iteration (:data:`DualCommand.DUAL_TERMS`): the server sends ``W_mu`` at the extrapolated
 point, each block takes its projected step and returns ``X^T (y beta)`` of the trial and four sums; the
@@ -55,7 +59,8 @@ FIRST_STEP = 1.0
 # after this many accepted steps in a row the phase tries a twice longer step
 STEP_TRIAL_AFTER = 10
 # the block's row: [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)]
-START, TRIAL = 0, 1
+# ADOPT: the phase's last accepted point becomes the blocks' alpha (the next W-step's start: :func:`adopted`)
+START, TRIAL, ADOPT = 0, 1, 2
 # a worker's blocks on all d columns take one kernel call from this many on (below: one call a block; a huge
 # number: one call a block always, the tests' reference)
 DUAL_BATCH_MIN_BLOCKS = 2
@@ -67,7 +72,9 @@ class DualCommand(Command):
     # TRIAL: per block [W_mu's column at the extrapolated point (d), step, theta, accept] -> per block
     # [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)], where
     # g = 1 - y x.w, trial = clip(ext + step g, 0, 1); accept = 1 first commits the previous trial (beta <- trial,
-    # ext <- trial + theta (trial - beta))
+    # ext <- trial + theta (trial - beta)).
+    # ADOPT: per block [0 (d), 0, 0, accept] -> zeros; alpha = y trial (accept = 1: the last trial was accepted and
+    # not yet committed) or y beta
     DUAL_TERMS = 42, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "action"), "dual_terms"
 
 
@@ -90,6 +97,15 @@ class DualPhaseBlocks:
             # step 0: trial = ext = beta, the row [X^T (y beta), sum beta, 0, 0, 0]
             self.dual_rows(np.zeros((len(self.blocks), d)), np.zeros((len(self.blocks), 3)), d, out)
             out[:, d + 1:] = 0.0
+            return out
+        if ctrl.action == ADOPT:
+            beta, _, trial = self.dual_state
+            point = trial if len(rows) and rows[0, d + 2] != 0.0 else beta
+            batch, pos = self.dual_batch, 0
+            for k in batch["order"]:                                  # the state order: block by block
+                n = self.blocks[k].n_rows
+                self.state[k].alpha = batch["y"][pos:pos + n] * point[pos:pos + n]
+                pos += n
             return out
         self.dual_rows(rows[:, :d], rows[:, d:d + 3], d, out)
         return out
@@ -169,11 +185,12 @@ def smoothed(VT, mu, lam):
 def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
     returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
-    ``budget`` trials, once ``(primal - best D) / primal <= target``, or when ``stop()`` says so.  Returns a
-    dict: ``dual`` (the best exact D), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
-    average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
-    the next Omega-step's W),
-    ``iterations``, ``step`` (the next phase's first guess)."""
+    ``budget`` trials, at the first trial with ``(primal - best D) / primal <= target``, or when ``stop()`` says so.
+    Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it recovers:
+    W_mu at the last accepted point, and the average of the accepted points' W_mu weighted by their count,
+    Nesterov's primal recovery: candidates for the next Omega-step's W), ``iterations``, ``step`` (the next phase's
+    first guess), ``vt`` (V^T at the last accepted point) and ``accept`` (1: the workers hold that point as their
+    trial, not yet committed; 0: as their beta), what ADOPT needs."""
     inv_n = 1.0 / n
     rows = terms(START, None)
     d = rows.shape[1] - 4
@@ -192,6 +209,8 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     momentum, theta, accept, k, accepted, run, checked = 1.0, 0.0, 0, 0, 0, 0, best
     _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
     WT_sum, weight = np.zeros_like(WT_ext), 0.0
+    # the last accepted point's V and where the workers hold it (1: their trial, not yet committed; 0: their beta)
+    last = (VT_beta, 0)
     while k < budget and step > 0:
         if stop is not None and stop():
             break
@@ -202,11 +221,17 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         mu_trial = mu
         value_ext = lin_ext - f_ext / (2.0 * lam)
         value = lin_trial - f_trial / (2.0 * lam)
+        exact = lin_trial - top / (2.0 * lam)
+        if np.isfinite(exact):                # a rejected trial is in the box too: its D bounds P* as well
+            best = max(best, exact)
+        if primal - best <= target * abs(primal):
+            break                             # certified: the outer loop ends on this W-step
         if not (np.isfinite(value) and value >= value_ext + gdot - square / (2.0 * step) - 1e-12 * abs(value_ext)):
             step *= 0.5                       # backtracking: the quadratic model did not hold
             accept, run = 0, 0
+            last = (last[0], 0)               # this call committed the last accepted point, or it was already
             continue
-        best = max(best, lin_trial - top / (2.0 * lam))
+        last = (VT_trial, 1)
         accepted += 1
         run += 1
         if run == STEP_TRIAL_AFTER:
@@ -230,11 +255,9 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         WT_sum = WT_sum + accepted * (WT_trial if mu == mu_trial else smoothed(VT_beta, mu, lam)[2])
         weight += accepted
         _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
-        if primal - best <= target * abs(primal):
-            break
     # the covariance the dual points to is as sharp as the dual is accurate: a mu far below the gap left puts
     # Sigma_mu on V's top singular vector alone while the top values are not yet tied (rank one: a poor W-step)
     mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))
     _, _, WT_last = smoothed(VT_beta, mu_recover, lam)
     wts = [WT_last] + ([WT_sum / weight] if weight > 0 else [])
-    return {"dual": float(best), "wts": wts, "iterations": k, "step": step}
+    return {"dual": float(best), "wts": wts, "iterations": k, "step": step, "vt": last[0], "accept": last[1]}
