@@ -24,8 +24,8 @@ fraction of the target gap:
   singular values' weights), the covariance the dual says the optimum has, and the next W-step (certified,
   distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W;
 * the last accepted point becomes the next W-step's alpha (``ADOPT``, at the Omega-step:
-  :meth:`hpcmtl.dmtrl.joint.JointServer.adopt_dual_point`), so the next W-step and the next phase start where
-  this phase ended, not from the W-step's own alpha (which climbs its Sigma's dual, not D).
+  :meth:`hpcmtl.dmtrl.joint.JointServer.adopt_dual_point`): the next W-step starts where this phase ended, near
+  its own optimum when its Sigma is the Omega-step of ``W_mu``, not from the last W-step's alpha.
 
 One collective an iteration (:data:`DualCommand.DUAL_TERMS`): the server sends ``W_mu`` at the extrapolated
 point, each block takes its projected step and returns ``X^T (y beta)`` of the trial and four sums; the
@@ -59,7 +59,7 @@ FIRST_STEP = 1.0
 # after this many accepted steps in a row the phase tries a twice longer step
 STEP_TRIAL_AFTER = 10
 # the block's row: [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)]
-# ADOPT: the phase's last accepted point becomes the blocks' alpha (the next W-step's start: :func:`adopted`)
+# ADOPT: the phase's last accepted point becomes the blocks' alpha (the next W-step's start, at the Omega-step)
 START, TRIAL, ADOPT = 0, 1, 2
 # a worker's blocks on all d columns take one kernel call from this many on (below: one call a block; a huge
 # number: one call a block always, the tests' reference)

@@ -481,11 +481,11 @@ class JointServer:
         self.next_alpha = None            # the dual phase's point the next W-step starts from (adopt_dual_point)
 
     def adopt_dual_point(self):
-        """At the Omega-step of a W recovered by the hinge's dual phase: the phase's last accepted point becomes
-        alpha (workers) and B = V(beta) (server), so the next W-step and the next phase start where this phase ended.
-        The joint dual D(alpha) is one function at every W-step; from the W-step's own alpha each phase climbed
-        again what the last one had climbed (a W-step maximizes its Sigma's dual, not D).  Sigma is the Omega-step
-        of W_mu = V Sigma_mu / lam, so beta is nearly the maximizer of that Sigma's dual as well."""
+        """At the Omega-step after a hinge dual phase: the phase's last accepted point becomes alpha (workers,
+        ``alpha = y beta``) and ``B = V(beta)`` (server, the phase's own sums: B is alpha's to the bit).  When Sigma
+        is the Omega-step of ``W_mu = V Sigma_mu / lam``, ``B Sigma / lam`` is nearly ``W_mu`` and the next W-step
+        starts near its optimum (fewer rounds than from the last W-step's alpha); it certifies --tol from wherever
+        it starts.  Before the Omega-step's checkpoint, so a resume starts from the same alpha."""
         if self.next_alpha is None:
             return
         accept, VT = self.next_alpha
