@@ -22,10 +22,7 @@ fraction of the target gap:
   certificate, and the phase ends at the first one that certifies its target;
 * the last point's ``W_mu`` is the next Omega-step's W: its Omega-step is ``Sigma_mu``'s (up to the
   singular values' weights), the covariance the dual says the optimum has, and the next W-step (certified,
-  distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W;
-* the last accepted point becomes the next W-step's alpha (``ADOPT``, at the Omega-step:
-  :meth:`hpcmtl.dmtrl.joint.JointServer.adopt_dual_point`): the next W-step starts where this phase ended, near
-  its own optimum when its Sigma is the Omega-step of ``W_mu``, not from the last W-step's alpha.
+  distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W.
 
 One collective an iteration (:data:`DualCommand.DUAL_TERMS`): the server sends ``W_mu`` at the extrapolated
 point, each block takes its projected step and returns ``X^T (y beta)`` of the trial and four sums; the
@@ -59,8 +56,7 @@ FIRST_STEP = 1.0
 # after this many accepted steps in a row the phase tries a twice longer step
 STEP_TRIAL_AFTER = 10
 # the block's row: [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)]
-# ADOPT: the phase's last accepted point becomes the blocks' alpha (the next W-step's start, at the Omega-step)
-START, TRIAL, ADOPT = 0, 1, 2
+START, TRIAL = 0, 1
 # a worker's blocks on all d columns take one kernel call from this many on (below: one call a block; a huge
 # number: one call a block always, the tests' reference)
 DUAL_BATCH_MIN_BLOCKS = 2
@@ -72,9 +68,7 @@ class DualCommand(Command):
     # TRIAL: per block [W_mu's column at the extrapolated point (d), step, theta, accept] -> per block
     # [X^T (y trial) (d), sum trial, g . (trial - ext), |trial - ext|^2, (ext - trial) . (trial - beta)], where
     # g = 1 - y x.w, trial = clip(ext + step g, 0, 1); accept = 1 first commits the previous trial (beta <- trial,
-    # ext <- trial + theta (trial - beta)).
-    # ADOPT: per block [0 (d), 0, 0, accept] -> zeros; alpha = y trial (accept = 1: the last trial was accepted and
-    # not yet committed) or y beta
+    # ext <- trial + theta (trial - beta))
     DUAL_TERMS = 42, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width", "action"), "dual_terms"
 
 
@@ -97,15 +91,6 @@ class DualPhaseBlocks:
             # step 0: trial = ext = beta, the row [X^T (y beta), sum beta, 0, 0, 0]
             self.dual_rows(np.zeros((len(self.blocks), d)), np.zeros((len(self.blocks), 3)), d, out)
             out[:, d + 1:] = 0.0
-            return out
-        if ctrl.action == ADOPT:
-            beta, _, trial = self.dual_state
-            point = trial if len(rows) and rows[0, d + 2] != 0.0 else beta
-            batch, pos = self.dual_batch, 0
-            for k in batch["order"]:                                  # the state order: block by block
-                n = self.blocks[k].n_rows
-                self.state[k].alpha = batch["y"][pos:pos + n] * point[pos:pos + n]
-                pos += n
             return out
         self.dual_rows(rows[:, :d], rows[:, d:d + 3], d, out)
         return out
@@ -186,11 +171,10 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
     returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
     ``budget`` trials, at the first trial with ``(primal - best D) / primal <= target``, or when ``stop()`` says so.
-    Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it recovers:
-    W_mu at the last accepted point, and the average of the accepted points' W_mu weighted by their count,
-    Nesterov's primal recovery: candidates for the next Omega-step's W), ``iterations``, ``step`` (the next phase's
-    first guess), ``vt`` (V^T at the last accepted point) and ``accept`` (1: the workers hold that point as their
-    trial, not yet committed; 0: as their beta), what ADOPT needs."""
+    Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
+    average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
+    the next Omega-step's W),
+    ``iterations``, ``step`` (the next phase's first guess)."""
     inv_n = 1.0 / n
     rows = terms(START, None)
     d = rows.shape[1] - 4
@@ -209,8 +193,6 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     momentum, theta, accept, k, accepted, run, checked = 1.0, 0.0, 0, 0, 0, 0, best
     _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
     WT_sum, weight = np.zeros_like(WT_ext), 0.0
-    # the last accepted point's V and where the workers hold it (1: their trial, not yet committed; 0: their beta)
-    last = (VT_beta, 0)
     while k < budget and step > 0:
         if stop is not None and stop():
             break
@@ -229,9 +211,7 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         if not (np.isfinite(value) and value >= value_ext + gdot - square / (2.0 * step) - 1e-12 * abs(value_ext)):
             step *= 0.5                       # backtracking: the quadratic model did not hold
             accept, run = 0, 0
-            last = (last[0], 0)               # this call committed the last accepted point, or it was already
             continue
-        last = (VT_trial, 1)
         accepted += 1
         run += 1
         if run == STEP_TRIAL_AFTER:
@@ -260,4 +240,4 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))
     _, _, WT_last = smoothed(VT_beta, mu_recover, lam)
     wts = [WT_last] + ([WT_sum / weight] if weight > 0 else [])
-    return {"dual": float(best), "wts": wts, "iterations": k, "step": step, "vt": last[0], "accept": last[1]}
+    return {"dual": float(best), "wts": wts, "iterations": k, "step": step}

@@ -33,7 +33,7 @@ import numpy as np
 from .. import _sdca
 from ..engine import Command, Down, Up, check_finite_rows
 from ..losses import get_loss
-from .dual_phase import ADOPT, DualCommand, dual_phase
+from .dual_phase import DualCommand, dual_phase
 
 # the prox step t: STEP_SPREAD candidates on each side of the last chosen t (or of the first guess), a factor
 # STEP_FACTOR apart; t = 0 (W itself) is always a candidate
@@ -350,7 +350,7 @@ class JointBlocks:
 
 
 def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
-               stop=None, dual=None, adopt=None):
+               stop=None, dual=None):
     """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
@@ -360,8 +360,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     ``outer_tol``; its dual bounds join the certificate and its best W, when better, is the next Omega-step's.
     ``stop()`` ends the phase early (a signal).  ``dual`` (the hinge loss): DUAL_TERMS' evaluation for
     :func:`.dual_phase.dual_phase`, which runs instead while the joint gap is above ``outer_tol``: its dual
-    bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to);
-    ``adopt(phase)`` then hears of the phase's result (the server starts the next W-step from its last point).
+    bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to).
     Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
@@ -429,8 +428,6 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         if pick > 0:
             chosen = recovered[pick - 1]
             out["prox_primal"] = min(out["prox_primal"], primals[pick])    # P at the next Omega-step's W
-        if adopt is not None:
-            adopt(phase)
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
@@ -478,23 +475,6 @@ class JointServer:
 
     def init_joint(self):
         self.next_wt = None               # the chosen prox step's W^T (m x d), None: the W-step's own W
-        self.next_alpha = None            # the dual phase's point the next W-step starts from (adopt_dual_point)
-
-    def adopt_dual_point(self):
-        """At the Omega-step after a hinge dual phase: the phase's last accepted point becomes alpha (workers,
-        ``alpha = y beta``) and ``B = V(beta)`` (server, the phase's own sums: B is alpha's to the bit).  When Sigma
-        is the Omega-step of ``W_mu = V Sigma_mu / lam``, ``B Sigma / lam`` is nearly ``W_mu`` and the next W-step
-        starts near its optimum (fewer rounds than from the last W-step's alpha); it certifies --tol from wherever
-        it starts.  Before the Omega-step's checkpoint, so a resume starts from the same alpha."""
-        if self.next_alpha is None:
-            return
-        accept, VT = self.next_alpha
-        self.next_alpha = None
-        payload = np.zeros((self.m, self.d + 3))
-        payload[:, -1] = accept
-        self.command(DualCommand.DUAL_TERMS, payload=payload[self.block_task], width=self.d + 3, action=ADOPT)
-        self.BT = self.space.compact(VT)
-        self.mirrors_stale()                  # the workers' mirror of B (box momentum on supports) is stale
 
     def certify(self):
         """The joint certificate of the W-step just ended and the prox step for the next Sigma (one
@@ -527,15 +507,11 @@ class JointServer:
             check_finite_rows(rows, self.round, self.names, "dual phase's V or sum", self.outer)
             return rows
 
-        def adopt(phase):
-            self.next_alpha = (float(phase["accept"]), phase["vt"])
-
         smooth = get_loss(self.config.loss).smooth
-        self.next_alpha = None
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
                                        gradient if smooth else None, self.config.outer_tol,
-                                       self.signal_pending, dual if self.config.loss == "hinge" else None, adopt)
+                                       self.signal_pending, dual if self.config.loss == "hinge" else None)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

@@ -283,7 +283,6 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             else:
                 G = self.space.wtw(self.WT, self.BT, self.Sigma, self.config.lam)
             self.Sigma = omega_from_gram(G, floor)
-        self.adopt_dual_point()               # the hinge's dual phase: its point is the next W-step's alpha
         factors = self.sigma_factors
         check_finite_rows(self.Sigma if factors is None else np.column_stack([factors.V, factors.diag()]), self.round,
                           self.names, "Sigma row", self.outer)
