@@ -12,9 +12,10 @@ relative gap, W-steps, rounds and dual/accelerated phase iterations are printed 
     python bench/bench_certified.py --case NAME=TRAIN.h5 [--case NAME=TRAIN.h5 ...] [--args NAME='--lam 1e-3 ...']
         [--repeats 3] [--reference /path/to/old/hpcmtl] [--work DIR]
 
-Measured (2 shared cores, medians of 3, the issue-time build a80c4e9 as the reference; docs/math.md and the
-commit messages have the cases' numbers): MDS hinge lam 1e-3 2.43 s against 1.58 s (1.54x; before 4.18 s, 2.65x),
-Synthetic 1 5.11 s against 6.07 s (0.84x), Synthetic 2 5.41 s against 6.79 s (0.80x).
+Measured (2 shared cores, medians of 3 alternating runs, the issue-time build a80c4e9's --outer 10 as the
+reference): MDS hinge lam 1e-3 2.37 s against 1.35 s (1.76x; before the dual phase stopped at its first bound
+within --outer-tol: 3.73 s, 2.76x), Synthetic 1 5.75 s against 5.72 s (1.01x; before 1.06x), Synthetic 2 5.61 s
+against 6.68 s (0.84x; before 0.97x).
 """
 import argparse
 import os
