@@ -489,3 +489,40 @@ def test_a_stalled_hinge_alternation_moves_to_the_recovered_w_and_resumes_bitwis
         assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
     for key in ("joint_primal", "joint_dual", "joint_rel_gap"):
         assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key
+
+
+def test_the_hinge_dual_phase_ends_at_the_first_point_that_certifies_outer_tol(monkeypatch):
+    """The dual phase's bounds certify the W-step it follows, and the outer loop ends there: so the phase stops at
+    its first accepted point whose exact joint dual is within --outer-tol of that W-step's P (it ran on to half
+    --outer-tol, the accelerated phase's target, which only moved the recorded bound).  Each trial's exact dual
+    ``sum beta / n - ||V||_2^2 / (2 lam)`` recomputed here from the rows DUAL_TERMS returns."""
+    from hpcmtl.dmtrl import joint
+    from hpcmtl.dmtrl.dual_phase import TRIAL
+    lam, tol = 0.05, 1e-3
+    phases = []
+
+    def recording(lam_, n, terms, primal, *args, **kwargs):
+        duals = []
+
+        def traced(action, rows):
+            out = terms(action, rows)
+            if action == TRIAL:
+                d = out.shape[1] - 4
+                V = out[:, :d] / n[:, None]
+                duals.append(float(out[:, d] @ (1.0 / n)) - np.linalg.norm(V, 2) ** 2 / (2.0 * lam_))
+            return out
+        result = real(lam_, n, traced, primal, *args, **kwargs)
+        phases.append((primal, np.array(duals), result))
+        return result
+
+    real = joint.dual_phase
+    monkeypatch.setattr(joint, "dual_phase", recording)
+    Xs, ys = low_rank_tasks(m=6, d=10, n=60, loss="hinge")            # the second W-step's phase certifies
+    config = DMTRLConfig(loss="hinge", lam=lam, tol=1e-8, outer=8, outer_tol=tol, fit_intercept=False)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    assert result.converged and len(phases) == 2 and result.wsteps["apg_iterations"][-1] > 0
+    primal, duals, last = phases[-1]
+    certifying = np.nonzero(primal - duals <= tol * abs(primal))[0]
+    assert certifying.size and certifying[0] == duals.size - 1         # the first certifying trial is the last
+    assert last["dual"] == pytest.approx(duals[-1], rel=1e-12, abs=1e-12)
+    assert (result.wsteps["joint_primal"][-1] - result.wsteps["joint_dual"][-1]) <= tol * primal

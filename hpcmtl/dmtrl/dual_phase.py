@@ -18,7 +18,8 @@ FISTA with backtracking and the gradient restart on D_mu (projected steps onto t
 own alpha, halving mu every :data:`MU_EVERY` accepted steps down to a level where the smoothing costs a
 fraction of the target gap:
 
-* every accepted point's exact ``D(beta)`` (its own spectral norm) joins the certificate;
+* every trial point's exact ``D(beta)`` (its own spectral norm; a rejected trial is in the box too) joins the
+  certificate, and the phase ends at the first one that certifies its target;
 * the last point's ``W_mu`` is the next Omega-step's W: its Omega-step is ``Sigma_mu``'s (up to the
   singular values' weights), the covariance the dual says the optimum has, and the next W-step (certified,
   distributed as always) recovers a W near P* from it.  The returned model stays a certified W-step's W.
@@ -169,8 +170,8 @@ def smoothed(VT, mu, lam):
 def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
     returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
-    ``budget`` trials, once ``(primal - best D) / primal <= target``, or when ``stop()`` says so.  Returns a
-    dict: ``dual`` (the best exact D), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
+    ``budget`` trials, at the first trial with ``(primal - best D) / primal <= target``, or when ``stop()`` says so.
+    Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
     average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
     the next Omega-step's W),
     ``iterations``, ``step`` (the next phase's first guess)."""
@@ -202,11 +203,15 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         mu_trial = mu
         value_ext = lin_ext - f_ext / (2.0 * lam)
         value = lin_trial - f_trial / (2.0 * lam)
+        exact = lin_trial - top / (2.0 * lam)
+        if np.isfinite(exact):                # a rejected trial is in the box too: its D bounds P* as well
+            best = max(best, exact)
+        if primal - best <= target * abs(primal):
+            break                             # certified: the outer loop ends on this W-step
         if not (np.isfinite(value) and value >= value_ext + gdot - square / (2.0 * step) - 1e-12 * abs(value_ext)):
             step *= 0.5                       # backtracking: the quadratic model did not hold
             accept, run = 0, 0
             continue
-        best = max(best, lin_trial - top / (2.0 * lam))
         accepted += 1
         run += 1
         if run == STEP_TRIAL_AFTER:
@@ -230,8 +235,6 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
         WT_sum = WT_sum + accepted * (WT_trial if mu == mu_trial else smoothed(VT_beta, mu, lam)[2])
         weight += accepted
         _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
-        if primal - best <= target * abs(primal):
-            break
     # the covariance the dual points to is as sharp as the dual is accurate: a mu far below the gap left puts
     # Sigma_mu on V's top singular vector alone while the top values are not yet tied (rank one: a poor W-step)
     mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))

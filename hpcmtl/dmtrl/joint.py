@@ -402,8 +402,10 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     if dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
                                                outer_tol * abs(out["joint_primal"])):
         phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
-        phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST),
-                           APG_TARGET * outer_tol, outer_state.apg_step, stop)
+        # its target is --outer-tol itself: the phase's bounds certify the W-step just ended (the loop then ends on
+        # it), unlike the accelerated phase's, whose W needs another W-step and so room below --outer-tol
+        phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST), outer_tol,
+                           outer_state.apg_step, stop)
         outer_state.apg_step = phase["step"]
         out["apg_iterations"] = phase["iterations"]
         if phase["dual"] > max(bounds + [out["joint_dual"]]):
