@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hpcmtl-installed
-KERNELS := hpcmtl/_sdca.pyx hpcmtl/_joint_terms.pyx hpcmtl/_blockops.pyx hpcmtl/_projections.pyx hpcmtl/_box_qp.pyx hpcmtl/_online.pyx
+KERNELS := hpcmtl/_sdca.pyx hpcmtl/_joint_terms.pyx hpcmtl/_blockops.pyx hpcmtl/_projections.pyx \
+           hpcmtl/_box_qp.pyx hpcmtl/_online.pyx
 SOURCES := setup.py pyproject.toml hpcmtl/_rows.pxd hpcmtl/_rows.pyx hpcmtl/_random.pxd hpcmtl/_losses.pxd $(KERNELS)
 
 .PHONY: demo test test-fast test-kernels install clean

@@ -84,7 +84,8 @@ def main():
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--make", action="append", default=[])
     ap.add_argument("--preconditioners", default="jacobi,capacitance", help="which to run (a long case: one)")
-    ap.add_argument("--train-args", default="", help="extra `train dmtrl` options, one string: '--outer 3 --max-rounds 6'")
+    ap.add_argument("--train-args", default="",
+                    help="extra `train dmtrl` options, one string: '--outer 3 --max-rounds 6'")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -111,17 +112,20 @@ def main():
                     sys.exit(f"child failed:\n{out.stdout}\n{out.stderr}")
                 runs[pre].append(json.loads(line[-1][7:]))
         print(f"{os.path.basename(path)} (lam {args.lam}, {' '.join(rest) or 'defaults'}; medians of {args.repeats})")
-        print("preconditioner | coupled rounds | products a round | QP CPU s a round | run CPU s | primal | joint rel gap")
+        print("preconditioner | coupled rounds | products a round | QP CPU s a round | run CPU s | primal | "
+              "joint rel gap")
         med = {}
         for pre, rs in runs.items():
             per = [r["products"] / max(r["rounds"], 1) for r in rs]
             qcpu = [r["qp_cpu"] / max(r["rounds"], 1) for r in rs]
             med[pre] = (statistics.median(per), statistics.median(qcpu))
             print(f"{pre} | {rs[-1]['rounds']} | {med[pre][0]:.1f} | {med[pre][1]:.4f} | "
-                  f"{statistics.median(r['cpu'] for r in rs):.2f} | {rs[-1]['primal']:.9g} | {rs[-1]['joint_rel_gap']:.4g}")
+                  f"{statistics.median(r['cpu'] for r in rs):.2f} | {rs[-1]['primal']:.9g} | "
+                  f"{rs[-1]['joint_rel_gap']:.4g}")
         if len(med) == 2:
-            print(f"ratio capacitance / jacobi: products a round {med['capacitance'][0] / max(med['jacobi'][0], 1e-300):.3f}, "
-                  f"QP CPU a round {med['capacitance'][1] / max(med['jacobi'][1], 1e-300):.3f}")
+            products = med['capacitance'][0] / max(med['jacobi'][0], 1e-300)
+            qp_cpu = med['capacitance'][1] / max(med['jacobi'][1], 1e-300)
+            print(f"ratio capacitance / jacobi: products a round {products:.3f}, QP CPU a round {qp_cpu:.3f}")
 
 
 if __name__ == "__main__":
