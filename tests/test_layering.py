@@ -21,8 +21,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmtl"
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [
     # arithmetic and plain values: no MPI, no HDF5, no algorithm
-    ("foundations", {"errors", "_rows", "_sdca", "_joint_terms", "_blockops", "_projections", "_box_qp", "_online", "features",
-                     "progress", "memory"}),
+    ("foundations", {"errors", "_rows", "_sdca", "_joint_terms", "_blockops", "_projections", "_box_qp", "_online",
+                     "features", "progress", "memory"}),
     ("math", {"losses", "projection", "taskdata", "taskspace", "metrics", "params", "synthetic", "task_graph",
               "online_rules", "output_codes", "stream_scaling", "interior", "covariance"}),
     # the only modules that talk to MPI and to HDF5
@@ -180,7 +180,7 @@ def test_each_compiled_kernel_imports_only_the_row_interface_the_random_numbers_
                 continue
             wrong.append(f"{path.relative_to(PACKAGE.parent)}:{n} imports {name}")
     assert not wrong, "\n".join(wrong)
-    assert {"hpcmtl._rows", "hpcmtl._random", "hpcmtl._losses", "scipy.linalg.cython_lapack"} <= seen       # the reader reads them
+    assert {"hpcmtl._rows", "hpcmtl._random", "hpcmtl._losses", "scipy.linalg.cython_lapack"} <= seen  # read them
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

@@ -74,9 +74,9 @@ class DualCommand(Command):
 
 class DualPhaseBlocks:
     """Worker half: DUAL_TERMS on this rank's blocks (their state lives for one phase: beta, ext, trial, the
-    blocks' rows end to end).  The blocks on all d columns take one kernel call (``_joint_terms.dual_terms_blocks``), a
-    block on its support columns one call of its own: the same body, so a block's bits never depend on the
-    path, the batch or the rank count."""
+    blocks' rows end to end).  The blocks on all d columns take one kernel call
+    (``_joint_terms.dual_terms_blocks``), a block on its support columns one call of its own: the same body, so a
+    block's bits never depend on the path, the batch or the rank count."""
 
     def dual_terms(self, ctrl, rows):
         d = ctrl.width - 3                    # from the command: a rank without blocks knows no d
@@ -107,8 +107,8 @@ class DualPhaseBlocks:
                 shift[i] = self.blocks[ks[i]].z_shift(wk[i])
             v = np.zeros((len(ks), wk.shape[1]))
             sums = np.empty((len(ks), 5))
-            _joint_terms.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b], ext[a:b],
-                                    trial[a:b], v, sums)
+            _joint_terms.dual_terms_blocks(rows, batch["y"][a:b], starts, wk, shift, control[ks], beta[a:b],
+                                           ext[a:b], trial[a:b], v, sums)
             for i in centered:                                     # X^T u - mu sum(u): centered rows
                 v[i] -= self.blocks[ks[i]].mu * sums[i, 4]
             if f is None:
@@ -170,11 +170,11 @@ def smoothed(VT, mu, lam):
 def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     """FISTA on the smoothed joint dual from the W-step's alpha (the module docstring).  ``terms(action, rows)``
     returns the per-task sums of DUAL_TERMS (m x (d + 4)); ``primal``: P at the W-step's W.  Ends after
-    ``budget`` trials, at the first trial with ``(primal - best D) / primal <= target``, or when ``stop()`` says so.
-    Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it recovers: W_mu at the last accepted point, and the
-    average of the accepted points' W_mu weighted by their count, Nesterov's primal recovery: candidates for
-    the next Omega-step's W),
-    ``iterations``, ``step`` (the next phase's first guess)."""
+    ``budget`` trials, at the first trial with ``(primal - best D) / primal <= target``, or when ``stop()`` says
+    so.  Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it
+    recovers: W_mu at the last accepted point, and the average of the accepted points' W_mu weighted by their
+    count, Nesterov's primal recovery: candidates for the next Omega-step's W), ``iterations``, ``step`` (the
+    next phase's first guess)."""
     inv_n = 1.0 / n
     rows = terms(START, None)
     d = rows.shape[1] - 4

@@ -131,8 +131,9 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
             break
         gaps = [w["joint_rel_gap"] for w in state.wsteps if "joint_rel_gap" in w]
         # a prox step or the accelerated phase that lowered P by a part of the gap worth another W-step
+        gap = step["joint_primal"] - step["joint_dual"]
         moved = (step.get("dual_move", 0) > 0 or      # a move to a W the hinge's dual phase recovered (.joint)
-                 step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * (step["joint_primal"] - step["joint_dual"]))
+                 step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * gap)
         stalled = (config.outer_tol > 0 and not moved and len(gaps) > STALL_STEPS and
                    gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
         if stalled or state.outer + 1 == config.outer:

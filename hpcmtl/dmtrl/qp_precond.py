@@ -94,8 +94,8 @@ class CapacitancePreconditioner:
 
     ``U`` (m x k) and ``sigma_rest`` (m) from :func:`low_rank_terms`; ``D``: the directions' dense rows, one
     (m x d: eta only) or two (box momentum: the coordinates are ``[eta; beta]``); ``extra``: the conjugate
-    blocks' ``(c2, cross, c2q) / n`` (m each) added to Dg.  One instance serves one QP's Newton iterations:
-    it keeps the capacitance of the last free set and updates it by the tasks that changed."""
+    blocks added to Dg, ``(c2,)`` or ``(c2, cross, c2q)`` (m each, divided by n).  One instance serves one QP's
+    Newton iterations: it keeps the capacitance of the last free set and updates it by the tasks that changed."""
 
     def __init__(self, U, sigma_rest, D, lam, extra):
         self.U = U
@@ -104,10 +104,10 @@ class CapacitancePreconditioner:
         self.d = self.D[0].shape[1]
         two = len(self.D) == 2
         rest = sigma_rest / lam
-        c2, cross, c2q = extra
+        c2 = extra[0]
         self.a11 = rest * np.einsum("ij,ij->i", self.D[0], self.D[0]) + c2
-        self.a12 = rest * np.einsum("ij,ij->i", self.D[0], self.D[1]) + cross if two else np.zeros(self.m)
-        self.a22 = rest * np.einsum("ij,ij->i", self.D[1], self.D[1]) + c2q if two else np.zeros(self.m)
+        self.a12 = rest * np.einsum("ij,ij->i", self.D[0], self.D[1]) + extra[1] if two else np.zeros(self.m)
+        self.a22 = rest * np.einsum("ij,ij->i", self.D[1], self.D[1]) + extra[2] if two else np.zeros(self.m)
         self.null = null_directions(self.a11, self.a12, self.a22) if two else None
         self.G = np.zeros((self.k * self.d, self.k * self.d))
         self.code = np.zeros(self.m, dtype=np.int8)      # a task's free coordinates: bit 0 eta, bit 1 beta

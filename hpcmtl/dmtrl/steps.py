@@ -203,7 +203,7 @@ class StepSolver:
                 return np.full(m, cfg.eta if curv <= slope / cfg.eta else slope / curv)
             diag = inputs.factors.diag() * space.dots(dBT, dBT) / cfg.lam + c2 / inputs.n
             return box_qp_operator(times, diag, g, cfg.eta, start=inputs.step, stop=self.stop,
-                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n, 0.0 * c2, 0.0 * c2)))
+                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n,)))
         A = inputs.Sigma * inputs.space.gram(dBT) / cfg.lam + np.diag(c2 / inputs.n)
         A = 0.5 * (A + A.T)
         if cfg.aggregation == "line":
@@ -214,7 +214,7 @@ class StepSolver:
             return np.full(inputs.m, e)
         if inputs.m >= DENSE_OPERATOR_MIN_TASKS:
             return box_qp_operator(lambda v: A @ v, np.diag(A).copy(), g, cfg.eta, start=inputs.step, stop=self.stop,
-                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n, 0.0 * c2, 0.0 * c2)))
+                                   precond=self.capacitance(inputs, (dBT,), (c2 / inputs.n,)))
         return box_qp(A, g, cfg.eta, start=inputs.step, max_iter=QP_ITERATIONS)
 
     def two_direction_quadratic(self, inputs, dBT, dQT, c1, c2, c1q, c2q, cross):
@@ -316,7 +316,7 @@ class StepSolver:
             else:
                 A, g = self.two_direction_quadratic(inputs, dBT, dQT, *scalars[:, :5].T)
                 times, alone_times, diag = (lambda v: A @ v), (lambda v: A[:m, :m] @ v), np.diag(A).copy()
-            pre_alone = self.capacitance(inputs, (dBT,), (c2, 0.0 * c2, 0.0 * c2))
+            pre_alone = self.capacitance(inputs, (dBT,), (c2,))
             pre_both = self.capacitance(inputs, (dBT, dQT), (c2, cross, c2q))
             alone = box_qp_operator(alone_times, diag[:m], g[:m], cfg.eta, start=inputs.step, stop=self.stop,
                                     precond=pre_alone)
