@@ -35,7 +35,8 @@ it, and the CPU seconds of its GRADIENT_TERMS are printed, ``--gradient-batch-mi
 ``--gradient-compare``: every GRADIENT_TERMS computed both ways in turn, checked equal, the median CPU seconds
 of each and their ratio printed).
 ``--read N`` instead times reading the first N tasks of each ``--tasks`` file (CPU seconds a task of
-``TaskFile.read_block`` and ``task_means``: the load and the intercepts' means, outside the rounds).
+``TaskFile.read_block`` and ``task_means``: the load and the intercepts' means, outside the rounds) in the
+group layout and the packed one, and their ratio.
 ``--convergence`` instead runs bench/bench_convergence.py's squared-loss cases (School, P = 1, in process) with
 the dense and the matrix-free step problems and prints rounds and seconds of each (``--cases`` picks other
 bench_convergence.py cases, e.g. the hinge ones: ``syn1,syn2,small,mnist,mds``).
@@ -59,8 +60,9 @@ from hpcmtl import store
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def make_tasks(path, m, d, seed=0, clusters=5):
-    """m squared-loss tasks of 20-40 rows and d features, their weights in ``clusters`` groups plus noise."""
+def make_tasks(path, m, d, seed=0, clusters=5, layout="auto"):
+    """m squared-loss tasks of 20-40 rows and d features, their weights in ``clusters`` groups plus noise
+    (``layout``: the task file's, :func:`hpcmtl.store.write_tasks`)."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(clusters, d))
     Xs, ys = [], []
@@ -70,7 +72,7 @@ def make_tasks(path, m, d, seed=0, clusters=5):
         X = rng.normal(size=(n, d))
         Xs.append(X)
         ys.append(X @ w + 0.5 * rng.normal(size=n))
-    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)], force=True)
+    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)], force=True, layout=layout)
 
 
 def timed(cls, name, log):
@@ -276,26 +278,34 @@ def run_case(args, path, m, ranks, work):
 
 def read_cost(args, work):
     """``--read N``: CPU seconds a task of reading the first N tasks of the m = ``--tasks`` file (``read_block``, then
-    ``task_means``: what loading and the intercepts' means cost outside the rounds), medians of 3 passes."""
+    ``task_means``: what loading and the intercepts' means cost outside the rounds), medians of 3 passes, in the
+    group layout and the packed one (the same tasks), and the ratio groups / packed; and the seconds of writing
+    each file (``write_tasks``)."""
     rows = []
     for m in [int(x) for x in args.tasks.split(",")]:
-        path = os.path.join(work, f"tasks-{m}-{args.d}.h5")
-        if not os.path.exists(path):
-            make_tasks(path, m, args.d)
-        with store.TaskFile(path) as source:
-            count = min(args.read, source.n_tasks)
-            cost = {}
-            for name in ("read_block", "task_means"):
-                passes = []
-                for _ in range(3):
-                    t = time.process_time()
-                    for i in range(count):
-                        getattr(source, name)(i)
-                    passes.append((time.process_time() - t) / count)
-                cost[name] = statistics.median(passes)
-        rows.append({"m": m, "tasks_read": count, **cost})
-        print(f"{m:6d} tasks, the first {count} read: read_block {cost['read_block'] * 1e3:.3f} ms CPU a task, "
-              f"task_means {cost['task_means'] * 1e3:.3f} ms CPU a task", flush=True)
+        for layout in ("groups", "packed"):
+            path = os.path.join(work, f"tasks-{m}-{args.d}-{layout}.h5")
+            t = time.process_time()
+            make_tasks(path, m, args.d, layout=layout)
+            written = time.process_time() - t
+            with store.TaskFile(path) as source:
+                count = min(args.read, source.n_tasks)
+                cost = {}
+                for name in ("read_block", "task_means"):
+                    passes = []
+                    for _ in range(3):
+                        t = time.process_time()
+                        for i in range(count):
+                            getattr(source, name)(i)
+                        passes.append((time.process_time() - t) / count)
+                    cost[name] = statistics.median(passes)
+            rows.append({"m": m, "layout": layout, "tasks_read": count, "write_seconds": written, **cost})
+            print(f"{m:6d} tasks, {layout:>6s}: the first {count} read: read_block {cost['read_block'] * 1e3:.3f} ms "
+                  f"CPU a task, task_means {cost['task_means'] * 1e3:.3f} ms CPU a task; written in {written:.2f} s "
+                  f"(generating the tasks included)", flush=True)
+        groups, packed = rows[-2], rows[-1]
+        print(f"{m:6d} tasks, groups / packed: read_block {groups['read_block'] / packed['read_block']:.1f}x, "
+              f"task_means {groups['task_means'] / packed['task_means']:.1f}x", flush=True)
     return rows
 
 

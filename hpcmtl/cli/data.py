@@ -5,6 +5,7 @@ import json
 
 from .. import formats
 from ..errors import InputError
+from ..store.packed import LAYOUTS, PACKED_MIN_TASKS
 from . import COMMAND_HELP, Parser, _count, _positive_float
 
 
@@ -47,6 +48,7 @@ def add_parser(sub):
     conv.add_argument("--y", default=None, metavar="NAME", help=option_help("--y"))
     conv.add_argument("--seed", type=_count("--seed", 0), default=0,
                       help=option_help("--seed") + "; --shuffle: the order of the rounds")
+    _layout_option(conv)
     conv.add_argument("--force", action="store_true", help="overwrite existing outputs")
     conv.add_argument("--float32", action="store_true", help="task datasets: store the features as float32 "
                       "(half the size; labels stay float64)")
@@ -57,6 +59,7 @@ def add_parser(sub):
     split.add_argument("test", metavar="TEST.h5")
     split.add_argument("--test-fraction", type=_positive_float("--test-fraction"), default=0.25)
     split.add_argument("--seed", type=_count("--seed", 0), default=0)
+    _layout_option(split)
     split.add_argument("--force", action="store_true")
     split.add_argument("--float32", action="store_true", help="store the features as float32 (default: as the "
                        "input stores them)")
@@ -70,6 +73,7 @@ def add_parser(sub):
                            "scaled to root-mean-square 1 (never centred: centring would fill every zero); maxabs: "
                            "columns divided by their largest |value| (never centred; values in [-1, 1]); l2-rows: "
                            "each row divided by its Euclidean norm (no training statistics; tf-idf rows)")
+    _layout_option(stdz)
     stdz.add_argument("--force", action="store_true")
     stdz.add_argument("--float32", action="store_true", help="store the features as float32 (half the size; labels stay float64)")
 
@@ -89,9 +93,17 @@ def add_parser(sub):
     synth.add_argument("--scale", type=_positive_float("--scale"), default=1.0,
                        help="size multiplier (mnist-scale / mds-scale: 1 = MNIST- / MDS-sized)")
     synth.add_argument("--n-train", type=_count("--n-train"), default=100, help="joint-sparse: examples per task")
+    _layout_option(synth)
     synth.add_argument("--force", action="store_true")
     synth.add_argument("--float32", action="store_true", help="task datasets: store the features as float32 "
                        "(half the size; labels stay float64)")
+
+
+def _layout_option(parser):
+    parser.add_argument("--layout", choices=("auto",) + LAYOUTS, default="auto",
+                        help="task datasets: 'groups' (an HDF5 group a task), 'packed' (every task's rows in one set "
+                             "of datasets: many tasks read in a fraction of the time) or 'auto' (packed from "
+                             f"{PACKED_MIN_TASKS:,} tasks on)")
 
 
 def cmd_data(args):
@@ -180,8 +192,9 @@ def data_split(args):
         for part, rows in ((train, np.sort(tr_idx)), (test, np.sort(te_idx))):
             part[0].append(b.X[rows])
             part[1].append(b.y[rows])
-    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force, float32=float32)
-    store.write_tasks(args.test, *test, names=names, force=args.force, float32=float32)
+    store.write_tasks(args.train, *train, names=names, truth=truth, force=args.force, float32=float32,
+                      layout=args.layout)
+    store.write_tasks(args.test, *test, names=names, force=args.force, float32=float32, layout=args.layout)
     print(f"wrote {args.train} and {args.test}")
     return 0
 
@@ -207,7 +220,7 @@ def data_standardize(args):
         attrs = {"scaling": done if before == "none" else f"{before}, then {done}"}
         store.write_tasks(out, Xs, [b.y for b in blocks], names=names, truth=truth, attrs=attrs,
                           preprocessing={"mean": mean, "scale": scale} if mean is not None else None,
-                          force=args.force, float32=args.float32)
+                          force=args.force, float32=args.float32, layout=args.layout)
     print("wrote " + " and ".join(out for _, out in pairs))
     return 0
 
@@ -227,7 +240,7 @@ def data_synth(args):
     elif name == "seasonal":
         full, truth = synthetic.seasonal(args.seed, n_per_month=int(470 * args.scale))
         store.write_tasks(args.output, *full[:2], names=full[2], truth=truth, force=args.force,
-                          float32=args.float32)
+                          float32=args.float32, layout=args.layout)
         if args.test:
             raise InputError("seasonal: split it with 'hpcmtl data split' (the study needs train/validation/test)")
         print(f"wrote {args.output}")
@@ -241,9 +254,11 @@ def data_synth(args):
             store.write_stream(args.test, X[T:], Y[T:], truth=truth, force=args.force)
         print("wrote " + " and ".join(outputs))
         return 0
-    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force, float32=args.float32)
+    store.write_tasks(args.output, *train[:2], names=train[2], truth=truth, force=args.force, float32=args.float32,
+                      layout=args.layout)
     if args.test:
-        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force, float32=args.float32)
+        store.write_tasks(args.test, *test[:2], names=test[2], truth=truth, force=args.force, float32=args.float32,
+                          layout=args.layout)
     print("wrote " + " and ".join(outputs))
     return 0
 
@@ -299,11 +314,12 @@ def data_convert(args):
     train, test = spec.read(args.inputs, options, labels, print, test=bool(args.test_out))
     if labels is not None:
         labels.check_used(", ".join(args.inputs))
-    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force, float32=args.float32)
+    store.write_tasks(args.output, *train[:2], names=train[2], attrs=attrs, force=args.force, float32=args.float32,
+                      layout=args.layout)
     written = [args.output]
     if args.test_out:
         store.write_tasks(args.test_out, *test[:2], names=test[2], attrs=attrs, force=args.force,
-                          float32=args.float32)
+                          float32=args.float32, layout=args.layout)
         written.append(args.test_out)
     print("wrote " + " and ".join(written))
     return 0

@@ -159,8 +159,9 @@ def check_input(path) -> None:
             pass
 
 
-def open_read(path: str, expected_format: str, **options) -> h5py.File:
-    """``path`` opened read-only: a regular file, kept inside itself, of ``expected_format`` and this version."""
+def open_read(path: str, expected_format: str, versions=(FORMAT_VERSION,), **options) -> h5py.File:
+    """``path`` opened read-only: a regular file, kept inside itself, of ``expected_format`` and one of
+    ``versions`` (a task file: 1, or 2 for the packed layout)."""
     path = os.fspath(path)
     f = _open(path, **options)
     fmt = f.attrs.get("format")
@@ -172,10 +173,11 @@ def open_read(path: str, expected_format: str, **options) -> h5py.File:
     # a number equal to FORMAT_VERSION; text ('one'), arrays and other versions are refused
     version = f.attrs.get("format_version")
     version = version.item() if isinstance(version, np.generic) else version
-    if isinstance(version, bool) or not isinstance(version, (int, float)) or version != FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, (int, float)) or version not in versions:
         f.close()
         shown = "missing" if version is None else repr(version.tolist() if isinstance(version, np.ndarray) else version)
-        raise InputError(f"{path}: attribute 'format_version' is {shown}, this hpcmtl reads version {FORMAT_VERSION}")
+        readable = " or ".join(str(v) for v in versions)
+        raise InputError(f"{path}: attribute 'format_version' is {shown}, this hpcmtl reads version {readable}")
     return f
 
 

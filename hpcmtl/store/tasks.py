@@ -1,6 +1,8 @@
-"""Task dataset files (format ``hpcmtl-tasks``, version 1): writing, and reading only the rows asked for.
+"""Task dataset files (format ``hpcmtl-tasks``): writing, and reading only the rows asked for.
 
-Layout::
+Two layouts: a group a task (version 1, below), and for many tasks every task's rows in one set of
+datasets (``layout = "packed"``, version 2: :mod:`hpcmtl.store.packed`); ``write_tasks`` picks the packed
+one from :data:`hpcmtl.store.packed.PACKED_MIN_TASKS` tasks on.  The group layout::
 
     /                 attrs: format, format_version, n_tasks, n_features, storage, dtype
     /task_table       compound (name, n_samples, nnz, fingerprint), one row per task
@@ -36,6 +38,7 @@ from .atomic import atomic_h5
 from .fingerprints import MASK64, fingerprint_hex, fingerprint_rows
 from .hdf5 import (FORMAT_VERSION, STREAM_FORMAT, TASKS_FORMAT, TRUTH, OpenFile, duplicate_name, file_format, is_hdf5,
                    open_read, write_array)
+from .packed import LAYOUTS, PACKED_VERSION, PackedRows, layout_for, write_packed
 
 FEATURE_DTYPES = ("float64", "float32")
 
@@ -49,7 +52,8 @@ def _task_group(i: int) -> str:
     return f"{_TASKS}/{i:06d}"
 
 
-def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, preprocessing=None, float32=False):
+def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, preprocessing=None, float32=False,
+                layout="auto"):
     """Write a task dataset.
 
     Parameters
@@ -62,6 +66,8 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
     preprocessing : optional dict of arrays (e.g. the standardization applied)
     float32 : store the feature values as float32 (root attribute ``dtype``);
         a finite value beyond float32's range is refused
+    layout : "groups" (a group a task), "packed" (every task's rows in one set of datasets, :mod:`.packed`)
+        or "auto" (packed from :data:`.packed.PACKED_MIN_TASKS` tasks on)
     """
     path = os.fspath(path)
     if len(Xs) != len(ys) or len(Xs) == 0:
@@ -76,6 +82,7 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         raise InputError(f"{path}: task name '{dup[0]}' is used by tasks #{dup[1]} and #{dup[2]} "
                          f"(task names must be unique)")
     storage = "csr" if any(sp.issparse(X) for X in Xs) else "dense"
+    layout = layout_for(layout, len(Xs))
     dtype = np.float32 if float32 else np.float64
     d = None
     mats = []
@@ -93,7 +100,9 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         mats.append((X, y))
     with atomic_h5(path, force=force, what="data file") as f:
         f.attrs["format"] = TASKS_FORMAT
-        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["format_version"] = PACKED_VERSION if layout == "packed" else FORMAT_VERSION
+        if layout == "packed":
+            f.attrs["layout"] = layout
         f.attrs["n_tasks"] = len(mats)
         f.attrs["n_features"] = d
         f.attrs["storage"] = storage
@@ -103,18 +112,21 @@ def write_tasks(path, Xs, ys, names=None, truth=None, attrs=None, force=True, pr
         table = np.zeros(len(mats), dtype=[("name", h5py.string_dtype()), ("n_samples", "i8"), ("nnz", "i8"),
                                            ("fingerprint", h5py.string_dtype())])
         for i, (X, y) in enumerate(mats):
-            g = f.create_group(_task_group(i))
-            g.create_dataset("y", data=y)
             if storage == "csr":
                 X.sort_indices()
-                write_array(g, "data", X.data)
-                write_array(g, "indices", X.indices.astype(np.int32))
-                write_array(g, "indptr", X.indptr.astype(np.int64))
-                nnz = X.nnz
-            else:
-                write_array(g, "X", X)
-                nnz = int(np.count_nonzero(X))
+            if layout == "groups":
+                g = f.create_group(_task_group(i))
+                g.create_dataset("y", data=y)
+                if storage == "csr":
+                    write_array(g, "data", X.data)
+                    write_array(g, "indices", X.indices.astype(np.int32))
+                    write_array(g, "indptr", X.indptr.astype(np.int64))
+                else:
+                    write_array(g, "X", X)
+            nnz = X.nnz if storage == "csr" else int(np.count_nonzero(X))
             table[i] = (names[i], X.shape[0], nnz, fingerprint_hex(*fingerprint_rows(X, y, 0, d)))
+        if layout == "packed":
+            write_packed(f, mats, storage)
         f.create_dataset(_TABLE, data=table)
         for group, arrays in ((TRUTH, truth), (_PREPROCESSING, preprocessing)):
             if arrays:
@@ -134,8 +146,9 @@ class TaskFile(OpenFile):
         self.path = os.fspath(path)
         # no chunk cache: reads take row ranges in order (a chunk at the edge of two ranges is read twice),
         # and HDF5's cache would hold chunk buffers beside each block read and in the worker's heap after its load
-        self._f = open_read(self.path, TASKS_FORMAT, rdcc_nbytes=0)
+        self._f = open_read(self.path, TASKS_FORMAT, versions=(FORMAT_VERSION, PACKED_VERSION), rdcc_nbytes=0)
         f = self._f
+        self._packed = None
         try:
             self.n_tasks = self._count(f.attrs["n_tasks"], "n_tasks")
             self.n_features = self._count(f.attrs["n_features"], "n_features")
@@ -180,6 +193,20 @@ class TaskFile(OpenFile):
         # (start, stop, x_sum, y_sum) of every row range read, per task: fingerprints of what was read
         self.read_parts: dict = {}
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        self.layout = str(self.attrs.get("layout", "groups"))
+        version = self.attrs["format_version"]
+        if self.layout not in LAYOUTS or version != (PACKED_VERSION if self.layout == "packed" else FORMAT_VERSION):
+            self.close()
+            raise InputError(f"{self.path}: attribute 'layout' is {self.layout!r} in a file of format_version "
+                             f"{version}: expected 'groups' (version {FORMAT_VERSION}) or 'packed' (version "
+                             f"{PACKED_VERSION})")
+        if self.layout == "packed":
+            try:
+                self._packed = PackedRows(f, self.path, self.n_samples, self.storage, self.n_features,
+                                          _check_kind, self._check_dtype, LABEL_KINDS, INDEX_KINDS)
+            except InputError:
+                self.close()
+                raise
 
     def _where(self, i):
         return f"{self.path}: task '{self.names[i]}' (#{i})"
@@ -225,63 +252,12 @@ class TaskFile(OpenFile):
     def _read(self, i: int, start: int, stop: int, constant_column: float | None = None, rounded: bool = False):
         """``(X, y, x_sum)``: :meth:`_read_rows`, and with ``rounded`` (a dense float64 file) X rounded to float32
         with the fingerprint of the stored rows (``x_sum``; else None)."""
-        x_sum = None
-        n = int(self.n_samples[i])
         where = self._where(i)
-        gname = _task_group(i)
-        # each object looked up once (h5py's lookups by name are most of a small task's read: 10^5 tasks of
-        # 20-40 rows took minutes); a missing name is None here, the same messages as before
-        g = self._f.get(gname)
-        if g is None:
-            raise InputError(f"{where}: group '/{gname}' is missing")
-        if not isinstance(g, h5py.Group):
-            raise InputError(f"{where}: '/{gname}' must be a group, found a {type(g).__name__}")
         try:
-            yd = g.get("y")
-            if yd is None:
-                raise InputError(f"{where}: field 'y' is missing")
-            _check_kind(where, "y", yd, LABEL_KINDS)
-            y = yd[start:stop]
-            if yd.shape != (n,):
-                raise InputError(f"{where}: field 'y': has shape {yd.shape}, task table says ({n},)")
-            if self.storage == "dense":
-                Xd = g.get("X")
-                if Xd is None:
-                    raise InputError(f"{where}: field 'X' is missing")
-                shape = Xd.shape
-                if len(shape) != 2 or shape[0] != n:
-                    raise InputError(f"{where}: field 'X': has shape {shape}, task table says {n} rows")
-                self._check_dtype(where, "X", Xd)
-                if rounded:
-                    X, x_sum = self._read_rounded(where, Xd, start, stop, constant_column)
-                elif constant_column is None:
-                    X = Xd[start:stop]
-                else:
-                    X = np.empty((stop - start, shape[1] + 1), dtype=Xd.dtype)
-                    if stop > start:
-                        Xd.read_direct(X, np.s_[start:stop], np.s_[:, :shape[1]])
-                    X[:, -1] = constant_column
+            if self._packed is not None:
+                X, y, x_sum = self._read_packed(where, i, start, stop, constant_column, rounded)
             else:
-                fields = {}
-                for field_name in ("data", "indices", "indptr"):
-                    fields[field_name] = g.get(field_name)
-                    if fields[field_name] is None:
-                        raise InputError(f"{where}: field '{field_name}' is missing")
-                dd, idd, ipd = fields["data"], fields["indices"], fields["indptr"]
-                _check_kind(where, "indptr", ipd, INDEX_KINDS)
-                _check_kind(where, "indices", idd, INDEX_KINDS)
-                indptr = ipd[start:stop + 1].astype(np.int64)
-                if indptr.shape[0] != stop - start + 1:
-                    raise InputError(f"{where}: field 'indptr': has {ipd.shape[0]} entries, expected {n + 1}")
-                lo, hi = int(indptr[0]), int(indptr[-1])
-                if np.any(np.diff(indptr) < 0) or hi > dd.shape[0] or hi > idd.shape[0]:
-                    raise InputError(f"{where}: field 'indptr': not a valid CSR row pointer")
-                self._check_dtype(where, "data", dd)
-                data = dd[lo:hi]
-                indices = idd[lo:hi]
-                if indices.size and (indices.min() < 0 or indices.max() >= self.n_features):
-                    raise InputError(f"{where}: field 'indices': column index outside 0..{self.n_features - 1}")
-                X = sp.csr_matrix((data, indices, indptr - lo), shape=(stop - start, self.n_features))
+                X, y, x_sum = self._read_group(where, i, start, stop, constant_column, rounded)
         except InputError:
             raise
         except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -290,10 +266,113 @@ class TaskFile(OpenFile):
         check_task(self.path, i, self.names[i], X if constant_column is None else X[:, :-1], y, self.n_features)
         return X, y, x_sum
 
-    def _read_rounded(self, where, dataset, start, stop, constant_column):
+    def _read_group(self, where, i, start, stop, constant_column, rounded):
+        """:meth:`_read` from task ``i``'s own group (the group layout)."""
+        n = int(self.n_samples[i])
+        gname = _task_group(i)
+        # each object looked up once (h5py's lookups by name are most of a small task's read: 10^5 tasks of
+        # 20-40 rows took minutes); a missing name is None here, the same messages as before
+        g = self._f.get(gname)
+        if g is None:
+            raise InputError(f"{where}: group '/{gname}' is missing")
+        if not isinstance(g, h5py.Group):
+            raise InputError(f"{where}: '/{gname}' must be a group, found a {type(g).__name__}")
+        yd = g.get("y")
+        if yd is None:
+            raise InputError(f"{where}: field 'y' is missing")
+        _check_kind(where, "y", yd, LABEL_KINDS)
+        y = yd[start:stop]
+        if yd.shape != (n,):
+            raise InputError(f"{where}: field 'y': has shape {yd.shape}, task table says ({n},)")
+        if self.storage == "dense":
+            Xd = g.get("X")
+            if Xd is None:
+                raise InputError(f"{where}: field 'X' is missing")
+            shape = Xd.shape
+            if len(shape) != 2 or shape[0] != n:
+                raise InputError(f"{where}: field 'X': has shape {shape}, task table says {n} rows")
+            self._check_dtype(where, "X", Xd)
+            X, x_sum = self._dense_rows(where, Xd, start, stop, 0, constant_column, rounded)
+            return X, y, x_sum
+        fields = {}
+        for field_name in ("data", "indices", "indptr"):
+            fields[field_name] = g.get(field_name)
+            if fields[field_name] is None:
+                raise InputError(f"{where}: field '{field_name}' is missing")
+        dd, idd, ipd = fields["data"], fields["indices"], fields["indptr"]
+        _check_kind(where, "indptr", ipd, INDEX_KINDS)
+        _check_kind(where, "indices", idd, INDEX_KINDS)
+        self._check_dtype(where, "data", dd)
+        indptr = ipd[start:stop + 1].astype(np.int64)
+        if indptr.shape[0] != stop - start + 1:
+            raise InputError(f"{where}: field 'indptr': has {ipd.shape[0]} entries, expected {n + 1}")
+        return self._csr_rows(where, indptr, dd, idd, 0), y, None
+
+    def _read_packed(self, where, i, start, stop, constant_column, rounded):
+        """:meth:`_read` from the packed rows (:mod:`.packed`): a small range out of the window of rows, a large
+        one straight from the datasets as the group layout reads it."""
+        rows = self._packed
+        lo, hi = rows.span(i, start, stop)
+        if rows.large(lo, hi):
+            y = rows.labels(lo, hi)
+            if self.storage == "dense":
+                X, x_sum = self._dense_rows(where, rows.ds["X"], lo, hi, lo - start, constant_column, rounded)
+                return X, y, x_sum
+            indptr = rows.ds["indptr"][lo:hi + 1].astype(np.int64)
+            return self._csr_rows(where, indptr, rows.ds["data"], rows.ds["indices"], 0), y, None
+        y, X = rows.rows(lo, hi)
+        if self.storage == "csr":
+            indptr, data, indices, base = X
+            return self._csr_rows(where, indptr, data, indices, base, copy=True), y, None
+        x_sum = None
+        d = self.n_features
+        if rounded:          # checked and hashed as stored, then rounded (as _read_rounded does a chunk)
+            if not all_finite(X):
+                raise InputError(f"{where}: field 'X': contains NaN or Inf")
+            big = float32_overflow(X)
+            if big is not None:
+                raise float32_overflow_error(where, start + big[0], big[1])
+            x_sum = fingerprint_rows(X, np.zeros(0), start, d)[0] & MASK64
+            out = np.empty((hi - lo, d + (constant_column is not None)), dtype=np.float32)
+        elif constant_column is not None:
+            out = np.empty((hi - lo, d + 1), dtype=X.dtype)
+        else:
+            return X.copy(), y, None
+        out[:, :d] = X
+        if constant_column is not None:
+            out[:, -1] = constant_column
+        return out, y, x_sum
+
+    def _dense_rows(self, where, Xd, lo, hi, base, constant_column, rounded):
+        """``(X, x_sum)``: rows ``lo:hi`` of the dense dataset ``Xd`` (a task's rows from ``base`` on)."""
+        if rounded:
+            return self._read_rounded(where, Xd, lo, hi, constant_column, base)
+        if constant_column is None:
+            return Xd[lo:hi], None
+        X = np.empty((hi - lo, Xd.shape[1] + 1), dtype=Xd.dtype)
+        if hi > lo:
+            Xd.read_direct(X, np.s_[lo:hi], np.s_[:, :Xd.shape[1]])
+        X[:, -1] = constant_column
+        return X, None
+
+    def _csr_rows(self, where, indptr, data, indices, base, copy=False):
+        """A CSR block from its row pointer ``indptr`` (positions in ``data`` / ``indices`` plus ``base``), checked:
+        the pointer ordered and within the arrays, every column index within the features."""
+        lo, hi = int(indptr[0]) - base, int(indptr[-1]) - base
+        if np.any(np.diff(indptr) < 0) or lo < 0 or hi > data.shape[0] or hi > indices.shape[0]:
+            raise InputError(f"{where}: field 'indptr': not a valid CSR row pointer")
+        values, columns = data[lo:hi], indices[lo:hi]
+        if copy:                      # views of the window: the block's arrays are its own
+            values, columns = values.copy(), columns.copy()
+        if columns.size and (columns.min() < 0 or columns.max() >= self.n_features):
+            raise InputError(f"{where}: field 'indices': column index outside 0..{self.n_features - 1}")
+        return sp.csr_matrix((values, columns, indptr - indptr[0]), shape=(indptr.shape[0] - 1, self.n_features))
+
+    def _read_rounded(self, where, dataset, start, stop, constant_column, base=0):
         """Rows ``start:stop`` of a float64 ``dataset`` as float32 (``+ constant_column``) and the stored rows'
         fingerprint sum, through one float64 buffer of a file chunk's rows (about 1 MB): each piece is checked
-        (finite, within float32), hashed and rounded into the final array."""
+        (finite, within float32), hashed and rounded into the final array.  ``base``: the dataset's row of the
+        task's first row (the packed layout's offset; rows and the fingerprint count from the task's)."""
         d = dataset.shape[1]
         X = np.empty((stop - start, d + (constant_column is not None)), dtype=np.float32)
         step = dataset.chunks[0] if dataset.chunks else max(1, FLOAT32_CHUNK_VALUES // max(1, d))
@@ -307,8 +386,8 @@ class TaskFile(OpenFile):
                 raise InputError(f"{where}: field 'X': contains NaN or Inf")
             big = float32_overflow(piece)
             if big is not None:
-                raise float32_overflow_error(where, a + big[0], big[1])
-            x_sum += fingerprint_rows(piece, np.zeros(0), a, self.n_features)[0]
+                raise float32_overflow_error(where, a - base + big[0], big[1])
+            x_sum += fingerprint_rows(piece, np.zeros(0), a - base, self.n_features)[0]
             X[a - start:b - start, :d] = piece
             a = b
         if constant_column is not None:
@@ -323,11 +402,20 @@ class TaskFile(OpenFile):
 
     def read_labels(self, i: int) -> np.ndarray:
         """Task ``i``'s labels only (no X): a validation split stratified over a task cut into several blocks."""
+        y = self._labels(i)
+        if y is None:
+            raise InputError(f"{self._where(i)}: field 'y' is missing")
+        return np.asarray(y, dtype=np.float64)
+
+    def _labels(self, i: int):
+        """Task ``i``'s stored labels (their kind checked), or None when its group has none (group layout)."""
+        if self._packed is not None:
+            return self._packed.labels(*self._packed.span(i, 0, int(self.n_samples[i])))
         g = self._f.get(_task_group(i))
         if g is None or "y" not in g:
-            raise InputError(f"{self._where(i)}: field 'y' is missing")
+            return None
         _check_kind(self._where(i), "y", g["y"], LABEL_KINDS)
-        return np.asarray(g["y"][()], dtype=np.float64)
+        return g["y"][()]
 
     def read_fingerprints(self) -> dict:
         """{task index: (start, stop, x_sum, y_sum) list} of the rows read so far (see :func:`combine_fingerprints`)."""
@@ -354,10 +442,8 @@ class TaskFile(OpenFile):
         tasks = []
         for i in range(self.n_tasks):
             entry = {"name": self.names[i], "n_samples": int(self.n_samples[i]), "nnz": int(self.nnz[i])}
-            g = self._f.get(_task_group(i))
-            if g is not None and "y" in g:
-                _check_kind(self._where(i), "y", g["y"], LABEL_KINDS)
-                y = g["y"][()]
+            y = self._labels(i)
+            if y is not None:
                 values, counts = np.unique(y[np.isfinite(y)], return_counts=True) if y.size else ((), ())
                 if 0 < len(values) <= LABEL_VALUES_SHOWN and np.all(values == np.round(values)):
                     # a 0/1 (or class-id) file shows its counts, not just "mean 0.5": 0/1 labels then read
