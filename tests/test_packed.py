@@ -66,8 +66,8 @@ def test_packed_rows_equal_the_group_layouts(tmp_path, monkeypatch, kind, window
             assert p.read_parts == g.read_parts
             for i in order:
                 assert_array_equal(p.read_labels(i), ys[i])
-            assert {k: v for k, v in p.info().items() if k != "path"} == {k: v for k, v in g.info().items()
-                                                                          if k != "path"}
+            assert {k: v for k, v in p.info().items() if k not in ("path", "layout")} == {
+                k: v for k, v in g.info().items() if k not in ("path", "layout")}
             if kind == "dense":
                 for i in (0, 5, m - 1):
                     n = int(g.n_samples[i])
@@ -199,7 +199,7 @@ def test_training_reads_both_layouts_alike_and_the_cli_writes_packed(tmp_path):
     for key in ("W", "Sigma"):
         assert results["packed"]["model"][key].tobytes() == results["groups"]["model"][key].tobytes()
     info = run_hpcmtl(["data", "info", tmp_path / "tr-packed.h5"])
-    assert info.returncode == 0 and "6 tasks" in info.stdout, info.stderr
+    assert info.returncode == 0 and "6 tasks" in info.stdout and "packed layout" in info.stdout, info.stderr
     damage(tmp_path / "tr-packed.h5", lambda f: f.__delitem__("rows/y"))
     r = run_hpcmtl(["train", "dmtrl", "--train", tmp_path / "tr-packed.h5", "--out", tmp_path / "x.h5", "--lam", "0.01"])
     assert r.returncode == 2 and "field 'y' is missing" in one_error_line(r)

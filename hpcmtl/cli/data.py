@@ -131,7 +131,7 @@ def _run_data_command(args):
         else:
             print(f"{info['path']}: {info['n_tasks']} tasks, {info['n_features']} features, "
                   f"{info['storage']} {info['dtype']}, {info['n_samples']} samples, density {info['density']:.4g}, "
-                  f"scaling: {info['scaling']}")
+                  f"scaling: {info['scaling']}" + (", packed layout" if info["layout"] == "packed" else ""))
             for t in info["tasks"]:
                 extra = (f"positive {t['positive_fraction']:.3f}" if "positive_fraction" in t
                          else f"y mean {t['y_mean']:.4g} std {t['y_std']:.4g}" if "y_mean" in t else "no rows")

@@ -459,7 +459,7 @@ class TaskFile(OpenFile):
         total = int(self.n_samples.sum())
         density = float(self.nnz.sum()) / max(1, total * self.n_features)
         return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
-                "storage": self.storage, "dtype": self.dtype, "n_samples": total, "nnz": int(self.nnz.sum()),
+                "storage": self.storage, "dtype": self.dtype, "layout": self.layout, "n_samples": total, "nnz": int(self.nnz.sum()),
                 "density": density, "has_truth": TRUTH in self._f, "scaling": self.scaling(), "tasks": tasks}
 
     def scaling(self) -> str:
