@@ -340,3 +340,41 @@ def test_every_rank_runs_its_whole_training_on_one_blas_thread(monkeypatch):
     assert before == [2] * len(before) and before
     assert all(n == [1] * len(before) for n in seen["trial"] + seen["omega"])
     assert after == before
+
+
+def test_a_fixed_sigma_path_checks_its_sigma_once(monkeypatch):
+    """A fixed Sigma is checked (an m x m eigensolve) once by the grid, not again by each of its fits, and the checked
+    copy is read-only (so one that was checked cannot change after); the same path without that saving gives the
+    same choice and model; a non-definite Sigma is still refused."""
+    from hpcmtl.cluster import Cluster
+    from hpcmtl.dmtrl import sigma as sigma_rules
+    from hpcmtl.estimators import MemoryTasks
+    from hpcmtl.model_selection import Selection, train_path
+    Xs, ys = random_tasks(5, m=4, d=6, sizes=(40, 35, 50, 45))
+    source = MemoryTasks(Xs, ys)
+    Sigma = 0.5 * np.eye(4) + 0.5 / 4
+    config = DMTRLConfig(loss="hinge", lam=1e-2, tol=1e-8, relationship="fixed")
+    import sys
+    calls = []                                    # the eigensolves of check_sigma (other code solves its own)
+    eigvalsh = np.linalg.eigvalsh
+
+    def counted(a):
+        if sys._getframe(1).f_code.co_name == "check_sigma":
+            calls.append(a.shape)
+        return eigvalsh(a)
+    monkeypatch.setattr(sigma_rules.np.linalg, "eigvalsh", counted)
+    grid = [1e-1, 3e-2, 1e-2, 3e-3]
+    result = train_path(Cluster.serial(), source, config, Selection(grid, cv=3, patience=0), sigma_fixed=Sigma)
+    assert calls == [(4, 4)]                      # 4 points x 3 folds + the refit: 13 fits, one check
+    checked = sigma_rules.check_sigma(Sigma, 4)
+    assert sigma_rules.check_sigma(checked, 4) is checked and len(calls) == 2
+    with pytest.raises(ValueError, match="read-only"):
+        checked[0, 1] = -5.0
+    forget = type("Forget", (dict,), {"__setitem__": lambda self, key, value: None})()
+    monkeypatch.setattr(sigma_rules, "_CHECKED", forget)      # every fit checks again: the same path
+    again = train_path(Cluster.serial(), source, config, Selection(grid, cv=3, patience=0), sigma_fixed=Sigma)
+    assert len(calls) == 2 + 14
+    assert again.selection["chosen_lam"] == result.selection["chosen_lam"]
+    assert again.W.tobytes() == result.W.tobytes()
+    with pytest.raises(InputError, match="positive definite"):
+        sigma_rules.check_sigma(np.array([[1.0, 2.0], [2.0, 1.0]]), 2)

@@ -7,6 +7,8 @@ per-task rho), :func:`check_sigma`.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import interior
@@ -144,10 +146,19 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     return np.clip(s, 0.5, 1.0)
 
 
+# the arrays check_sigma returned, read-only (by id; the weak value tells a reused id from the array): a grid
+# gives its every fit the Sigma it checked once, and the m x m eigensolve of a check a fit was a quarter of a
+# fixed-Sigma path's CPU at 300 tasks (issue 39)
+_CHECKED = weakref.WeakValueDictionary()
+
+
 def check_sigma(Sigma, m):
-    """A user-given task covariance: m x m, symmetric, positive definite."""
+    """A user-given task covariance: m x m, symmetric, positive definite.  Returns a symmetrized read-only copy,
+    or the array itself when it is one this function returned (checked already, and it cannot have changed)."""
     if Sigma is None:
         raise InputError("relationship 'fixed' needs a task covariance Sigma")
+    if _CHECKED.get(id(Sigma)) is Sigma and Sigma.shape == (m, m):
+        return Sigma
     Sigma = np.asarray(Sigma, dtype=np.float64)
     if Sigma.shape != (m, m):
         raise InputError(f"task covariance Sigma has shape {Sigma.shape}, the data has {m} tasks")
@@ -155,4 +166,7 @@ def check_sigma(Sigma, m):
         raise InputError("task covariance Sigma must be finite and symmetric")
     if np.linalg.eigvalsh(Sigma).min() <= 0:
         raise InputError("task covariance Sigma must be positive definite")
-    return 0.5 * (Sigma + Sigma.T)
+    checked = 0.5 * (Sigma + Sigma.T)
+    checked.flags.writeable = False
+    _CHECKED[id(checked)] = checked
+    return checked

@@ -173,8 +173,12 @@ class LamSearch(Search):
             sigmas = [self.sigma_of(v) for v in selection.grid]
         else:
             sigmas = [self.sigma_fixed] * len(selection.grid)
-        if config.relationship == "fixed":
-            sigmas = [dmtrl.check_sigma(sigma, source.n_tasks) for sigma in sigmas]
+        if config.relationship == "fixed":          # each distinct Sigma checked once (an m x m eigensolve)
+            checked = {}
+            for sigma in sigmas:
+                if id(sigma) not in checked:
+                    checked[id(sigma)] = dmtrl.check_sigma(sigma, source.n_tasks)
+            sigmas = [checked[id(sigma)] for sigma in sigmas]
         self.sigmas = sigmas
         self.center = engine.intercept_mode(config) == "center"
 
