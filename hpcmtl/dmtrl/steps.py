@@ -242,10 +242,22 @@ class StepSolver:
         task's new local step and its previous step): ``D2 = [dB; dP]``,
         ``A = (Sigma2 o D2 D2^T) / lam + (per-task 2 x 2 conjugate blocks) / n``,
         solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
-        dropped): the gain ``g^T A^+ g / 2`` is never negative.
+        dropped): the gain ``g^T A^+ g / 2`` is never negative.  From
+        :data:`DENSE_OPERATOR_MIN_TASKS` tasks on, by block-Jacobi CG on A's
+        products instead (no eigensolve; the same step to about 1e-12).
         """
         m = inputs.m
         A, g = self.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)
+        if m >= DENSE_OPERATOR_MIN_TASKS:
+            # conjugate gradients on A's products, as :meth:`steps_momentum_cg` through the factors: (2m)^2 a
+            # product against the eigensolve's (2m)^3 (300 tasks, a fixed Sigma: half a grid's CPU)
+            tasks = np.arange(m)
+            blocks = (A[tasks, tasks].copy(), A[tasks, m + tasks].copy(), A[m + tasks, m + tasks].copy())
+            v, self.cg_iterations = preconditioned_cg(lambda x: A @ x, block_jacobi(*blocks), g, CG_RTOL * CG_RTOL,
+                                                      CG_MAX_ITER, self.stop)
+            if v is None or not float(g @ v - 0.5 * v @ (A @ v)) > 0:
+                v = np.zeros(2 * m)
+            return v[:m], v[m:]
         w, V = np.linalg.eigh(A)
         keep = w > 1e-12 * max(float(w[-1]), 1e-300)
         v = V[:, keep] @ ((V[:, keep].T @ g) / w[keep])
@@ -418,7 +430,8 @@ class StepSolver:
 # from this many tasks the dense path's box QPs (2m x 2m with momentum) are solved by box_qp_operator on the
 # dense matrix's products too, which polls the signal: the active-set method's Cholesky factorizations cost m^3
 # each (hinge, 150 tasks of 30 rows: 132 s against 17 s; one-row tasks, whose A is singular: 50-250 s a round at
-# 500 tasks), while at 16 tasks it is the faster of the two by a few percent
+# 500 tasks), while at 16 tasks it is the faster of the two by a few percent; and the squared loss's momentum
+# step by CG on the matrix's products, not its (2m)^3 eigensolve
 DENSE_OPERATOR_MIN_TASKS = 64
 CG_RTOL = 1e-13          # matrix-free steps: CG's preconditioned residual, relative to the first (the step then
                          # agrees with the pseudo-inverse's to about 1e-12 on small problems)
