@@ -370,10 +370,15 @@ def test_a_fixed_sigma_path_checks_its_sigma_once(monkeypatch):
     assert sigma_rules.check_sigma(checked, 4) is checked and len(calls) == 2
     with pytest.raises(ValueError, match="read-only"):
         checked[0, 1] = -5.0
+    checked.flags.writeable = True                # made writable (and so changeable) again: checked again
+    checked[0, 1] = checked[1, 0] = 5.0
+    with pytest.raises(InputError, match="positive definite"):
+        sigma_rules.check_sigma(checked, 4)
+    checked = sigma_rules.check_sigma(Sigma, 4)
     forget = type("Forget", (dict,), {"__setitem__": lambda self, key, value: None})()
     monkeypatch.setattr(sigma_rules, "_CHECKED", forget)      # every fit checks again: the same path
     again = train_path(Cluster.serial(), source, config, Selection(grid, cv=3, patience=0), sigma_fixed=Sigma)
-    assert len(calls) == 2 + 14
+    assert len(calls) == 4 + 14
     assert again.selection["chosen_lam"] == result.selection["chosen_lam"]
     assert again.W.tobytes() == result.W.tobytes()
     with pytest.raises(InputError, match="positive definite"):

@@ -216,7 +216,8 @@ def test_a_training_job_starts_without_importing_scikit_learn():
 
 # inside store/: hdf5 (opening, checking files), the other shared helpers, one module a file kind,
 # then __init__ (it only re-exports)
-STORE_LAYERS = [{"hdf5"}, {"atomic", "fingerprints", "packed"}, {"tasks", "results", "checkpoints", "streams"}, {"__init__"}]
+STORE_LAYERS = [{"hdf5"}, {"atomic", "fingerprints", "packed"}, {"tasks", "results", "checkpoints", "streams"},
+                {"__init__"}]
 
 
 def store_imports(node):

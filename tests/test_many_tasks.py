@@ -116,6 +116,38 @@ def test_matrix_free_momentum_step_is_the_pseudo_inverse_step(m, d, zero_previou
         assert np.all(beta == 0)
 
 
+@pytest.mark.parametrize("zero_previous", [False, True])
+def test_from_64_tasks_the_dense_momentum_step_is_cg_on_the_matrix(zero_previous, monkeypatch):
+    """From steps.DENSE_OPERATOR_MIN_TASKS tasks the dense path's squared-loss momentum step is CG on the 2m x 2m
+    matrix's products (no eigensolve): NumPy's pseudo-inverse step to 1e-9, dual ascent; and with one task's two
+    directions zero and two tasks' parallel (A singular) the same B update eta dB + beta dP as the pseudo-inverse's
+    (eta and beta themselves may differ by a part A does not see)."""
+    from hpcmtl.dmtrl import steps
+    m = 80
+    assert m >= steps.DENSE_OPERATOR_MIN_TASKS
+    inputs, dBT, scalars = momentum_problem(m, 8, 11, zero_previous)
+    inputs = inputs._replace(factors=None)
+    solver = StepSolver(DMTRLConfig(loss="squared", lam=0.1), "free")
+    eigh = np.linalg.eigh
+    monkeypatch.setattr(steps.np.linalg, "eigh", lambda a: pytest.fail("an eigensolve at 80 tasks"))
+    x = np.concatenate(solver.steps_momentum(inputs, dBT, scalars))
+    A, g = solver.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)
+    v = np.linalg.pinv(A, rcond=1e-12) @ g
+    assert_allclose(x, v, rtol=0, atol=1e-9 * np.abs(v).max())
+    assert g @ x - 0.5 * x @ A @ x > 0
+    dBT, scalars = dBT.copy(), scalars.copy()
+    dBT[3] = 0.0
+    scalars[3] = 0.0
+    inputs.dPT[3] = 0.0
+    inputs.dPT[5] = 2.0 * dBT[5]                     # task 5's two directions parallel
+    x = np.concatenate(solver.steps_momentum(inputs, dBT, scalars))
+    monkeypatch.setattr(steps.np.linalg, "eigh", eigh)
+    monkeypatch.setattr(steps, "DENSE_OPERATOR_MIN_TASKS", m + 1)
+    ref = np.concatenate(solver.steps_momentum(inputs, dBT, scalars))
+    update = (lambda z: z[:m, None] * dBT + z[m:, None] * inputs.dPT)
+    assert_allclose(update(x), update(ref), rtol=0, atol=1e-9 * np.abs(update(ref)).max())
+
+
 def test_from_many_tasks_the_momentum_step_stops_at_its_gain(monkeypatch):
     """From steps.CG_INEXACT_MIN_TASKS tasks the squared loss's CG step stops once a product adds less than
     CG_GAIN_RTOL of the quadratic's gain so far: fewer products than to the residual's CG_RTOL, and the dual

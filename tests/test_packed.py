@@ -108,6 +108,9 @@ def replace(f, name, value):
 
 DENSE_DAMAGE = {
     "no rows": (lambda f: f.__delitem__("rows"), r"group '/rows' is missing"),
+    "rows a dataset": (lambda f: replace(f, "rows", np.zeros(3)), r"'/rows' must be a group, found a Dataset"),
+    "X a group": (lambda f: (f.__delitem__("rows/X"), f.create_group("rows/X")),
+                  r"field 'X' must be a dataset, found a Group"),
     "no labels": (lambda f: f.__delitem__("rows/y"), r"group '/rows': field 'y' is missing"),
     "offsets off": (lambda f: replace(f, "rows/offsets", f["rows/offsets"][()] + np.array([0, 1, 1, 1, 0])),
                     r"field 'offsets': task #0 has 31 rows there, the task table says 30"),
@@ -141,7 +144,8 @@ def test_a_group_file_claiming_version_2_is_refused(tmp_path):
     path = tmp_path / "g.h5"
     store.write_tasks(path, *random_tasks(m=4), layout="groups")
     damage(path, lambda f: f.attrs.__setitem__("format_version", 2))
-    with pytest.raises(InputError, match=r"attribute 'layout' is 'groups' in a file of format_version 2"):
+    with pytest.raises(InputError, match=r"attribute 'layout' is missing \(the group layout\) in a file of "
+                                         r"format_version 2"):
         store.TaskFile(path)
 
 
@@ -201,7 +205,8 @@ def test_training_reads_both_layouts_alike_and_the_cli_writes_packed(tmp_path):
     info = run_hpcmtl(["data", "info", tmp_path / "tr-packed.h5"])
     assert info.returncode == 0 and "6 tasks" in info.stdout and "packed layout" in info.stdout, info.stderr
     damage(tmp_path / "tr-packed.h5", lambda f: f.__delitem__("rows/y"))
-    r = run_hpcmtl(["train", "dmtrl", "--train", tmp_path / "tr-packed.h5", "--out", tmp_path / "x.h5", "--lam", "0.01"])
+    r = run_hpcmtl(["train", "dmtrl", "--train", tmp_path / "tr-packed.h5", "--out", tmp_path / "x.h5",
+                    "--lam", "0.01"])
     assert r.returncode == 2 and "field 'y' is missing" in one_error_line(r)
 
 
@@ -220,3 +225,46 @@ def test_a_packed_file_trains_to_the_same_bits_at_three_ranks(tmp_path):
         assert r.returncode == 0, r.stderr
     a, b = store.read_result(outs["groups"]), store.read_result(outs["packed"])
     assert a["model"]["W"].tobytes() == b["model"]["W"].tobytes()
+
+
+def test_windows_stay_small_whatever_the_chunks_and_the_tasks(tmp_path, monkeypatch):
+    """A window holds about WINDOW_BYTES of rows: not a whole chunk of the labels (131,072 rows once a file has
+    more rows), nor a CSR task with many stored values among tiny ones (read directly, never held beside its
+    block); a damaged row pointer far from the rows asked for makes no window read the rest of the values, and is
+    named by its task when that task is read; writing packed holds no second copy of the tasks."""
+    import tracemalloc
+    monkeypatch.setattr(packed, "WINDOW_BYTES", 1 << 16)
+    rng = np.random.default_rng(4)
+    Xs = [rng.normal(size=(100, 2)) for _ in range(1400)]                  # 140,000 rows: y chunked at 131,072
+    ys = [rng.normal(size=100) for _ in range(1400)]
+    path = tmp_path / "dense.h5"
+    tracemalloc.start()
+    store.write_tasks(path, Xs, ys, layout="packed")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2 * (1 << 20) < sum(X.nbytes + y.nbytes for X, y in zip(Xs, ys))    # about a chunk (1 MB)
+    with store.TaskFile(path) as tf:
+        assert_array_equal(tf.read_block(0).X, Xs[0])
+        assert tf._packed.window[3].nbytes <= 2 * packed.WINDOW_BYTES
+        assert_array_equal(tf.read_block(1399).X, Xs[1399])
+    heavy = sp.csr_matrix(rng.normal(size=(200, 100)))                     # 20,000 values, 240 KB
+    Xc = [heavy] + [sp.csr_matrix(rng.normal(size=(3, 100)) * (rng.uniform(size=(3, 100)) < 0.02))
+                    for _ in range(2999)]
+    yc = [np.ones(X.shape[0]) for X in Xc]
+    path = tmp_path / "csr.h5"
+    store.write_tasks(path, Xc, yc, layout="packed")
+    with store.TaskFile(path) as tf:
+        assert (tf.read_block(0).X != heavy).nnz == 0 and tf._packed.window is None
+        assert (tf.read_block(1).X != Xc[1]).nnz == 0
+        budget = packed.WINDOW_BYTES // tf._packed.value_bytes
+        assert tf._packed.window[3][1].size <= budget + 300
+    with h5py.File(path, "a") as f:
+        offsets, indptr = f["rows/offsets"][()], f["rows/indptr"][()]
+        indptr[offsets[2500] + 1] = 10 ** 12
+        replace(f, "rows/indptr", indptr)
+    with store.TaskFile(path) as tf:
+        for i in (2400, 2499):                  # the window of task 2400 reaches task 2500's damaged pointer
+            assert (tf.read_block(i).X != Xc[i]).nnz == 0
+            assert tf._packed.window[3][1].size <= budget + 300
+        with pytest.raises(InputError, match=r"task 'task2500' \(#2500\): field 'indptr': not a valid CSR row"):
+            tf.read_block(2500)

@@ -154,10 +154,11 @@ _CHECKED = weakref.WeakValueDictionary()
 
 def check_sigma(Sigma, m):
     """A user-given task covariance: m x m, symmetric, positive definite.  Returns a symmetrized read-only copy,
-    or the array itself when it is one this function returned (checked already, and it cannot have changed)."""
+    or the array itself when it is one this function returned and still read-only (checked already; made writable
+    again, it is checked again)."""
     if Sigma is None:
         raise InputError("relationship 'fixed' needs a task covariance Sigma")
-    if _CHECKED.get(id(Sigma)) is Sigma and Sigma.shape == (m, m):
+    if _CHECKED.get(id(Sigma)) is Sigma and not Sigma.flags.writeable and Sigma.shape == (m, m):
         return Sigma
     Sigma = np.asarray(Sigma, dtype=np.float64)
     if Sigma.shape != (m, m):

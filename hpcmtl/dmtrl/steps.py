@@ -244,7 +244,9 @@ class StepSolver:
         solved by a pseudo-inverse (eigenvalues below 1e-12 of the largest
         dropped): the gain ``g^T A^+ g / 2`` is never negative.  From
         :data:`DENSE_OPERATOR_MIN_TASKS` tasks on, by block-Jacobi CG on A's
-        products instead (no eigensolve; the same step to about 1e-12).
+        products instead (no eigensolve): the same B update to about 1e-12
+        (eta and beta themselves may differ by a part A does not see when A is
+        singular: a task's two directions parallel or zero).
         """
         m = inputs.m
         A, g = self.two_direction_quadratic(inputs, dBT, inputs.dPT, *scalars.T)

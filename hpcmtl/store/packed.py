@@ -22,8 +22,8 @@ order, so a window serves the next tasks of the same rank.
 """
 from __future__ import annotations
 
+import h5py
 import numpy as np
-import scipy.sparse as sp
 
 from ..errors import InputError
 from .hdf5 import write_array
@@ -48,18 +48,61 @@ def layout_for(layout: str, n_tasks: int) -> str:
 
 
 def write_packed(f, mats, storage):
-    """Every task's ``(X, y)`` of ``mats`` (checked, CSR with sorted indices) into ``/rows`` of the open file."""
+    """Every task's ``(X, y)`` of ``mats`` (checked, CSR with sorted indices) into ``/rows`` of the open file, a
+    slab of about a chunk at a time into datasets of their final size (never a second copy of every task)."""
     g = f.create_group(ROWS)
     counts = np.array([X.shape[0] for X, _ in mats], dtype=np.int64)
-    g.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-    write_array(g, "y", np.concatenate([y for _, y in mats]))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    g.create_dataset("offsets", data=offsets)
+    N = int(offsets[-1])
+    ys = _slab_writer(g, "y", (N,), np.float64)
     if storage == "csr":
-        X = sp.vstack([X for X, _ in mats], format="csr")
-        write_array(g, "data", X.data)
-        write_array(g, "indices", X.indices.astype(np.int32))
-        write_array(g, "indptr", X.indptr.astype(np.int64))
+        nnz = np.array([X.nnz for X, _ in mats], dtype=np.int64)
+        indptr = np.zeros(N + 1, dtype=np.int64)
+        indptr[1:] = np.cumsum(np.concatenate([np.diff(X.indptr) for X, _ in mats]))
+        write_array(g, "indptr", indptr)
+        values = _slab_writer(g, "data", (int(nnz.sum()),), mats[0][0].dtype)
+        columns = _slab_writer(g, "indices", (int(nnz.sum()),), np.int32)
+        for X, y in mats:
+            values(X.data)
+            columns(X.indices.astype(np.int32))
+            ys(y)
+        for write in (values, columns, ys):
+            write(None)
     else:
-        write_array(g, "X", np.concatenate([X for X, _ in mats]))
+        rows = _slab_writer(g, "X", (N, mats[0][0].shape[1]), mats[0][0].dtype)
+        for X, y in mats:
+            rows(X)
+            ys(y)
+        for write in (rows, ys):
+            write(None)
+
+
+def _slab_writer(group, name, shape, dtype):
+    """``write(piece)``: appends ``piece``'s rows to dataset ``name`` of ``shape`` (chunked and compressed as
+    :func:`.hdf5.write_array` would store the whole), a chunk's rows at a time; ``write(None)`` flushes."""
+    dtype = np.dtype(dtype)
+    row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    if shape[0] * row > (1 << 20):
+        step = max(1, (1 << 20) // max(1, row))
+        ds = group.create_dataset(name, shape=shape, dtype=dtype, chunks=(min(step, shape[0]),) + tuple(shape[1:]),
+                                  compression="gzip", compression_opts=1, shuffle=True)
+    else:
+        step = max(1, shape[0])
+        ds = group.create_dataset(name, shape=shape, dtype=dtype)
+    pending, state = [], {"rows": 0, "at": 0}
+
+    def write(piece):
+        if piece is not None:
+            pending.append(np.asarray(piece, dtype=dtype))
+            state["rows"] += pending[-1].shape[0]
+        if pending and (piece is None or state["rows"] >= step):
+            slab = np.concatenate(pending)
+            ds[state["at"]:state["at"] + slab.shape[0]] = slab
+            state["at"] += slab.shape[0]
+            pending.clear()
+            state["rows"] = 0
+    return write
 
 
 class PackedRows:
@@ -74,6 +117,8 @@ class PackedRows:
         g = f.get(ROWS)
         if g is None:
             raise InputError(f"{path}: group '/{ROWS}' is missing (a packed task file keeps its rows there)")
+        if not isinstance(g, h5py.Group):
+            raise InputError(f"{path}: '/{ROWS}' must be a group, found a {type(g).__name__}")
         fields = ("offsets", "y") + (("data", "indices", "indptr") if storage == "csr" else ("X",))
         ds = {}
         for name in fields:
@@ -82,14 +127,15 @@ class PackedRows:
                 raise InputError(f"{where}: field '{name}' is missing")
         check_kind(where, "offsets", ds["offsets"], index_kinds)
         check_kind(where, "y", ds["y"], label_kinds)
+        check_kind(where, "data" if storage == "csr" else "X", ds["data" if storage == "csr" else "X"], "f")
         m = len(n_samples)
         if ds["offsets"].shape != (m + 1,):
             raise InputError(f"{where}: field 'offsets': has shape {ds['offsets'].shape}, expected ({m + 1},) "
                              f"for {m} tasks")
         offsets = ds["offsets"][()].astype(np.int64)
         sizes = np.diff(offsets)
-        if offsets[0] != 0 or np.any(sizes != n_samples):
-            bad = 0 if offsets[0] != 0 else int(np.flatnonzero(sizes != n_samples)[0])
+        if offsets[0] != 0 or np.any(sizes != n_samples) or np.any(sizes < 0):
+            bad = 0 if offsets[0] != 0 else int(np.flatnonzero((sizes != n_samples) | (sizes < 0))[0])
             raise InputError(f"{where}: field 'offsets': task #{bad} has {int(sizes[bad])} rows there, the task "
                              f"table says {int(n_samples[bad])}")
         N = int(offsets[-1])
@@ -101,19 +147,21 @@ class PackedRows:
             check_dtype(where, "data", ds["data"])
             if ds["indptr"].shape != (N + 1,):
                 raise InputError(f"{where}: field 'indptr': has shape {ds['indptr'].shape}, expected ({N + 1},)")
-            if ds["data"].shape != ds["indices"].shape or len(ds["data"].shape) != 1:
+            if len(ds["data"].shape) != 1 or ds["data"].shape != ds["indices"].shape:
                 raise InputError(f"{where}: fields 'data' and 'indices': shapes {ds['data'].shape} and "
-                                 f"{ds['indices'].shape} differ")
-            self.row_bytes = max(1, 12 * int(ds["data"].shape[0]) // max(1, N)) + 8
+                                 f"{ds['indices'].shape}, expected one equal length")
+            self.value_bytes = ds["data"].dtype.itemsize + ds["indices"].dtype.itemsize
+            self.chunk_rows = 0
         else:
             X = ds["X"]
             if len(X.shape) != 2 or X.shape[0] != N or X.shape[1] != n_features:
                 raise InputError(f"{where}: field 'X': has shape {X.shape}, expected ({N}, {n_features})")
             check_dtype(where, "X", X)
             self.row_bytes = X.dtype.itemsize * n_features + 8
+            # a window ends at the end of one of X's chunks (each compressed chunk inflated once) unless that
+            # is far past the window's size (a file written with one huge chunk)
+            self.chunk_rows = X.chunks[0] if X.chunks else 0
         self.ds, self.offsets, self.n_rows = ds, offsets, N
-        chunks = [d.chunks[0] for d in ds.values() if d.chunks and d is not ds["offsets"]]
-        self.chunk_rows = max(chunks) if chunks and storage == "dense" else 0
         self.window = None                  # (first row, end row, y, X or (indptr, data, indices, indptr's base))
 
     def span(self, i, start, stop):
@@ -121,7 +169,14 @@ class PackedRows:
         return int(self.offsets[i]) + start, int(self.offsets[i]) + stop
 
     def large(self, lo, hi) -> bool:
-        """A range larger than the window is read directly, never held in a window beside its block."""
+        """A range larger than the window is read directly, never held in a window beside its block (CSR: by
+        its stored values, two entries of the row pointer)."""
+        w = self.window
+        if w is not None and w[0] <= lo and hi <= w[1]:
+            return False
+        if self.storage == "csr":
+            a, b = (int(v) for v in self.ds["indptr"][[lo, hi]]) if hi > lo else (0, 0)
+            return (b - a) * self.value_bytes + (hi - lo) * 16 > WINDOW_BYTES
         return (hi - lo) * self.row_bytes > WINDOW_BYTES
 
     def labels(self, lo, hi):
@@ -132,7 +187,8 @@ class PackedRows:
 
     def rows(self, lo, hi):
         """``(y, X)`` of file rows ``lo:hi`` (small ranges): y a copy; X a view of the window (dense, the
-        caller copies or converts it) or ``(indptr, data, indices)`` views (CSR, indptr as file positions)."""
+        caller copies or converts it) or ``(indptr, data, indices, base)`` views (CSR, indptr as file positions,
+        ``data[0]`` at position ``base``)."""
         y, X = self._window(lo, hi)
         return y.copy(), X
 
@@ -148,19 +204,30 @@ class PackedRows:
         return w[2][a:b], w[3][a:b]
 
     def _read_window(self, lo, hi):
-        """Rows ``lo`` up to about WINDOW_BYTES further (at least to ``hi``, at most the file's end, to the end of
-        a chunk of the dense rows) read in one slice of each dataset."""
+        """Rows ``lo`` up to about WINDOW_BYTES further (at least to ``hi``, at most the file's end; dense: to the
+        end of X's chunk) read in one slice of each dataset."""
+        if self.storage == "csr":
+            return self._read_csr_window(lo, hi)
         end = max(hi, lo + max(1, WINDOW_BYTES // self.row_bytes))
         if self.chunk_rows:
-            end = -(-end // self.chunk_rows) * self.chunk_rows
+            aligned = -(-end // self.chunk_rows) * self.chunk_rows
+            end = aligned if (aligned - lo) * self.row_bytes <= 2 * WINDOW_BYTES else end
         end = min(end, self.n_rows)
-        y = self.ds["y"][lo:end]
-        if self.storage == "csr":
-            # the stored values the window's rows point at; a damaged pointer is named by the task whose block
-            # reads it (PackedRows' caller checks each block's pointer against these arrays)
-            indptr = self.ds["indptr"][lo:end + 1].astype(np.int64)
-            size = int(self.ds["data"].shape[0])
-            nz0 = min(max(0, int(indptr.min())), size)
-            nz1 = max(nz0, min(int(indptr.max()), size))
-            return lo, end, y, (indptr, self.ds["data"][nz0:nz1], self.ds["indices"][nz0:nz1], nz0)
-        return lo, end, y, self.ds["X"][lo:end]
+        return lo, end, self.ds["y"][lo:end], self.ds["X"][lo:end]
+
+    def _read_csr_window(self, lo, hi):
+        """The CSR window: rows from ``lo`` whose stored values fit WINDOW_BYTES (at least to ``hi``), the values
+        read only as far as the row pointer is sound (ordered, within the values): a damaged pointer is named by
+        the task whose block reads it, and never makes a window read the rest of the file."""
+        last = min(self.n_rows, max(hi, lo + max(1, WINDOW_BYTES // 16)))
+        indptr = self.ds["indptr"][lo:last + 1].astype(np.int64)
+        size = int(self.ds["data"].shape[0])
+        base = min(max(int(indptr[0]), 0), size)
+        bad = np.flatnonzero((indptr < base) | (indptr > size) | (np.maximum.accumulate(indptr) != indptr))
+        sound = lo + (int(bad[0]) - 1 if bad.size else last - lo)     # rows lo:sound point within the values
+        fits = lo + int(np.searchsorted(indptr[:max(sound - lo, 0) + 1],
+                                        base + max(1, WINDOW_BYTES // self.value_bytes), side="right")) - 1
+        end = max(min(sound, fits), hi)
+        top = int(indptr[min(end, sound) - lo]) if sound >= lo else base
+        return lo, end, self.ds["y"][lo:end], (indptr[:end - lo + 1], self.ds["data"][base:top],
+                                               self.ds["indices"][base:top], base)

@@ -197,9 +197,10 @@ class TaskFile(OpenFile):
         version = self.attrs["format_version"]
         if self.layout not in LAYOUTS or version != (PACKED_VERSION if self.layout == "packed" else FORMAT_VERSION):
             self.close()
-            raise InputError(f"{self.path}: attribute 'layout' is {self.layout!r} in a file of format_version "
-                             f"{version}: expected 'groups' (version {FORMAT_VERSION}) or 'packed' (version "
-                             f"{PACKED_VERSION})")
+            shown = repr(self.layout) if "layout" in self.attrs else "missing (the group layout)"
+            raise InputError(f"{self.path}: attribute 'layout' is {shown} in a file of format_version {version}: "
+                             f"expected the group layout (no 'layout', version {FORMAT_VERSION}) or 'packed' "
+                             f"(version {PACKED_VERSION})")
         if self.layout == "packed":
             try:
                 self._packed = PackedRows(f, self.path, self.n_samples, self.storage, self.n_features,
@@ -207,6 +208,9 @@ class TaskFile(OpenFile):
             except InputError:
                 self.close()
                 raise
+            except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
+                self.close()
+                raise InputError(f"{self.path}: group '/rows': cannot read it: {exc}") from None
 
     def _where(self, i):
         return f"{self.path}: task '{self.names[i]}' (#{i})"
@@ -260,7 +264,7 @@ class TaskFile(OpenFile):
                 X, y, x_sum = self._read_group(where, i, start, stop, constant_column, rounded)
         except InputError:
             raise
-        except (OSError, KeyError, ValueError, TypeError) as exc:
+        except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
             raise InputError(f"{where}: cannot read task data: {exc}") from None
         y = np.asarray(y, dtype=np.float64)
         check_task(self.path, i, self.names[i], X if constant_column is None else X[:, :-1], y, self.n_features)
@@ -288,6 +292,8 @@ class TaskFile(OpenFile):
             Xd = g.get("X")
             if Xd is None:
                 raise InputError(f"{where}: field 'X' is missing")
+            if not isinstance(Xd, h5py.Dataset):
+                raise InputError(f"{where}: field 'X' must be a dataset, found a {type(Xd).__name__}")
             shape = Xd.shape
             if len(shape) != 2 or shape[0] != n:
                 raise InputError(f"{where}: field 'X': has shape {shape}, task table says {n} rows")
@@ -299,6 +305,9 @@ class TaskFile(OpenFile):
             fields[field_name] = g.get(field_name)
             if fields[field_name] is None:
                 raise InputError(f"{where}: field '{field_name}' is missing")
+            if not isinstance(fields[field_name], h5py.Dataset):
+                raise InputError(f"{where}: field '{field_name}' must be a dataset, found a "
+                                 f"{type(fields[field_name]).__name__}")
         dd, idd, ipd = fields["data"], fields["indices"], fields["indptr"]
         _check_kind(where, "indptr", ipd, INDEX_KINDS)
         _check_kind(where, "indices", idd, INDEX_KINDS)
@@ -459,7 +468,8 @@ class TaskFile(OpenFile):
         total = int(self.n_samples.sum())
         density = float(self.nnz.sum()) / max(1, total * self.n_features)
         return {"path": self.path, "n_tasks": self.n_tasks, "n_features": self.n_features,
-                "storage": self.storage, "dtype": self.dtype, "layout": self.layout, "n_samples": total, "nnz": int(self.nnz.sum()),
+                "storage": self.storage, "dtype": self.dtype, "layout": self.layout,
+                "n_samples": total, "nnz": int(self.nnz.sum()),
                 "density": density, "has_truth": TRUTH in self._f, "scaling": self.scaling(), "tasks": tasks}
 
     def scaling(self) -> str:
