@@ -442,6 +442,39 @@ def test_an_uncertified_outer_loop_says_whether_more_w_steps_would_help(outer, s
         assert said[0].endswith("raise --outer") and f"--outer {outer} W-steps were taken" in said[0]
 
 
+def test_a_w_step_whose_dual_phase_was_skipped_is_no_stall():
+    """A hinge W-step after which the dual phase was skipped (the W-steps still lower P by more than --outer-tol)
+    leaves the kept bound where it was: the joint gap then shrinks only by P's decrease, which the stall rule
+    (3 % over 3 W-steps) must not read as a stall; the same gaps without the flag end the loop as stalled."""
+    from hpcmtl.dmtrl.outer import STALL_STEPS, OuterState, outer_loop
+    config = DMTRLConfig(loss="hinge", lam=1e-3, outer=8, outer_tol=1e-4)
+    for skipped in (1, 0):
+        state, said, gap = OuterState(), [], [4e-3]
+
+        def certify():
+            gap[0] *= 0.999
+            return dict(joint_primal=1.0, joint_dual=1.0 - gap[0], joint_rel_gap=gap[0], dual_scale=1.0,
+                        prox_step=0.0, prox_primal=1.0, apg_iterations=0, dual_skipped=skipped)
+
+        outer_loop(config, lambda p: ({"primal": 1.0, "round": p, "rel_gap": 1e-7}, True), lambda: None, state,
+                   said.append, certify)
+        assert len(said) == 1 and len(state.wsteps) == (8 if skipped else STALL_STEPS + 1)
+        assert ("the joint gap stopped shrinking" in said[0]) == (not skipped)
+
+
+@pytest.mark.parametrize("previous,primal,dual,skip", [
+    (1.0100, 1.0, 0.90, True),       # P fell 1e-2: above 1e-3 of P and 10 % of the gap
+    (1.0005, 1.0, 0.99, False),      # 5e-4 of P: within --outer-tol 1e-3, the phase may certify
+    (1.0020, 1.0, 0.90, False),      # 2e-3 of P but 2 % of the gap: a crawl, the phase (and a move) may be needed
+    (0.9900, 1.0, 0.90, False),      # P rose (a revert): the phase runs
+])
+def test_the_dual_phase_is_skipped_only_while_the_w_steps_close_the_gap(previous, primal, dual, skip):
+    from hpcmtl.dmtrl.joint import still_dropping
+    assert still_dropping([{"joint_primal": previous}], primal, dual, 1e-3) is skip
+    assert still_dropping([], primal, dual, 1e-3) is False
+    assert still_dropping([{"joint_primal": previous, "dual_move": 1}], primal, dual, 1e-3) is False
+
+
 def one_row_tasks(m, d, seed):
     """m one-row hinge tasks (the stalled alternation's shape): a shared direction, its sign alternating, noise."""
     rng = np.random.default_rng(seed)
