@@ -564,3 +564,48 @@ def test_the_hinge_dual_phase_ends_at_the_first_point_that_certifies_outer_tol(m
     assert certifying.size and certifying[0] == duals.size - 1         # the first certifying trial is the last
     assert last["dual"] == pytest.approx(duals[-1], rel=1e-12, abs=1e-12)
     assert (result.wsteps["joint_primal"][-1] - result.wsteps["joint_dual"][-1]) <= tol * primal
+
+
+def test_a_dual_phase_starts_from_the_last_phase_s_step_per_unit_of_mu():
+    """The step a hinge dual phase hands on is per unit of mu (D_mu's curvature is nearly 1/mu), so the next phase,
+    which starts at a mu far above the one the last ended at, starts with a step that large (capped at the first
+    phase's): carried as it was, it started 10^2-10^3 times too short.  The phases run on a NumPy worker (the
+    kernel's arithmetic, tests above) over 6 hinge tasks."""
+    from hpcmtl.dmtrl import dual_phase as dp
+    Xs, ys = low_rank_tasks(m=6, d=10, n=60, loss="hinge")
+    lam, n = 1e-4, np.array([float(len(y)) for y in ys])
+    state, steps = {}, []
+
+    def terms(action, payload):
+        rows = np.zeros((len(Xs), Xs[0].shape[1] + 4))
+        for i, (X, y) in enumerate(zip(Xs, ys)):
+            if action == dp.START:
+                beta = np.full(len(y), 0.5)          # a W-step's alpha inside the box
+                state[i] = [beta, beta.copy(), beta.copy()]
+                rows[i] = np.concatenate([X.T @ (y * beta), [beta.sum(), 0, 0, 0]])
+                continue
+            beta, ext, trial = state[i]
+            w, (step, theta, accept) = payload[i, :-3], payload[i, -3:]
+            if accept:
+                beta, ext = trial, trial + theta * (trial - beta)
+            g = 1.0 - y * (X @ w)
+            trial = np.clip(ext + step * g, 0.0, 1.0)
+            state[i] = [beta, ext, trial]
+            rows[i] = np.concatenate([X.T @ (y * trial), [trial.sum(), g @ (trial - ext), (trial - ext) @ (trial - ext),
+                                                         (ext - trial) @ (trial - beta)]])
+            if i == 0:
+                steps.append(step)
+        return rows
+
+    primal = 2.0                               # far above D: the phases run their budgets
+    first = dp.dual_phase(lam, n, terms, primal, 300, 1e-6)
+    assert steps[0] == dp.FIRST_STEP and first["iterations"] == 300 and min(steps) < 1e-3
+    last = steps[-1]
+    steps.clear()
+    second = dp.dual_phase(lam, n, terms, primal, 5, 1e-6, first["step"])
+    # this phase's first mu, from its start: half its gap to P in smoothing
+    V = np.array([X.T @ (0.5 * y) / len(y) for X, y in zip(Xs, ys)])
+    D0 = 0.5 * len(Xs) - np.linalg.eigvalsh(V @ V.T)[-1] / (2.0 * lam)
+    mu = dp.MU_START_SHARE * (primal - D0) * 2.0 * lam / np.log(6)
+    assert steps[0] == pytest.approx(min(dp.FIRST_STEP, first["step"] * mu), rel=1e-9)
+    assert steps[0] > 10 * last and second["iterations"] == 5      # measured: 0.0625 against 0.00195
