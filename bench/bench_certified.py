@@ -15,7 +15,10 @@ relative gap, W-steps, rounds and dual/accelerated phase iterations are printed 
 Measured (2 shared cores, medians of 3 alternating runs, the issue-time build a80c4e9's --outer 10 as the
 reference): MDS hinge lam 1e-3 2.37 s against 1.35 s (1.76x; before the dual phase stopped at its first bound
 within --outer-tol: 3.73 s, 2.76x), Synthetic 1 5.75 s against 5.72 s (1.01x; before 1.06x), Synthetic 2 5.61 s
-against 6.68 s (0.84x; before 0.97x).
+against 6.68 s (0.84x; before 0.97x).  With the hinge's dual phase skipped while the W-steps still lower P by more
+than --outer-tol (this build's own --outer 10 --outer-tol 0 as the reference, main's build measured right before):
+MDS 2.33 s against 2.44 s (0.95x; main 2.31 s against 2.54 s, 0.91x: 4 W-steps instead of 3, phases 200 + 344
+iterations instead of 200 + 400), Synthetic 1 0.95x (main 0.90x), Synthetic 2 0.78x (main 0.78x).
 """
 import argparse
 import os

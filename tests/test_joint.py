@@ -293,14 +293,19 @@ def test_the_hinge_dual_phase_certifies_where_the_w_steps_alone_stall():
     """12 hinge tasks sharing a rank-3 subspace: W-steps with prox steps alone end 6.7e-3 above their best dual
     after 17 W-steps, unconverged.  With the smoothed dual's phase the run certifies --outer-tol 1e-3 in a few
     W-steps, P never rises, every recorded dual bound is below every primal, and P is the model's own hinge
-    objective (bitwise across rank counts and through a resume: tests/test_rank_counts.py, 'hinge dual phase')."""
+    objective (bitwise across rank counts and through a resume: tests/test_rank_counts.py, 'hinge dual phase').
+    A phase runs after every W-step but those that lowered P by more than --outer-tol (which no bound could
+    certify): after W-step 2 here (P 5.70 -> 4.52), not after 1 (the first has no W-step before it) or 3."""
     from hpcmtl.losses import primal_reference
     Xs, ys = low_rank_tasks(m=12, d=5, n=20, loss="hinge")
     config = DMTRLConfig(loss="hinge", lam=0.05, tol=1e-8, outer=8, outer_tol=1e-3, fit_intercept=False)
     result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
     steps = result.wsteps
     assert result.converged and steps["joint_rel_gap"][-1] <= 1e-3
-    assert len(steps["joint_primal"]) <= 4 and steps["apg_iterations"][:-1].min() > 0
+    P_steps = steps["joint_primal"]
+    dropping = np.concatenate([[False], -np.diff(P_steps) > 1e-3 * P_steps[1:]])[:-1]
+    assert len(P_steps) <= 4 and dropping.any() and not dropping.all()
+    np.testing.assert_array_equal(steps["apg_iterations"][:-1] == 0, dropping)
     assert np.all(np.diff(steps["joint_primal"]) <= 1e-9 * steps["joint_primal"][0])
     assert steps["joint_dual"].max() <= steps["joint_primal"].min()
     z = [X @ result.W[:, i] for i, X in enumerate(Xs)]
@@ -437,6 +442,39 @@ def test_an_uncertified_outer_loop_says_whether_more_w_steps_would_help(outer, s
         assert said[0].endswith("raise --outer") and f"--outer {outer} W-steps were taken" in said[0]
 
 
+def test_a_w_step_whose_dual_phase_was_skipped_is_no_stall():
+    """A hinge W-step after which the dual phase was skipped (the W-steps still lower P by more than --outer-tol)
+    leaves the kept bound where it was: the joint gap then shrinks only by P's decrease, which the stall rule
+    (3 % over 3 W-steps) must not read as a stall; the same gaps without the flag end the loop as stalled."""
+    from hpcmtl.dmtrl.outer import STALL_STEPS, OuterState, outer_loop
+    config = DMTRLConfig(loss="hinge", lam=1e-3, outer=8, outer_tol=1e-4)
+    for skipped in (1, 0):
+        state, said, gap = OuterState(), [], [4e-3]
+
+        def certify():
+            gap[0] *= 0.999
+            return dict(joint_primal=1.0, joint_dual=1.0 - gap[0], joint_rel_gap=gap[0], dual_scale=1.0,
+                        prox_step=0.0, prox_primal=1.0, apg_iterations=0, dual_skipped=skipped)
+
+        outer_loop(config, lambda p: ({"primal": 1.0, "round": p, "rel_gap": 1e-7}, True), lambda: None, state,
+                   said.append, certify)
+        assert len(said) == 1 and len(state.wsteps) == (8 if skipped else STALL_STEPS + 1)
+        assert ("the joint gap stopped shrinking" in said[0]) == (not skipped)
+
+
+@pytest.mark.parametrize("previous,primal,dual,skip", [
+    (1.0100, 1.0, 0.90, True),       # P fell 1e-2: above 1e-3 of P and 10 % of the gap
+    (1.0005, 1.0, 0.99, False),      # 5e-4 of P: within --outer-tol 1e-3, the phase may certify
+    (1.0020, 1.0, 0.90, False),      # 2e-3 of P but 2 % of the gap: a crawl, the phase (and a move) may be needed
+    (0.9900, 1.0, 0.90, False),      # P rose (a revert): the phase runs
+])
+def test_the_dual_phase_is_skipped_only_while_the_w_steps_close_the_gap(previous, primal, dual, skip):
+    from hpcmtl.dmtrl.joint import still_dropping
+    assert still_dropping([{"joint_primal": previous}], primal, dual, 1e-3) is skip
+    assert still_dropping([], primal, dual, 1e-3) is False
+    assert still_dropping([{"joint_primal": previous, "dual_move": 1}], primal, dual, 1e-3) is False
+
+
 def one_row_tasks(m, d, seed):
     """m one-row hinge tasks (the stalled alternation's shape): a shared direction, its sign alternating, noise."""
     rng = np.random.default_rng(seed)
@@ -526,3 +564,48 @@ def test_the_hinge_dual_phase_ends_at_the_first_point_that_certifies_outer_tol(m
     assert certifying.size and certifying[0] == duals.size - 1         # the first certifying trial is the last
     assert last["dual"] == pytest.approx(duals[-1], rel=1e-12, abs=1e-12)
     assert (result.wsteps["joint_primal"][-1] - result.wsteps["joint_dual"][-1]) <= tol * primal
+
+
+def test_a_dual_phase_starts_from_the_last_phase_s_step_per_unit_of_mu():
+    """The step a hinge dual phase hands on is per unit of mu (D_mu's curvature is nearly 1/mu), so the next phase,
+    which starts at a mu far above the one the last ended at, starts with a step that large (capped at the first
+    phase's): carried as it was, it started 10^2-10^3 times too short.  The phases run on a NumPy worker (the
+    kernel's arithmetic, tests above) over 6 hinge tasks."""
+    from hpcmtl.dmtrl import dual_phase as dp
+    Xs, ys = low_rank_tasks(m=6, d=10, n=60, loss="hinge")
+    lam, n = 1e-4, np.array([float(len(y)) for y in ys])
+    state, steps = {}, []
+
+    def terms(action, payload):
+        rows = np.zeros((len(Xs), Xs[0].shape[1] + 4))
+        for i, (X, y) in enumerate(zip(Xs, ys)):
+            if action == dp.START:
+                beta = np.full(len(y), 0.5)          # a W-step's alpha inside the box
+                state[i] = [beta, beta.copy(), beta.copy()]
+                rows[i] = np.concatenate([X.T @ (y * beta), [beta.sum(), 0, 0, 0]])
+                continue
+            beta, ext, trial = state[i]
+            w, (step, theta, accept) = payload[i, :-3], payload[i, -3:]
+            if accept:
+                beta, ext = trial, trial + theta * (trial - beta)
+            g = 1.0 - y * (X @ w)
+            trial = np.clip(ext + step * g, 0.0, 1.0)
+            state[i] = [beta, ext, trial]
+            rows[i] = np.concatenate([X.T @ (y * trial), [trial.sum(), g @ (trial - ext), (trial - ext) @ (trial - ext),
+                                                         (ext - trial) @ (trial - beta)]])
+            if i == 0:
+                steps.append(step)
+        return rows
+
+    primal = 2.0                               # far above D: the phases run their budgets
+    first = dp.dual_phase(lam, n, terms, primal, 300, 1e-6)
+    assert steps[0] == dp.FIRST_STEP and first["iterations"] == 300 and min(steps) < 1e-3
+    last = steps[-1]
+    steps.clear()
+    second = dp.dual_phase(lam, n, terms, primal, 5, 1e-6, first["step"])
+    # this phase's first mu, from its start: half its gap to P in smoothing
+    V = np.array([X.T @ (0.5 * y) / len(y) for X, y in zip(Xs, ys)])
+    D0 = 0.5 * len(Xs) - np.linalg.eigvalsh(V @ V.T)[-1] / (2.0 * lam)
+    mu = dp.MU_START_SHARE * (primal - D0) * 2.0 * lam / np.log(6)
+    assert steps[0] == pytest.approx(min(dp.FIRST_STEP, first["step"] * mu), rel=1e-9)
+    assert steps[0] > 10 * last and second["iterations"] == 5      # measured: 0.0625 against 0.00195

@@ -174,7 +174,7 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     so.  Returns a dict: ``dual`` (the best exact D of the start and every trial), ``wts`` (the primal W^T it
     recovers: W_mu at the last accepted point, and the average of the accepted points' W_mu weighted by their
     count, Nesterov's primal recovery: candidates for the next Omega-step's W), ``iterations``, ``step`` (the
-    next phase's first guess)."""
+    next phase's first guess, per unit of mu; ``step`` in: the same)."""
     inv_n = 1.0 / n
     rows = terms(START, None)
     d = rows.shape[1] - 4
@@ -188,7 +188,11 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     r = max(2, min(VT_beta.shape))
     mu_end = max(MU_END_SHARE * target * abs(primal) * 2.0 * lam / np.log(r), 1e-300)
     mu = max(MU_START_SHARE * (primal - best) * 2.0 * lam / np.log(r), mu_end)
-    step = FIRST_STEP if step is None else step
+    # the last phase's step per unit of mu: D_mu's curvature is nearly 1/mu once mu is small, so a step carried
+    # over as it was (from a phase that ended at a small mu) would start this one's large mu 10^2-10^3 times too
+    # short, and it doubles only after STEP_TRIAL_AFTER accepted steps in a row (Reuters, lam 1e-4, the phase
+    # after W-step 9: joint gap 6.9e-3 from the step the phase before it ended with, 3.2e-3 from the first's)
+    step = FIRST_STEP if step is None else min(FIRST_STEP, step * mu)
     VT_ext, lin_ext = VT_beta, lin_beta
     momentum, theta, accept, k, accepted, run, checked = 1.0, 0.0, 0, 0, 0, 0, best
     _, f_ext, WT_ext = smoothed(VT_ext, mu, lam)
@@ -240,4 +244,4 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
     mu_recover = max(mu, MU_RECOVER * (primal - best) * 2.0 * lam / np.log(r))
     _, _, WT_last = smoothed(VT_beta, mu_recover, lam)
     wts = [WT_last] + ([WT_sum / weight] if weight > 0 else [])
-    return {"dual": float(best), "wts": wts, "iterations": k, "step": step}
+    return {"dual": float(best), "wts": wts, "iterations": k, "step": step / mu}

@@ -399,9 +399,21 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         budget = FLOOR_PER_GAP * (phase["primal"] - max(bounds + [out["joint_dual"]]))
         floor = floor_within(np.linalg.svd(phase["wt"], compute_uv=False), len(n), lam, budget, eig_floor,
                              min(FLOOR_START, outer_state.floor or FLOOR_START))
+    earlier = [w for w in outer_state.wsteps if "joint_primal" in w]
     if dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
-                                               outer_tol * abs(out["joint_primal"])):
-        phases = sum(1 for w in outer_state.wsteps if w.get("apg_iterations", 0) > 0)
+                                               outer_tol * abs(out["joint_primal"])) and still_dropping(
+                                                   earlier, out["joint_primal"], max(bounds + [out["joint_dual"]]),
+                                                   outer_tol):
+        # the W-steps still lower P by more than --outer-tol each: this W cannot be certified (its gap is at least
+        # P - P*, and P* lies below the next W-step's P), and the phase's bound is only needed for that; the next
+        # W-step also starts the phase from a better alpha.  Recorded, so the stall rule does not read the bound
+        # it did not try to raise as a stall (hpcmtl.dmtrl.outer)
+        out["dual_skipped"] = 1
+    elif dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
+                                                 outer_tol * abs(out["joint_primal"])):
+        # the budget grows with the W-steps taken (a phase skipped above still counts: the phases after them
+        # start from alphas as good as the W-steps' P, and need the budget of their place in the run)
+        phases = len(earlier)
         # its target is --outer-tol itself: the phase's bounds certify the W-step just ended (the loop then ends on
         # it), unlike the accelerated phase's, whose W needs another W-step and so room below --outer-tol
         phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST), outer_tol,
@@ -424,7 +436,6 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
                  for p, sv in zip(primals, singular)]
         pick = int(np.argmin(bound))
         gap = out["joint_primal"] - max(bounds)
-        earlier = [w for w in outer_state.wsteps if "joint_primal" in w]
         progress = earlier[-1]["joint_primal"] - out["joint_primal"] if earlier else np.inf
         failed = any(w.get("dual_move", 0) < 0 for w in earlier)
         if reverted:
@@ -454,6 +465,21 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
                               min(FLOOR_START, outer_state.floor or FLOOR_START)))
     outer_state.floor = floor
     return out, chosen
+
+
+def still_dropping(earlier, primal, dual, outer_tol):
+    """Whether the hinge's dual phase after this W-step is skipped: the last W-step lowered P (from the W-step
+    before it, without a recovered-W move or a revert in between) by more than ``outer_tol |P|`` and by at least
+    DUAL_MOVE_SHARE of the joint gap ``primal - dual`` (the W-steps close the gap themselves, they do not crawl).
+    Then P* is most likely more than ``outer_tol |P|`` below P (the W-steps' decrease is nearly geometric: the
+    next one's alone is of that order), so no dual bound can certify this W, and a phase's 10^2-10^3 passes over
+    the data would raise only the bound kept for a later W-step, which a phase from that W-step's own alpha raises
+    further (Reuters, lam 1e-4: the bound stayed flat through the first seven phases).  A crawl (less than
+    DUAL_MOVE_SHARE of the gap) keeps its phase: the stalled alternation's move needs the W the phase recovers."""
+    if not earlier or earlier[-1].get("dual_move", 0) != 0:
+        return False
+    drop = earlier[-1]["joint_primal"] - primal
+    return bool(np.isfinite(drop) and drop > outer_tol * abs(primal) and drop >= DUAL_MOVE_SHARE * (primal - dual))
 
 
 def majorizer_excess(singular, m, lam, floor):

@@ -133,6 +133,8 @@ def outer_loop(config, w_step, omega_update, state: OuterState | None = None, wa
         # a prox step or the accelerated phase that lowered P by a part of the gap worth another W-step
         gap = step["joint_primal"] - step["joint_dual"]
         moved = (step.get("dual_move", 0) > 0 or      # a move to a W the hinge's dual phase recovered (.joint)
+                 step.get("dual_skipped", 0) > 0 or   # the hinge's phase skipped: the last W-step lowered P by
+                 # more than --outer-tol, and the bound it did not try to raise cannot have stalled (.joint)
                  step["prox_primal"] < step["joint_primal"] - STALL_SHRINK * gap)
         stalled = (config.outer_tol > 0 and not moved and len(gaps) > STALL_STEPS and
                    gaps[-1] > (1.0 - STALL_SHRINK) * gaps[-1 - STALL_STEPS])
