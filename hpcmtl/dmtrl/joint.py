@@ -217,8 +217,8 @@ def accelerated_phase(loss_name, lam, n, WT0, evaluate, budget, target, step=Non
     at W_prox (m), loss at W_ext (m), conjugates at DUAL_SCALES (m x S), max y alpha)``; the scores at the
     extrapolated point give the next gradient and a dual bound (alpha = -l').  Ends after ``budget``
     iterations, when ``(P(W_best) - best dual) / P <= target`` or when ``stop()`` says so (a signal); every
-    trial, rejected or not, counts against ``budget``.  Returns a dict: ``wt`` (the best W^T by P), ``primal``, ``dual``, ``dual_scale``,
-    ``iterations`` and ``step`` (the last step size, the next phase's first guess).
+    trial, rejected or not, counts against ``budget``.  Returns a dict: ``wt`` (the best W^T by P), ``primal``,
+    ``dual``, ``dual_scale``, ``iterations`` and ``step`` (the last step size, the next phase's first guess).
     """
     inv_n = 1.0 / n
 
@@ -400,17 +400,15 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         floor = floor_within(np.linalg.svd(phase["wt"], compute_uv=False), len(n), lam, budget, eig_floor,
                              min(FLOOR_START, outer_state.floor or FLOOR_START))
     earlier = [w for w in outer_state.wsteps if "joint_primal" in w]
-    if dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
-                                               outer_tol * abs(out["joint_primal"])) and still_dropping(
-                                                   earlier, out["joint_primal"], max(bounds + [out["joint_dual"]]),
-                                                   outer_tol):
+    kept = max(bounds + [out["joint_dual"]])
+    open_gap = dual is not None and outer_tol > 0 and out["joint_primal"] - kept > outer_tol * abs(out["joint_primal"])
+    if open_gap and still_dropping(earlier, out["joint_primal"], kept, outer_tol):
         # the W-steps still lower P by more than --outer-tol each: this W cannot be certified (its gap is at least
         # P - P*, and P* lies below the next W-step's P), and the phase's bound is only needed for that; the next
         # W-step also starts the phase from a better alpha.  Recorded, so the stall rule does not read the bound
         # it did not try to raise as a stall (hpcmtl.dmtrl.outer)
         out["dual_skipped"] = 1
-    elif dual is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
-                                                 outer_tol * abs(out["joint_primal"])):
+    elif open_gap:
         # the budget grows with the W-steps taken (a phase skipped above still counts: the phases after them
         # start from alphas as good as the W-steps' P, and need the budget of their place in the run)
         phases = len(earlier)
