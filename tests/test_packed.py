@@ -268,3 +268,36 @@ def test_windows_stay_small_whatever_the_chunks_and_the_tasks(tmp_path, monkeypa
             assert tf._packed.window[3][1].size <= budget + 300
         with pytest.raises(InputError, match=r"task 'task2500' \(#2500\): field 'indptr': not a valid CSR row"):
             tf.read_block(2500)
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_taken_on_the_group_layout_resumes_on_the_packed_one(tmp_path):
+    """The layouts hold the same rows and fingerprints, so a run killed on the group file (P = 3, a worker killed
+    in round 6, the checkpoint of round 5) resumes with --train on the packed copy (P = 2) to the uninterrupted
+    run's W and history, bit for bit."""
+    import os
+    Xs, ys = random_tasks(m=7, sizes=(30, 45, 25, 40, 1, 33, 12))
+    files = {}
+    for layout in ("groups", "packed"):
+        files[layout] = tmp_path / f"{layout}.h5"
+        store.write_tasks(files[layout], Xs, ys, layout=layout)
+
+    def args(train, out, *extra):
+        return ["train", "dmtrl", "--train", train, "--out", out, "--loss", "squared", "--lam", "1e-3",
+                "--tol", "1e-9", "--outer", "2", "--outer-tol", "0", "--quiet", "--force", *extra]
+    ref_out = tmp_path / "ref.h5"
+    r = run_hpcmtl(args(files["groups"], ref_out), n_ranks=2, timeout=240)
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(ref_out)
+    assert int(ref["history"]["round"][-1]) > 6
+    out = tmp_path / "r.h5"
+    killed = run_hpcmtl(args(files["groups"], out, "--checkpoint-every", "1"), n_ranks=3, timeout=240,
+                        env={"HPCMTL_FAULT": "1:6:kill"})
+    assert killed.returncode != 0 and not os.path.exists(out)
+    assert store.read_checkpoint(str(out) + ".checkpoint.h5")["counters"]["round"] == 5
+    r = run_hpcmtl(args(files["packed"], out, "--checkpoint-every", "1", "--resume"), n_ranks=2, timeout=240)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(out)
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in ("round", "primal", "dual"):
+        assert res["history"][key].tobytes() == ref["history"][key].tobytes(), key
