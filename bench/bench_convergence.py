@@ -61,7 +61,7 @@ import tempfile
 
 import numpy as np
 
-from timing import save_json
+from timing import mpiexec, save_json
 
 from hpcmtl import store
 
@@ -86,7 +86,7 @@ CASES = {   # name: (data key, loss, lam)
 def hpcmtl(args, ranks=None, check=True):
     cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
     if ranks and ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+        cmd = mpiexec(ranks) + cmd
     return subprocess.run(cmd, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

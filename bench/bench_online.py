@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 import scipy.sparse as sp
-from timing import median_time
+from timing import median_time, mpiexec
 
 from hpcmtl import store
 from hpcmtl.estimators import OnlineMultitask
@@ -120,12 +120,11 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "s.h5")
             store.write_stream(path, X, Y)
-            bindir = os.path.dirname(sys.executable)
             for P in (1, 3):
                 cmd = [sys.executable, "-m", "hpcmtl", "train", "online", "--stream", path, "--out",
                        os.path.join(d, "r.h5"), "--norm", "linf", "--C", str(args.C), "--quiet", "--force"]
                 if P > 1:
-                    cmd = [os.path.join(bindir, "mpiexec"), "-n", str(P)] + cmd
+                    cmd = mpiexec(P) + cmd
                 times = []
                 for _ in range(args.repeats):
                     subprocess.run(cmd, check=True)

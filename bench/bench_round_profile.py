@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 from bench_traffic import CASES, dataset
+from timing import mpiexec
 
 from hpcmtl import store
 
@@ -67,7 +68,7 @@ def profile(case, ranks, work):
     cmd = [sys.executable, "-c", runner, "train", "dmtrl", "--train", dataset(case, work), "--out", out,
            "--loss", loss, "--lam", str(lam), "--tol", "1e-4", "--quiet", "--force"]
     if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+        cmd = mpiexec(ranks) + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode not in (0, None) and not os.path.exists(out):
         raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")

@@ -16,6 +16,8 @@ import tempfile
 
 import numpy as np
 
+from timing import mpiexec
+
 from hpcmtl import store
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +27,7 @@ SCHOOL = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", 
 def hpcmtl(args, ranks=None):
     cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
     if ranks:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+        cmd = mpiexec(ranks) + cmd
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 

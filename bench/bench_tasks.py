@@ -53,7 +53,7 @@ import time
 
 import numpy as np
 
-from timing import save_json
+from timing import mpiexec, save_json
 
 from hpcmtl import store
 
@@ -222,7 +222,7 @@ def run_case(args, path, m, ranks, work):
         cmd += ["--gradient-compare"]
     cmd += ["--outer-tol", str(args.outer_tol)]
     if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+        cmd = mpiexec(ranks) + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"m={m} P={ranks}: exit {r.returncode}: {r.stderr.strip()[-2000:]}")

@@ -1,6 +1,7 @@
 """Timing shared by the benchmarks: the median of several runs (the machines are shared and noisy)."""
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,11 +26,18 @@ def save_json(path, everything):
             json.dump(everything, f, indent=1)
 
 
+def mpiexec(ranks):
+    """``[mpiexec, -n, ranks]``: the launcher beside this Python (the mpich wheel's), else the first on PATH (a
+    site's own MPI, whose mpi4py this Python then imports)."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return [here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec"), "-n", str(ranks)]
+
+
 def hpcmtl(args, ranks=1):
     """``[mpiexec -n ranks] python -m hpcmtl ARGS``; a failure ends the benchmark with the command's stderr."""
     cmd = [sys.executable, "-m", "hpcmtl"] + [str(a) for a in args]
     if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks)] + cmd
+        cmd = mpiexec(ranks) + cmd
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
