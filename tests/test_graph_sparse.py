@@ -1,0 +1,153 @@
+"""A graph kernel held sparse (issue 35, docs/many-tasks.md): :class:`hpcmtl.covariance.GraphSigma` against the
+dense kernel of :func:`hpcmtl.task_graph.task_kernel` (NumPy's m x m inverse) and the dense training path."""
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from hpcmtl import covariance, store, task_graph
+from hpcmtl.cluster import Cluster
+from hpcmtl.covariance import GraphSigma, inverse_diagonal
+from hpcmtl.dmtrl import DMTRLConfig, train
+from hpcmtl.errors import InputError
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.task_graph import check_graph, graph_adjacency, graph_covariance, task_kernel, topology
+
+from conftest import random_tasks, run_hpcmtl
+
+TOPOLOGIES = ["cycle", "chain", "star", "grid 4x5", "complete", "empty"]
+
+
+def edge_list(tmp_path, m, seed=0):
+    """A random weighted edge list over tasks t0..t{m-1} (two components, names and indices, repeated edges)."""
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "edges.csv"
+    rows = ["task_a,task_b,weight"]
+    for _ in range(2 * m):
+        s, t = rng.choice(m // 2, 2, replace=False) + (0 if rng.uniform() < 0.5 else m // 2)
+        rows.append(f"t{s},{t},{rng.uniform(0.1, 3):.3f}")
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES + ["edges"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_graph_sigma_is_the_dense_kernel(name, normalize, tmp_path):
+    m = 20
+    names = [f"t{i}" for i in range(m)]
+    graph = edge_list(tmp_path, m) if name == "edges" else name
+    A = graph_adjacency(graph, names, sparse=True)
+    assert_allclose(A.toarray(), graph_adjacency(graph, names))           # the sparse and dense builds agree
+    rng = np.random.default_rng(1)
+    alpha = rng.uniform(0.01, 1.0, m)
+    K = task_kernel(A.toarray(), alpha, normalize)                         # NumPy's dense inverse
+    G = GraphSigma(*check_graph(A, alpha), normalize)
+    X = rng.normal(size=(m, 3))
+    Omega = np.linalg.inv(K)
+    assert_allclose(G.dense(), K, rtol=0, atol=1e-12)
+    assert_allclose(G.matmul(X), K @ X, rtol=0, atol=1e-12 * np.abs(K @ X).max())
+    assert_allclose(G.matmul(X[:, 0]), K @ X[:, 0], rtol=0, atol=1e-12 * np.abs(K @ X).max())
+    assert_allclose(G.diag(), np.diag(K), rtol=1e-13)
+    assert_allclose(G.inverse_matmul(X), Omega @ X, rtol=0, atol=1e-11 * np.abs(Omega @ X).max())
+    assert_allclose(G.inverse_diag(), np.diag(Omega), rtol=1e-11)
+    assert_allclose(G.inverse_column(3), Omega[:, 3], rtol=0, atol=1e-11 * np.abs(Omega).max())
+    idx, cols = np.array([2, 7, 11]), np.array([0, 7, 19, 2])
+    assert_allclose(G.rows(idx, cols), K[np.ix_(idx, cols)], rtol=0, atol=1e-13)
+    assert_allclose(G.correlation(idx), K[np.ix_(idx, idx)] / np.sqrt(np.outer(np.diag(K)[idx], np.diag(K)[idx])),
+                    rtol=0, atol=1e-13)
+    assert_allclose(G.abs_times(np.abs(X[:, 0])), np.abs(K) @ np.abs(X[:, 0]), rtol=1e-12)
+    assert G.is_diagonal() == (name == "empty") == bool(np.all(K[~np.eye(m, dtype=bool)] == 0))
+    back = GraphSigma.from_arrays(G.arrays(), m=m)
+    assert_allclose(back.dense(), G.dense(), rtol=0, atol=0)                # the stored arrays give the same bits
+
+
+@pytest.mark.parametrize("name,method", [("chain", "banded"), ("grid 12x15", "banded"), ("star", "solves"),
+                                         ("cycle", "banded")])
+def test_inverse_diagonal_both_methods_are_the_dense_inverse_s(name, method, monkeypatch):
+    """diag((L + diag(alpha))^-1) by the banded Takahashi recurrence and by blocked sparse solves (each forced by
+    the flop limits) against NumPy's dense inverse."""
+    m = 180
+    A = topology(name, m, sparse=True)
+    alpha = np.random.default_rng(2).uniform(0.001, 0.5, m)
+    P = G = GraphSigma(*check_graph(A, alpha), False).precision
+    reference = np.diag(np.linalg.inv(P.toarray()))
+    if method == "solves":
+        monkeypatch.setattr(covariance, "GRAPH_BAND_MAX_VALUES", 0)
+        monkeypatch.setattr(covariance, "DIAG_SOLVE_COLUMNS", 7)      # blocks that do not divide m
+    assert_allclose(inverse_diagonal(P), reference, rtol=1e-12)
+    del G
+
+
+def test_a_graph_too_costly_for_its_diagonal_is_one_line_error(monkeypatch):
+    monkeypatch.setattr(covariance, "GRAPH_DIAG_MAX_FLOPS", 1e5)
+    A = topology("grid 30x40", 1200, sparse=True)
+    with pytest.raises(InputError, match=r"^graph 'grid 30x40': the diagonal of \(L \+ diag\(alpha\)\)\^-1 over 1200 "
+                                         r"tasks costs .* flops banded \(bandwidth 3\d\) or .* by sparse solves, above"):
+        GraphSigma(*check_graph(A, 0.1), what="graph 'grid 30x40'")
+    with pytest.raises(InputError, match=r"graph 'complete' over 5000 tasks: its Laplacian is dense"):
+        topology("complete", 5000, sparse=True)
+
+
+def test_a_component_without_alpha_is_refused_on_the_sparse_path_too(monkeypatch):
+    monkeypatch.setattr(task_graph, "SPARSE_GRAPH_MIN_TASKS", 0)
+    names = [f"t{i}" for i in range(6)]
+    A = graph_adjacency("chain", names, sparse=True)
+    A = A.tolil()
+    A[2, 3] = A[3, 2] = 0.0                          # two components: {t0, t1, t2} and {t3, t4, t5}
+    with pytest.raises(InputError, match=r"component \{t3, t4, t5\} has no task with alpha > 0"):
+        graph_covariance(A.tocsr(), [1, 1, 1, 0, 0, 0], names=names)
+    assert isinstance(graph_covariance(A.tocsr(), [1, 1, 1, 0, 1, 0], names=names), GraphSigma)
+
+
+def fit(Xs, ys, Sigma, **kw):
+    config = DMTRLConfig(relationship="fixed", **kw)
+    return train(Cluster.serial(), MemoryTasks(Xs, ys), config, sigma_fixed=Sigma, warn=lambda msg: None)
+
+
+@pytest.mark.parametrize("loss,name", [("squared", "chain"), ("squared", "grid 3x6"), ("squared", "star"),
+                                       ("squared", "edges"), ("hinge", "cycle"), ("logistic", "star"),
+                                       ("smoothed-hinge", "edges")])
+def test_sparse_and_dense_paths_train_the_same_model(loss, name, tmp_path):
+    """The squared loss: the same rounds, W, primal, dual and gap.  The box losses: the sparse path's box QPs are
+    the projected Newton-CG on A's products with Jacobi's preconditioner (a graph kernel has no low-rank part for
+    the capacitance), the dense path's at 18 tasks the active-set method, so their answers (and the rounds after)
+    may part at the Newton-CG's tolerance; and on the weighted edge list the squared loss's trajectory turns
+    rounding into 1e-6 of W (the dense path on ``G.dense()``, K to 1e-16, too).  There: both certified, and W
+    within what the two certificates allow: P is (lam / lambda_max(Sigma))-strongly convex in W, so
+    ``||W - W*|| <= sqrt(2 gap lambda_max / lam)`` for each."""
+    m, d = 18, 5
+    Xs, ys = random_tasks(seed=3, m=m, d=d, sizes=(9, 14, 11), loss=loss)
+    names = [str(i) for i in range(m)]
+    graph = edge_list(tmp_path, m) if name == "edges" else name
+    A = graph_adjacency(graph, [f"t{i}" for i in range(m)] if name == "edges" else names, sparse=True)
+    alpha = 0.05
+    dense, sparse = task_kernel(A, alpha), GraphSigma(*check_graph(A, alpha))
+    kw = dict(loss=loss, lam=0.05, tol=1e-8, max_rounds=3000, fit_intercept=False)
+    a, b = fit(Xs, ys, dense, **kw), fit(Xs, ys, sparse, **kw)
+    assert isinstance(b.Sigma, GraphSigma) and isinstance(a.Sigma, np.ndarray)
+    assert a.converged and b.converged
+    if loss != "squared" or name == "edges":
+        for r in (a, b):                     # each certified: P - D <= tol P, so the primals agree to 2 tol
+            assert r.history["gap"][-1] <= 1e-8 * r.history["primal"][-1]
+        assert abs(a.history["primal"][-1] - b.history["primal"][-1]) <= 2e-8 * a.history["primal"][-1]
+        top = np.linalg.eigvalsh(dense)[-1]
+        bound = sum(np.sqrt(2 * r.history["gap"][-1] * top / kw["lam"]) for r in (a, b))
+        assert np.linalg.norm(b.W - a.W) <= bound
+        return
+    assert np.array_equal(a.history["round"], b.history["round"])
+    # W to 1e-9 of its size: these W-steps amplify rounding (the dense path on G.dense(), which is K to 1e-16,
+    # ends 1e-10 from the dense path on K on the squared grid case; the sparse path 9e-10), while the rounds'
+    # primal, dual and gap agree to 1e-10 (logistic: W flat for the objective in some directions, as in
+    # tests/test_many_tasks.py)
+    scale = np.abs(a.W).max() * (1e-8 if loss == "logistic" else 1e-9)
+    assert_allclose(b.W, a.W, rtol=0, atol=scale)
+    for key in ("primal", "dual"):
+        assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
+    assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
+    out = tmp_path / "r.h5"
+    store.write_result(out, b.W, b.Sigma, b.history, {"relationship": "fixed"}, 1, "test")
+    model = store.read_result(out)["model"]
+    assert "Sigma" not in model and "graph_indptr" in model
+    back = covariance.model_sigma(model, out)
+    assert isinstance(back, GraphSigma)
+    assert_allclose(back.dense(), dense, rtol=0, atol=1e-12)
+    assert np.array_equal(back.khat_diag, sparse.khat_diag)
