@@ -151,3 +151,78 @@ def test_sparse_and_dense_paths_train_the_same_model(loss, name, tmp_path):
     assert isinstance(back, GraphSigma)
     assert_allclose(back.dense(), dense, rtol=0, atol=1e-12)
     assert np.array_equal(back.khat_diag, sparse.khat_diag)
+
+
+TEN_THOUSAND = r"""
+import resource, sys, numpy as np
+from hpcmtl import store
+from hpcmtl.cluster import Cluster
+from hpcmtl.covariance import GraphSigma, model_sigma
+from hpcmtl.dmtrl import DMTRLConfig, train
+from hpcmtl.estimators import MemoryTasks
+from hpcmtl.task_graph import graph_adjacency, graph_covariance
+m, d = 10000, 5
+rng = np.random.default_rng(4)
+w = np.cumsum(0.1 * rng.normal(size=(m, d)), axis=0)          # neighbours on the chain alike
+Xs = [rng.normal(size=(int(rng.integers(3, 6)), d)) for _ in range(m)]
+ys = [X @ w[t] + 0.1 * rng.normal(size=X.shape[0]) for t, X in enumerate(Xs)]
+names = [f"t{i}" for i in range(m)]
+Sigma = graph_covariance(graph_adjacency("chain", names, sparse=True), 0.01, True, names)
+r = train(Cluster.serial(), MemoryTasks(Xs, ys, names=names), DMTRLConfig(loss="squared", lam=1e-3,
+          relationship="fixed", tol=1e-6, max_rounds=400, fit_intercept=False), sigma_fixed=Sigma,
+          warn=lambda msg: None)
+store.write_result(sys.argv[1], r.W, r.Sigma, r.history, {"relationship": "fixed"}, 1, "test")
+back = model_sigma(store.read_result(sys.argv[1])["model"])
+corr = back.correlation(np.array([0, 1, 5000]))
+print(isinstance(Sigma, GraphSigma), isinstance(back, GraphSigma), r.converged, len(r.history["round"]),
+      corr[0, 1], corr[0, 2], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def test_ten_thousand_tasks_train_without_an_m_by_m_array(tmp_path):
+    """10^4 tasks on a chain: the kernel held sparse, trained to the certificate, written and read back, with the
+    process's peak RSS far below one 10^4 x 10^4 array (800 MB)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", TEN_THOUSAND, str(tmp_path / "r.h5")], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    sparse, back, converged, rounds, near, far, peak_mb = out.stdout.split()
+    assert sparse == back == converged == "True" and int(rounds) > 1
+    assert 0.5 < float(near) < 1 and 0 <= float(far) < 1e-6          # neighbours correlated, far tasks not
+    assert float(peak_mb) < 400, peak_mb
+
+
+@pytest.mark.parametrize("loss", ["squared", "hinge"])
+def test_training_checkpoints_and_results_never_form_the_m_by_m_kernel(loss, monkeypatch, tmp_path):
+    """Rounds, rho, margin corrections (hinge: Sigma^-1 through the sparse precision), the checkpoint, the result
+    file, report's sampled correlation and the estimator: GraphSigma.dense is never called."""
+    from hpcmtl import GraphMTL
+    from hpcmtl.checkpoint import Checkpointer
+    from hpcmtl.results import task_correlation
+
+    def no_dense(self):
+        raise AssertionError("an m x m Sigma was formed")
+    monkeypatch.setattr(GraphSigma, "dense", no_dense)
+    m, d = 40, 30                            # d m > interior.MAX_WIDTH: no interior-point rounds (they need dense)
+    Xs, ys = random_tasks(seed=5, m=m, d=d, sizes=(6, 9), loss=loss)
+    Sigma = GraphSigma(*check_graph(topology("cycle", m, sparse=True), 0.1))
+    ck = tmp_path / "c.h5"
+    config = DMTRLConfig(loss=loss, lam=0.05, tol=1e-6, relationship="fixed", max_rounds=500, fit_intercept=False)
+    r = train(Cluster.serial(), MemoryTasks(Xs, ys), config, sigma_fixed=Sigma, warn=lambda msg: None,
+              checkpointer=Checkpointer(str(ck), every=3, config=config.to_dict(), sigma=Sigma))
+    assert r.converged and r.Sigma is Sigma
+    saved = store.read_checkpoint(str(ck))["arrays"]
+    assert "Sigma" not in saved and np.array_equal(saved["graph_diag"], Sigma.khat_diag)
+    out = tmp_path / "r.h5"
+    store.write_result(out, r.W, r.Sigma, r.history, {"relationship": "fixed"}, 1, "test")
+    back = covariance.model_sigma(store.read_result(out)["model"], out)
+    monkeypatch.undo()
+    K = task_kernel(topology("cycle", m), 0.1)
+    picked = np.array([0, 3, 39])
+    assert_allclose(task_correlation(back, picked), K[np.ix_(picked, picked)], rtol=0, atol=1e-13)
+    monkeypatch.setattr(task_graph, "SPARSE_GRAPH_MIN_TASKS", 0)
+    monkeypatch.setattr(GraphSigma, "dense", no_dense)
+    est = GraphMTL(graph="cycle", alpha=0.1, exact=False, kernel="linear", loss=loss, lam=0.05, tol=1e-6,
+                   fit_intercept=False).fit(Xs, ys)
+    assert isinstance(est.K_, GraphSigma) and np.allclose(est.W_, r.W, atol=1e-6 * np.abs(r.W).max())
