@@ -60,30 +60,28 @@ def child(m, graph, path, d, max_rounds, alpha, lam, seed=35):
     diag = {}
     inverse_diagonal = covariance.inverse_diagonal
 
-    def timed_diag(P, what="graph", lu=None):
+    def timed_diag(P, what="graph", plan=None, lu=None):
         start = time.process_time()
-        out = inverse_diagonal(P, what, lu)
+        out = inverse_diagonal(P, what, plan, lu)
         diag["cpu"] = time.process_time() - start
         return out
     covariance.inverse_diagonal = timed_diag
     task_graph.SPARSE_GRAPH_MIN_TASKS = 0 if path == "sparse" else 10 ** 12
+    from hpcmtl.engine import one_blas_thread
     start = time.process_time()
-    A = task_graph.graph_adjacency(name, names, sparse=path == "sparse")
-    Sigma = task_graph.graph_covariance(A, alpha, True, names, what=f"graph '{name}'")
+    with one_blas_thread():               # as in a run (engine.train), where the server first uses the diagonal
+        A = task_graph.graph_adjacency(name, names, sparse=path == "sparse")
+        Sigma = task_graph.graph_covariance(A, alpha, True, names, what=f"graph '{name}'")
+        if path == "sparse":
+            Sigma.khat_diag               # computed at its first use (the server's): here, inside the build
     build = time.process_time() - start
     rss_sigma = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     info = {}
     if path == "sparse":
-        from scipy.sparse.csgraph import reverse_cuthill_mckee
-        P = Sigma.precision
-        order = reverse_cuthill_mckee(P.tocsr(), symmetric_mode=True)
-        Q = P.tocsr()[order][:, order].tocoo()
-        b = int(np.max(np.abs(Q.row - Q.col))) if Q.nnz else 0
+        method, _, b = Sigma._plan
         lu_nnz = Sigma.lu.L.nnz + Sigma.lu.U.nnz
         info = dict(bandwidth=b, lu_nnz=lu_nnz, band_flops=float(m) * max(b, 1) ** 2,
-                    solve_flops=2.0 * m * lu_nnz)
-        info["method"] = ("banded" if info["band_flops"] <= info["solve_flops"]
-                          and (b + 1) * m <= covariance.GRAPH_BAND_MAX_VALUES else "solves")
+                    solve_flops=2.0 * m * lu_nnz, method=method)
 
     rounds, serverside = [], []
 

@@ -217,11 +217,34 @@ class GraphSigma:
         self.precision = (sp.diags(degree + self.alpha) - A).tocsc()
         self.precision.sort_indices()
         self._lu = None
-        self.khat_diag = (inverse_diagonal(self.precision, what, self.lu) if khat_diag is None
-                          else np.array(khat_diag, dtype=np.float64).reshape(-1))
-        self.scale = 1.0 / np.sqrt(self.khat_diag) if self.normalize else np.ones(self.m)
-        for array in (self.alpha, self.khat_diag, self.scale):
+        self.alpha.flags.writeable = False
+        # the diagonal's method and cost now (a graph too costly is refused where it is built: on every rank of
+        # `train graph` alike), the diagonal itself at its first use (the server's: the workers never need it)
+        self._khat = self._scale = None
+        if khat_diag is not None:
+            self._set_diag(np.array(khat_diag, dtype=np.float64).reshape(-1))
+        else:
+            self._plan = diagonal_plan(self.precision, what, lambda: self.lu)
+
+    def _set_diag(self, khat):
+        self._khat = khat
+        self._scale = 1.0 / np.sqrt(khat) if self.normalize else np.ones(self.m)
+        for array in (self._khat, self._scale):
             array.flags.writeable = False
+
+    @property
+    def khat_diag(self):
+        """``diag(K_hat)`` (computed at the first use: :func:`inverse_diagonal`)."""
+        if self._khat is None:
+            self._set_diag(inverse_diagonal(self.precision, self.what, self._plan, self.lu))
+        return self._khat
+
+    @property
+    def scale(self):
+        """S's diagonal: ``diag(K_hat)^-1/2`` (normalized) or ones."""
+        if self._scale is None:
+            self.khat_diag
+        return self._scale
 
     @property
     def m(self):
@@ -323,8 +346,12 @@ class GraphSigma:
                 "graph_diag": self.khat_diag}
 
     def signature_bytes(self):
-        """The bytes that identify this Sigma (a checkpoint's must-match key), O(m + edges)."""
-        return b"".join(np.ascontiguousarray(v).tobytes() for v in self.arrays().values())
+        """The bytes that identify this Sigma (a checkpoint's must-match key), O(m + edges): the graph, alpha and
+        normalize, which determine the rest (not the diagonal: no rank computes it for a signature)."""
+        A = self.adjacency
+        return b"".join(np.ascontiguousarray(v).tobytes() for v in
+                        (A.indptr.astype(np.int64), A.indices.astype(np.int64), A.data, self.alpha,
+                         np.array(int(self.normalize))))
 
     @classmethod
     def from_arrays(cls, arrays, path="checkpoint", where="state", m=None):
@@ -357,42 +384,60 @@ class GraphSigma:
         return cls(A, alpha, bool(np.asarray(arrays["graph_normalize"]).reshape(-1)[0]), khat, what=path)
 
 
-def inverse_diagonal(P, what="graph", lu=None):
-    """``diag(P^-1)`` of a sparse SPD P exactly (to rounding), by the cheaper of two methods:
+def diagonal_plan(P, what="graph", lu=None):
+    """How :func:`inverse_diagonal` computes ``diag(P^-1)`` of a sparse SPD P exactly (to rounding): ``("banded",
+    order, b)`` or ``("solves", None, b)``, the cheaper of two methods by their flop counts:
 
-    * banded: P's rows and columns in reverse Cuthill-McKee order have a bandwidth b; its banded Cholesky
+    * banded: P's rows and columns in reverse Cuthill-McKee ``order`` have a bandwidth b; its banded Cholesky
       ``P = L L^T`` (LAPACK pbtrf) and Takahashi's recurrence, column j from the last, give the band of
       ``Z = P^-1``: ``z = -Z_w l``, ``Z_jj = 1 / L_jj^2 - l . z`` (``l = L[j+1:j+b+1, j] / L_jj``, ``Z_w`` the
       b x b window of Z below j, kept in a circular buffer): m b^2 flops, (b + 1) m values.  Chains (b = 1),
-      cycles (2) and grids (b = the shorter side) cost O(m) to O(m^1.5 b).
-    * blocked solves: P's sparse LU (``lu``, SuperLU's, else formed) solved for ``DIAG_SOLVE_COLUMNS`` unit
-      columns at a time: 2 m nnz(LU) flops (a star: an LU with no fill, where its bandwidth is m / 2).
+      cycles (2) and grids (b = the shorter side) cost O(m) to O(m b^2).
+    * blocked solves: P's sparse LU (``lu()``, SuperLU's) solved for ``DIAG_SOLVE_COLUMNS`` unit columns at a
+      time: 2 m nnz(LU) flops (a star: an LU with no fill, where its bandwidth is m / 2).
 
-    The cheaper by these counts runs; refused (a one-line InputError naming the graph and both costs) when it
-    costs more than :data:`GRAPH_DIAG_MAX_FLOPS` flops."""
+    The LU is asked for only when the band is not surely the cheaper (``2 m nnz(P)`` bounds the solves' flops
+    from below).  A one-line InputError naming the graph and both costs when the cheaper costs more than
+    :data:`GRAPH_DIAG_MAX_FLOPS` flops."""
     import scipy.sparse.csgraph as csgraph
-    import scipy.sparse.linalg as spla
     m = P.shape[0]
     if m == 0:
-        return np.zeros(0)
+        return ("banded", np.zeros(0, dtype=np.int64), 0)
     order = csgraph.reverse_cuthill_mckee(P.tocsr(), symmetric_mode=True)
-    Q = P.tocsr()[order][:, order].tocoo()
-    b = int(np.max(np.abs(Q.row - Q.col))) if Q.nnz else 0
+    rows, cols = P.tocsr()[order][:, order].nonzero()
+    b = int(np.max(np.abs(rows - cols))) if rows.size else 0
     band_flops = float(m) * max(b, 1) ** 2
-    if lu is None:
-        lu = spla.splu(P.tocsc(), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
-    solve_flops = 2.0 * m * (lu.L.nnz + lu.U.nnz)
-    banded = band_flops <= solve_flops and (b + 1) * m <= GRAPH_BAND_MAX_VALUES
+    band_fits = (b + 1) * m <= GRAPH_BAND_MAX_VALUES
+    if band_fits and band_flops <= GRAPH_DIAG_MAX_FLOPS and band_flops <= 2.0 * m * P.nnz:
+        return ("banded", order, b)
+    solve_flops = 2.0 * m * (lu().L.nnz + lu().U.nnz)
+    banded = band_fits and band_flops <= solve_flops
     if min(band_flops if banded else np.inf, solve_flops) > GRAPH_DIAG_MAX_FLOPS:
         raise InputError(f"{what}: the diagonal of (L + diag(alpha))^-1 over {m} tasks costs {band_flops:.2g} flops "
                          f"banded (bandwidth {b}) or {solve_flops:.2g} by sparse solves, above the "
                          f"{GRAPH_DIAG_MAX_FLOPS:.0e} supported (docs/many-tasks.md): use a graph of smaller "
                          f"bandwidth or fewer tasks")
-    if banded:
-        z = _banded_inverse_diagonal(Q, b)
+    return ("banded", order, b) if banded else ("solves", None, b)
+
+
+def inverse_diagonal(P, what="graph", plan=None, lu=None):
+    """``diag(P^-1)`` by :func:`diagonal_plan`'s method (``plan``, else planned here; ``lu``: P's SuperLU, else
+    formed here when the plan asks for solves)."""
+    import scipy.sparse.linalg as spla
+
+    def factor():
+        nonlocal lu
+        if lu is None:
+            lu = spla.splu(P.tocsc(), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                           options={"SymmetricMode": True})
+        return lu
+    method, order, b = plan if plan is not None else diagonal_plan(P, what, factor)
+    m = P.shape[0]
+    if method == "banded":
         out = np.empty(m)
-        out[order] = z
+        out[order] = _banded_inverse_diagonal(P.tocsr()[order][:, order].tocoo(), b)
         return out
+    lu = factor()
     out = np.empty(m)
     for start in range(0, m, DIAG_SOLVE_COLUMNS):
         cols = np.arange(start, min(start + DIAG_SOLVE_COLUMNS, m))

@@ -77,6 +77,25 @@ def test_inverse_diagonal_both_methods_are_the_dense_inverse_s(name, method, mon
     del G
 
 
+def test_the_diagonal_is_planned_when_built_and_computed_at_its_first_use_only(monkeypatch):
+    """Building a GraphSigma (every rank of `train graph`) plans the diagonal's method and refuses a costly graph,
+    but computes the diagonal only when it is first used (the server's); a stored diagonal is never recomputed."""
+    calls = []
+    original = covariance.inverse_diagonal
+    monkeypatch.setattr(covariance, "inverse_diagonal", lambda *a: calls.append(1) or original(*a))
+    A, alpha = check_graph(topology("grid 20x30", 600, sparse=True), 0.2)
+    G = GraphSigma(A, alpha)
+    assert calls == [] and G._plan[0] == "banded" and 20 <= G._plan[2] <= 25 and G._lu is None    # no LU needed either
+    K = task_kernel(A, alpha)
+    assert_allclose(G.matmul(np.ones(600)), K @ np.ones(600), rtol=1e-12)
+    G.diag(), G.matmul(np.ones(600))
+    assert calls == [1]
+    assert GraphSigma.from_arrays(G.arrays(), m=600).matmul(np.ones(600)).tobytes() == G.matmul(np.ones(600)).tobytes()
+    assert calls == [1]
+    star = GraphSigma(*check_graph(topology("star", 600, sparse=True), 0.2))
+    assert star._plan[0] == "solves" and calls == [1]
+
+
 def test_a_graph_too_costly_for_its_diagonal_is_one_line_error(monkeypatch):
     monkeypatch.setattr(covariance, "GRAPH_DIAG_MAX_FLOPS", 1e5)
     A = topology("grid 30x40", 1200, sparse=True)
