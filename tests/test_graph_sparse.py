@@ -245,3 +245,23 @@ def test_training_checkpoints_and_results_never_form_the_m_by_m_kernel(loss, mon
     est = GraphMTL(graph="cycle", alpha=0.1, exact=False, kernel="linear", loss=loss, lam=0.05, tol=1e-6,
                    fit_intercept=False).fit(Xs, ys)
     assert isinstance(est.K_, GraphSigma) and np.allclose(est.W_, r.W, atol=1e-6 * np.abs(r.W).max())
+
+
+def test_train_fixed_takes_a_graph_result_file_as_its_sparse_kernel(tmp_path):
+    """`train fixed --sigma RESULT.h5` of a graph kernel's result (many tasks) reads the GraphSigma back, no m x m
+    array; a result file's graph fields that do not fit are one line."""
+    import h5py
+
+    from hpcmtl.methods import read_sigma
+    m = 30
+    G = GraphSigma(*check_graph(topology("chain", m, sparse=True), 0.2))
+    out = tmp_path / "g.h5"
+    store.write_result(out, np.zeros((3, m)), G, {"round": np.array([1])}, {"relationship": "fixed"}, 1, "test")
+    back = read_sigma(str(out))
+    assert isinstance(back, GraphSigma)
+    assert back.matmul(np.arange(float(m))).tobytes() == G.matmul(np.arange(float(m))).tobytes()
+    with h5py.File(out, "r+") as f:
+        f["model/graph_data"][0] = -1.0
+    with pytest.raises(InputError, match=r"g.h5: fields 'model/graph_indptr', .* the task graph does not fit its "
+                                         r"30 tasks"):
+        store.read_result(out)
