@@ -100,7 +100,8 @@ def test_a_graph_too_costly_for_its_diagonal_is_one_line_error(monkeypatch):
     monkeypatch.setattr(covariance, "GRAPH_DIAG_MAX_FLOPS", 1e5)
     A = topology("grid 30x40", 1200, sparse=True)
     with pytest.raises(InputError, match=r"^graph 'grid 30x40': the diagonal of \(L \+ diag\(alpha\)\)\^-1 over 1200 "
-                                         r"tasks costs .* flops banded \(bandwidth 3\d\) or .* by sparse solves, above"):
+                                         r"tasks costs .* flops banded \(bandwidth 3\d\) or .* by sparse solves, "
+                                         r"above"):
         GraphSigma(*check_graph(A, 0.1), what="graph 'grid 30x40'")
     with pytest.raises(InputError, match=r"graph 'complete' over 5000 tasks: its Laplacian is dense"):
         topology("complete", 5000, sparse=True)
