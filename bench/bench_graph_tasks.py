@@ -47,8 +47,8 @@ def child(m, graph, path, d, max_rounds, alpha, lam, seed=35):
     from hpcmtl.estimators import MemoryTasks
 
     rng = np.random.default_rng(seed)
-    steps = np.cumsum(0.2 * rng.normal(size=(m, d)), axis=0)          # neighbours in task order alike
-    drift = steps / np.sqrt(np.arange(1, m + 1))[:, None] + rng.normal(size=d)
+    walk = np.cumsum(0.2 * rng.normal(size=(m, d)), axis=0)           # neighbours in task order alike
+    drift = walk / np.sqrt(np.arange(1, m + 1))[:, None] + rng.normal(size=d)
     Xs, ys = [], []
     for t in range(m):
         X = rng.normal(size=(int(rng.integers(20, 41)), d))
