@@ -472,7 +472,10 @@ class GraphMTL(_MultiTaskLinear):
     ``intercept_scaling^2 [s == t]``, i.e. a per-task bias penalized like the
     rest of f (``intercept_`` holds each task's total bias: its own plus the
     shared one).
-    Fitted: ``K_`` (task kernel), ``tasks_``, ``intercept_``, and ``svc_`` or ``W_``.
+    Fitted: ``K_`` (task kernel: m x m; ``exact=False`` at many tasks, from
+    ``hpcmtl.task_graph.SPARSE_GRAPH_MIN_TASKS`` = 512 on, a :class:`hpcmtl.covariance.GraphSigma` held sparse,
+    with ``.dense()``, ``.diag()``, ``.matmul(X)``, ``.rows(idx)``), ``tasks_``, ``intercept_``, and ``svc_`` or
+    ``W_``.
     """
 
     def __init__(self, kernel="rbf", graph="cycle", alpha=2.0 ** -8, normalize=True, exact=True, C=1.0,
@@ -493,13 +496,17 @@ class GraphMTL(_MultiTaskLinear):
         validate({"kernel": self.kernel}, type(self).__name__)
 
     def fit(self, X, y, tasks=None):
-        from .task_graph import graph_adjacency, task_kernel
+        from .task_graph import graph_adjacency, graph_covariance, task_kernel
         validate({name: getattr(self, name) for name in ("kernel", "normalize", "exact", "gamma", "degree", "coef0",
                                                          "lam", "tol", "max_rounds", "seed", "rff_dim")},
                  type(self).__name__)
         params = self._kernel_params()
         source, ids = self._fit_source(X, y, tasks)
-        self.K_ = task_kernel(graph_adjacency(self.graph, source.names), self.alpha, self.normalize, source.names)
+        if self.exact:             # the product kernel's n x n Gram matrix: small data, the dense K
+            self.K_ = task_kernel(graph_adjacency(self.graph, source.names), self.alpha, self.normalize, source.names)
+        else:                      # the engine's fixed Sigma: held sparse from task_graph.SPARSE_GRAPH_MIN_TASKS on
+            self.K_ = graph_covariance(graph_adjacency(self.graph, source.names, sparse=True), self.alpha,
+                                       self.normalize, source.names)
         if self.exact:
             import scipy.sparse as sp
             from sklearn.svm import SVC

@@ -370,12 +370,14 @@ def read_sigma(path):
         if not isinstance(Sigma, np.ndarray) or Sigma.dtype.kind not in "biuf" or Sigma.ndim != 2:
             raise InputError(f"{path}: --sigma must be a 2-D array of real numbers (m x m)")
         return Sigma
-    from .covariance import as_dense, model_sigma
+    from .covariance import as_dense, is_graph, model_sigma
     Sigma = model_sigma(store.read_result(path)["model"], path)
     if Sigma is None:
         raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
                          f"learns one, or a .npy file")
-    return as_dense(Sigma)        # a fixed Sigma is dense arithmetic (docs/many-tasks.md): factors of many tasks too
+    if is_graph(Sigma):           # a graph kernel of many tasks stays sparse (docs/many-tasks.md)
+        return Sigma
+    return as_dense(Sigma)        # a learned Sigma's factors: dense arithmetic (docs/many-tasks.md)
 
 
 def online_config(args):
@@ -404,14 +406,14 @@ def fixed_sigma(run):
 
 def graph_sigma(run):
     """train graph: the task kernel of --graph at --alpha (a grid of alpha: one Sigma a point, ``run.sigma_of``)."""
-    from .task_graph import graph_adjacency, task_kernel
+    from .task_graph import graph_adjacency, graph_covariance
     args, source = run.args, run.source
     if args.graph is None:
         raise InputError("method 'graph' needs --graph (a topology name or an edge-list CSV)")
-    adjacency = graph_adjacency(args.graph, source.names)
+    adjacency = graph_adjacency(args.graph, source.names, sparse=True)     # O(m + edges), never m x m
 
-    def sigma_of(alpha):
-        return task_kernel(adjacency, alpha, not args.unnormalized, source.names)
+    def sigma_of(alpha):          # dense below task_graph.SPARSE_GRAPH_MIN_TASKS, else held sparse (GraphSigma)
+        return graph_covariance(adjacency, alpha, not args.unnormalized, source.names, what=f"graph '{args.graph}'")
     run.sigma_of = sigma_of
     run.sigma = None if isinstance(args.alpha, list) else sigma_of(args.alpha)
 
@@ -477,7 +479,9 @@ def train_baseline(solve_name):
             raise InputError(f"checkpoints are for the distributed methods, not '{args.method}'")
         if not run.cluster.is_server:
             return None                             # centralized baselines run on rank 0 only
-        result = getattr(baselines, solve_name)(source, run.config, run.sigma, progress=run.progress,
+        from .covariance import as_dense
+        sigma = None if run.sigma is None else as_dense(run.sigma)      # the baselines' arithmetic is dense
+        result = getattr(baselines, solve_name)(source, run.config, sigma, progress=run.progress,
                                                 warn=warn_line(args))
         if run.test_source is not None:
             result.test = evaluate_arrays(result.W, dict(result.config, n_features=source.n_features),

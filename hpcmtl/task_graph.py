@@ -21,62 +21,76 @@ import os
 import re
 
 import numpy as np
+import scipy.sparse
 import scipy.sparse.csgraph
 
+from .covariance import GraphSigma
 from .errors import InputError
 
+COMPLETE_MAX_EDGES = 1 << 24       # a complete graph's edges at most (both directions: 400 MB as a sparse matrix)
 TOPOLOGIES = ("cycle", "chain", "complete", "star", "grid RxC", "empty")
 
 
-def topology(name: str, m: int) -> np.ndarray:
+def topology(name: str, m: int, sparse: bool = False):
     """Unit-weight adjacency (m x m) of a named topology over tasks 0..m-1 in file order.
 
     ``cycle`` (t ~ t+1 and m-1 ~ 0), ``chain``, ``complete``, ``star`` (task 0 in the
     centre), ``grid RxC`` (R * C == m, row-major; also written ``grid:RxC``), ``empty``.
+    Built from its edge list (O(m + edges)); ``sparse=True`` returns it as a scipy.sparse CSR matrix (many
+    tasks: a dense m x m array at 10^5 tasks is 80 GB), else the dense array.
     """
-    A = np.zeros((m, m))
     name = name.strip().lower()
     grid = re.fullmatch(r"grid[ :](\d+)x(\d+)", name)
+    t = np.arange(m, dtype=np.int64)
     if name in ("cycle", "chain"):
-        for t in range(m - 1):
-            A[t, t + 1] = A[t + 1, t] = 1.0
+        s, e = t[:-1], t[1:]
         if name == "cycle" and m > 2:
-            A[0, m - 1] = A[m - 1, 0] = 1.0
+            s, e = np.append(s, 0), np.append(e, m - 1)
     elif name == "complete":
-        A[:] = 1.0
-        np.fill_diagonal(A, 0.0)
+        if m * (m - 1) > COMPLETE_MAX_EDGES:     # (and the kernel's diagonal would cost m^3: refused too)
+            raise InputError(f"graph 'complete' over {m} tasks: its Laplacian is dense ({m * (m - 1) / 2:.2g} "
+                             f"edges); the sparse graph kernel takes graphs of few edges a task")
+        s, e = np.triu_indices(m, 1)
     elif name == "star":
-        A[0, 1:] = A[1:, 0] = 1.0
+        s, e = np.zeros(max(m - 1, 0), dtype=np.int64), t[1:]
     elif grid:
         rows, cols = int(grid.group(1)), int(grid.group(2))
         if rows * cols != m:
             raise InputError(f"graph 'grid {rows}x{cols}' has {rows * cols} nodes but there are {m} tasks")
-        for r in range(rows):
-            for c in range(cols):
-                t = r * cols + c
-                if c + 1 < cols:
-                    A[t, t + 1] = A[t + 1, t] = 1.0
-                if r + 1 < rows:
-                    A[t, t + cols] = A[t + cols, t] = 1.0
-    elif name != "empty":
+        right = t[(t % cols) + 1 < cols]
+        down = t[t + cols < m]
+        s, e = np.concatenate([right, down]), np.concatenate([right + 1, down + cols])
+    elif name == "empty":
+        s = e = np.zeros(0, dtype=np.int64)
+    else:
         from .losses import closest
         raise InputError(f"unknown graph '{name}'; use one of {', '.join(TOPOLOGIES)} or an edge-list CSV file."
                          f"{closest(name, ['cycle', 'chain', 'complete', 'star', 'empty'])}")
-    return A
+    return _symmetric(s, e, np.ones(len(s)), m, sparse)
 
 
-def read_edges(path: str, names) -> np.ndarray:
+def _symmetric(s, e, w, m, sparse):
+    """The symmetric adjacency of edges ``s[k] ~ e[k]`` of weights ``w[k]`` (repeated edges add up): summed once
+    over the upper triangle, then mirrored, so that A is symmetric to the bit."""
+    upper = scipy.sparse.coo_matrix((w, (np.minimum(s, e), np.maximum(s, e))), shape=(m, m)).tocsr()
+    upper.sum_duplicates()
+    A = (upper + upper.T).tocsr()
+    A.sort_indices()
+    return A if sparse else A.toarray()
+
+
+def read_edges(path: str, names, sparse: bool = False):
     """Weighted adjacency from a CSV of ``task_a,task_b,weight`` rows (names or 0-based indices).
 
     A header line is allowed; the weight column is optional (default 1); repeated
-    edges add up.
+    edges add up.  Built from the edge list (``sparse=True``: a scipy.sparse CSR matrix, else dense).
     """
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     names = [str(n) for n in names]
     index = {n: i for i, n in enumerate(names)}
     m = len(names)
-    A = np.zeros((m, m))
+    starts, ends, weights = [], [], []
 
     def task(token, line_no):
         token = token.strip()
@@ -104,18 +118,30 @@ def read_edges(path: str, names) -> np.ndarray:
                 raise InputError(f"{path}: line {line_no}: negative or non-finite edge weight {w} ({row[0]}, {row[1]})")
             if s == t:
                 raise InputError(f"{path}: line {line_no}: self-loop on task '{names[s]}'")
-            A[s, t] += w
-            A[t, s] += w
-    return A
+            starts.append(s)
+            ends.append(t)
+            weights.append(w)
+    return _symmetric(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                      np.array(weights, dtype=np.float64), m, sparse)
 
 
-def graph_adjacency(graph, names) -> np.ndarray:
-    """A named topology, an edge-list CSV path, or an (m x m) weight matrix."""
+def graph_adjacency(graph, names, sparse: bool = False):
+    """A named topology, an edge-list CSV path, or an (m x m) weight matrix (dense or scipy.sparse);
+    ``sparse=True``: as a scipy.sparse CSR matrix."""
     m = len(names)
     if isinstance(graph, str):
         if graph.lower().endswith(".csv") or os.path.sep in graph:
-            return read_edges(graph, names)
-        return topology(graph, m)
+            return read_edges(graph, names, sparse)
+        return topology(graph, m, sparse)
+    if scipy.sparse.issparse(graph):
+        A = scipy.sparse.csr_matrix(graph, dtype=np.float64)
+        if A.shape != (m, m):
+            raise InputError(f"graph weight matrix has shape {A.shape}, there are {m} tasks")
+        if np.any(A.data < 0) or not np.all(np.isfinite(A.data)):
+            raise InputError("graph weights must be finite and >= 0")
+        if abs(A - A.T).max() > 1e-8 * max(abs(A).max(), 1e-300) if A.nnz else False:
+            raise InputError("graph weight matrix must be symmetric")
+        return A if sparse else A.toarray()
     A = np.asarray(graph, dtype=np.float64)
     if A.shape != (m, m):
         raise InputError(f"graph weight matrix has shape {A.shape}, there are {m} tasks")
@@ -123,33 +149,46 @@ def graph_adjacency(graph, names) -> np.ndarray:
         raise InputError("graph weights must be finite and >= 0")
     if not np.allclose(A, A.T):
         raise InputError("graph weight matrix must be symmetric")
-    return A
+    return scipy.sparse.csr_matrix(A) if sparse else A
 
 
-def task_kernel(adjacency, alpha, normalize=True, names=None) -> np.ndarray:
-    """Eq. 5: ``K = D^-1/2 (L + diag(alpha))^-1 D^-1/2`` (or the inverse alone).
-
-    ``alpha``: a scalar or one value per task, all >= 0, positive for at least one
-    task of every connected component (otherwise ``L + diag(alpha)`` is singular).
-    """
-    A = np.asarray(adjacency, dtype=np.float64)
+def check_graph(adjacency, alpha, names=None):
+    """``(A, alpha)`` checked for Eq. 5: alpha finite and >= 0, weights >= 0, and some task of every connected
+    component with alpha > 0 (otherwise ``L + diag(alpha)`` is singular): one-line InputErrors.  A stays dense
+    or sparse as given; alpha becomes one value per task."""
+    sparse = scipy.sparse.issparse(adjacency)
+    A = scipy.sparse.csr_matrix(adjacency, dtype=np.float64) if sparse else np.asarray(adjacency, dtype=np.float64)
     m = A.shape[0]
     names = [str(n) for n in (names if names is not None else range(m))]
     alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (m,)).copy()
     if np.any(alpha < 0) or not np.all(np.isfinite(alpha)):
         raise InputError(f"alpha must be finite and >= 0, got {alpha.tolist()[:8]}")
-    if np.any(A < 0):
+    if np.any((A.data if sparse else A) < 0):
         raise InputError("graph edge weights must be >= 0")
     n_comp, labels = scipy.sparse.csgraph.connected_components(A > 0, directed=False)
-    for c in range(n_comp):
+    positive = np.bincount(labels, weights=(alpha > 0).astype(np.float64), minlength=n_comp)
+    for c in np.flatnonzero(positive == 0)[:1]:
         members = np.flatnonzero(labels == c)
-        if not np.any(alpha[members] > 0):
-            shown = ", ".join(names[i] for i in members[:6]) + (", ..." if members.size > 6 else "")
-            raise InputError(f"the graph component {{{shown}}} has no task with alpha > 0: L + diag(alpha) is "
-                             "singular (give alpha > 0)")
-    L = np.diag(A.sum(axis=1)) - A
-    if not np.all(np.isfinite(L)):
+        shown = ", ".join(names[i] for i in members[:6]) + (", ..." if members.size > 6 else "")
+        raise InputError(f"the graph component {{{shown}}} has no task with alpha > 0: L + diag(alpha) is "
+                         "singular (give alpha > 0)")
+    degree = np.asarray(A.sum(axis=1)).reshape(-1)
+    if not np.all(np.isfinite(degree)):
         raise InputError("the graph's weighted degrees overflow: rescale the edge weights")
+    return A, alpha
+
+
+def task_kernel(adjacency, alpha, normalize=True, names=None) -> np.ndarray:
+    """Eq. 5: ``K = D^-1/2 (L + diag(alpha))^-1 D^-1/2`` (or the inverse alone), the dense m x m matrix.
+
+    ``alpha``: a scalar or one value per task, all >= 0, positive for at least one
+    task of every connected component (otherwise ``L + diag(alpha)`` is singular).
+    Many tasks: :func:`graph_covariance` (the kernel held sparse, never formed).
+    """
+    A, alpha = check_graph(adjacency, alpha, names)
+    if scipy.sparse.issparse(A):
+        A = A.toarray()
+    L = np.diag(A.sum(axis=1)) - A
     K = np.linalg.inv(L + np.diag(alpha))
     K = 0.5 * (K + K.T)
     if not np.all(np.isfinite(K)) or not np.all(np.diag(K) > 0):
@@ -160,6 +199,22 @@ def task_kernel(adjacency, alpha, normalize=True, names=None) -> np.ndarray:
         K = K * np.outer(s, s)
         np.fill_diagonal(K, 1.0)
     return K
+
+
+# from this many tasks a graph kernel is held sparse (:class:`hpcmtl.covariance.GraphSigma`: the Laplacian and a
+# sparse LU, no m x m array); below it the dense matrix of task_kernel (its bits, as before).  Tests set it to 0
+SPARSE_GRAPH_MIN_TASKS = 512
+
+
+def graph_covariance(adjacency, alpha, normalize=True, names=None, what="graph"):
+    """The task covariance of Eq. 5 for the DMTRL engine: :func:`task_kernel`'s dense matrix below
+    :data:`SPARSE_GRAPH_MIN_TASKS` tasks, from there a :class:`hpcmtl.covariance.GraphSigma` (sparse; ``what``
+    names the graph in its errors)."""
+    m = adjacency.shape[0]
+    if m < SPARSE_GRAPH_MIN_TASKS:
+        return task_kernel(adjacency, alpha, normalize, names)
+    A, alpha = check_graph(adjacency, alpha, names)
+    return GraphSigma(A, alpha, normalize, what=what)
 
 
 def regularizer(W, adjacency, alpha) -> float:

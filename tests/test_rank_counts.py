@@ -23,6 +23,7 @@ pytestmark = pytest.mark.mpi
 
 MODEL = (("model", "W"), ("model", "Sigma"))
 FACTORS = tuple(("model", k) for k in ("sigma_V", "sigma_s", "sigma_c"))      # Sigma of many tasks, as factors
+GRAPH = tuple(("model", k) for k in ("graph_indptr", "graph_indices", "graph_data", "graph_alpha", "graph_diag"))
 HISTORY = tuple(("history", k) for k in ("round", "primal", "dual", "step"))
 
 
@@ -253,6 +254,12 @@ def many_tasks_args(loss):
         return ["train", "dmtrl", "--train", paths[loss == "hinge"], "--out", out, "--loss", loss, "--lam", "1e-2",
                 "--tol", "1e-6", "--outer", "3", "--outer-tol", "0", "--quiet", "--force", *extra]
     return args
+
+
+def sparse_graph_args(paths, out, *extra):
+    """train graph over 512 tasks: from task_graph.SPARSE_GRAPH_MIN_TASKS on, the kernel is held sparse."""
+    return ["train", "graph", "--graph", "grid 16x32", "--alpha", "0.05", "--train", paths[0], "--out", out,
+            "--loss", "squared", "--lam", "1e-2", "--tol", "1e-8", "--quiet", "--force", *extra]
 
 
 def accelerated_args(tr, out, *extra):
@@ -542,6 +549,24 @@ def check_graph_alpha(runs, months, args, tmp_path):
     assert np.array_equal(a["model"]["Sigma"], expected)          # the refit is at the chosen alpha's kernel
 
 
+def check_sparse_graph(runs, data, args, tmp_path):
+    """The result file holds the graph (no m x m array), its kernel the dense task_kernel's; a resume is bitwise."""
+    from hpcmtl.task_graph import task_kernel, topology
+    ref = converged(runs)
+    assert_certified_ascent(ref["history"])
+    assert "Sigma" not in ref["model"] and "sigma_V" not in ref["model"]
+    Sigma = model_sigma(ref["model"])
+    assert Sigma.shape == (512, 512) and Sigma.adjacency.nnz == 2 * (15 * 32 + 16 * 31)
+    assert_allclose(Sigma.dense(), task_kernel(topology("grid 16x32", 512), 0.05), rtol=0, atol=1e-12)
+    out = tmp_path / "r.h5"
+    kill = int(ref["history"]["round"][-1]) // 2 + 1
+    res = assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "2"), out, ref, kill, kill - 2 + kill % 2)
+    for _, key in GRAPH:
+        assert res["model"][key].tobytes() == ref["model"][key].tobytes(), key
+    ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
+    assert "Sigma" not in ck["arrays"] and ck["arrays"]["graph_alpha"].shape == (512,)
+
+
 CASES = {
     "dmtrl hinge": Case(synth_with_test, mpi_args, check_mpi, timeout=240,
                         compare=MODEL + (("history", "primal"),)),
@@ -553,6 +578,8 @@ CASES = {
                                                 counts=(1, 2, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
                                               counts=(1, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
+    "graph kernel held sparse, many tasks": Case(many_tasks, sparse_graph_args, check_sparse_graph, counts=(1, 2, 3),
+                                                 compare=(("model", "W"),) + GRAPH + HISTORY),
     "accelerated outer step": Case(SYNTH_AGGREGATION, accelerated_args, check_accelerated, counts=(1, 2, 3),
                                    compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
                                                               ("wsteps", "apg_iterations"))),

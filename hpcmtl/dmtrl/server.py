@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import engine
 from ..checkpoint import BlockState, block_payloads
-from ..covariance import SigmaFactors, as_dense, diagonal
+from ..covariance import GraphSigma, SigmaFactors, as_dense, covariance_from_arrays, diagonal, is_factored
 from ..engine import ServerBase, check_finite_rows
 from ..errors import InputError
 from ..losses import get_loss
@@ -48,8 +48,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         # self.Sigma: the m x m array, or, a learned Sigma of many tasks, its SigmaFactors (sigma.omega_factors)
         # and never the m x m array (10^4 tasks: 800 MB).  I / m is factored too (r = 0): the first W-step's
         # rounds then need no m x m matrix either
-        if config.relationship == "fixed":
-            self.Sigma = np.array(sigma_fixed, dtype=np.float64)
+        if config.relationship == "fixed":       # a graph kernel of many tasks stays sparse (GraphSigma)
+            self.Sigma = sigma_fixed if isinstance(sigma_fixed, GraphSigma) else np.array(sigma_fixed, dtype=np.float64)
         elif self.m >= sigma_rules.FACTORED_MIN_TASKS:
             self.Sigma = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         else:
@@ -84,8 +84,9 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
 
     @property
     def sigma_factors(self):
-        """Sigma's :class:`SigmaFactors` when it is held as factors (many tasks), else None (an m x m array)."""
-        return self.Sigma if isinstance(self.Sigma, SigmaFactors) else None
+        """Sigma's :class:`SigmaFactors` when it is held as factors (many tasks), or its :class:`GraphSigma` (a graph
+        kernel of many tasks: the same interface), else None (an m x m array)."""
+        return self.Sigma if is_factored(self.Sigma) else None
 
     def dense_sigma(self):
         """The m x m Sigma, formed from the factors where it is held as factors: only for what needs the matrix
@@ -373,12 +374,12 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             if saved != now:
                 raise InputError(f"{ck['path']}: cannot resume: '{key}' is {saved!r} in the checkpoint but {now!r} now")
         self.BT = self.space.compact(ck["arrays"]["BT"])
-        factors = SigmaFactors.from_arrays(ck["arrays"], ck["path"], m=self.m)
+        factors = covariance_from_arrays(ck["arrays"], ck["path"], m=self.m)
         # a checkpoint of the factored path (also one written with the dense copy beside the factors) resumes
         # on the factors; one of the dense path on its Sigma
         if factors is None and "Sigma" not in ck["arrays"]:
-            raise InputError(f"{ck['path']}: cannot resume: no task covariance (field 'state/Sigma' or "
-                             f"'state/sigma_V', 'sigma_s', 'sigma_c')")
+            raise InputError(f"{ck['path']}: cannot resume: no task covariance (field 'state/Sigma', "
+                             f"'state/sigma_V', 'sigma_s', 'sigma_c' or 'state/graph_*')")
         self.Sigma = factors if factors is not None else ck["arrays"]["Sigma"].copy()
         # rho depends on how tasks are cut into blocks, which may differ at another rank count
         self.rho = self.lemma_rho()

@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from .. import interior
-from ..covariance import SigmaFactors, diagonal, is_factored  # noqa: F401  (SigmaFactors: public here too)
+from ..covariance import GraphSigma, SigmaFactors, diagonal, is_factored  # noqa: F401  (public here too)
 from ..errors import InputError
 
 # From this many tasks on, a learned Sigma is computed and held as factors (:func:`omega_factors`) and the
@@ -139,6 +139,10 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
         if Sigma.V.shape[1] == 0:
             return np.ones(Sigma.m)
         return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
+    if isinstance(Sigma, GraphSigma):         # Sigma^-1 = S^-1 (L + diag(alpha)) S^-1 is sparse: its diagonal exactly
+        if Sigma.is_diagonal():
+            return np.ones(Sigma.m)
+        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
     m = Sigma.shape[0]
     if is_diagonal(Sigma):
         return np.ones(m)
@@ -158,6 +162,10 @@ def check_sigma(Sigma, m):
     again, it is checked again)."""
     if Sigma is None:
         raise InputError("relationship 'fixed' needs a task covariance Sigma")
+    if isinstance(Sigma, GraphSigma):         # positive definite by construction (task_graph.check_graph)
+        if Sigma.m != m:
+            raise InputError(f"the task graph has {Sigma.m} tasks, the data has {m}")
+        return Sigma
     if _CHECKED.get(id(Sigma)) is Sigma and not Sigma.flags.writeable and Sigma.shape == (m, m):
         return Sigma
     Sigma = np.asarray(Sigma, dtype=np.float64)

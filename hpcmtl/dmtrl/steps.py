@@ -381,8 +381,8 @@ class StepSolver:
         the directions' task arrays (eta's, and beta's with box momentum) and the conjugate blocks ``extra``;
         None (Jacobi) under ``QP_PRECONDITIONER = 'jacobi'``.  Sigma's terms (its factors, or the dense Sigma's
         eigendecomposition: m^3, once) are kept while Sigma is the same object (a W-step's rounds)."""
-        if QP_PRECONDITIONER != "capacitance":
-            return None
+        if QP_PRECONDITIONER != "capacitance" or (inputs.factors is not None and not hasattr(inputs.factors, "V")):
+            return None          # (a graph kernel held sparse has no low-rank part: Jacobi)
         Sigma = inputs.factors if inputs.factors is not None else inputs.Sigma
         rows = [inputs.space.dense(x) for x in directions]
         d = rows[0].shape[1]

@@ -96,7 +96,8 @@ def _json(path, f, name) -> dict:
 
 
 # the server arrays that must be finite (the model and the task covariance); history columns may hold inf
-FINITE_STATE = ("BT", "Sigma", "sigma_V", "sigma_s", "sigma_c", "W", "b", "rho")
+FINITE_STATE = ("BT", "Sigma", "sigma_V", "sigma_s", "sigma_c", "graph_data", "graph_alpha", "graph_diag", "W", "b",
+                "rho")
 
 
 def _real(path, field, dataset, shape=None, kinds="biuf", finite=True):

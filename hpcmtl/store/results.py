@@ -17,7 +17,7 @@ import json
 import h5py
 import numpy as np
 
-from ..covariance import FACTOR_FIELDS, SigmaFactors
+from ..covariance import FACTOR_FIELDS, GRAPH_FIELDS, GraphSigma, SigmaFactors
 from ..errors import InputError
 from .atomic import atomic_h5
 from .hdf5 import FORMAT_VERSION, RESULT_FORMAT, open_read
@@ -35,8 +35,9 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
     adds ``/test/<metric>`` per-task arrays and a ``summary`` JSON attribute;
     ``ranks`` adds ``/ranks/<name>`` arrays with one entry per MPI rank (memory);
     ``groups`` adds further ``/<group>/<name>`` arrays (e.g. a regularization path).
-    Sigma may be None for methods without a task covariance, and a :class:`SigmaFactors` (written as
-    ``/model/sigma_V``, ``sigma_s``, ``sigma_c``).
+    Sigma may be None for methods without a task covariance, a :class:`SigmaFactors` (written as
+    ``/model/sigma_V``, ``sigma_s``, ``sigma_c``) or a :class:`GraphSigma` (``/model/graph_*``: the adjacency's
+    CSR arrays, alpha, normalize, diag((L + diag(alpha))^-1)).
     """
     with atomic_h5(path, force=force, what="result") as f:
         f.attrs["format"] = RESULT_FORMAT
@@ -49,9 +50,10 @@ def write_result(path, W, Sigma, history: dict, config: dict, n_ranks: int,
         n_columns = np.shape(W)[1] if np.ndim(W) == 2 else 0
         model.create_dataset("intercept", data=np.zeros(n_columns) if intercept is None
                              else np.asarray(intercept, dtype=np.float64).reshape(n_columns))
-        if isinstance(Sigma, SigmaFactors):
+        if isinstance(Sigma, (SigmaFactors, GraphSigma)):        # no m x m array: the factors, or the graph
             for key, value in Sigma.arrays().items():
-                model.create_dataset(key, data=np.asarray(value, dtype=np.float64))
+                value = np.asarray(value)
+                model.create_dataset(key, data=value if value.dtype.kind in "iu" else value.astype(np.float64))
         elif Sigma is not None:
             model.create_dataset("Sigma", data=np.asarray(Sigma, dtype=np.float64))
         if task_names is not None:
@@ -127,8 +129,9 @@ def _numbers(path, field, dataset, ndim=None):
 
 
 # the model's numeric arrays: W (d x m), Sigma (m x m), intercept (m), Sigma's factors (m x r, r, a number)
-MODEL_ARRAYS = ("W", "Sigma", "intercept") + FACTOR_FIELDS
-MODEL_NDIM = {"W": 2, "Sigma": 2, "intercept": 1, "sigma_V": 2, "sigma_s": 1, "sigma_c": 0}
+MODEL_ARRAYS = ("W", "Sigma", "intercept") + FACTOR_FIELDS + GRAPH_FIELDS
+MODEL_NDIM = {"W": 2, "Sigma": 2, "intercept": 1, "sigma_V": 2, "sigma_s": 1, "sigma_c": 0, "graph_indptr": 1,
+              "graph_indices": 1, "graph_data": 1, "graph_alpha": 1, "graph_normalize": 0, "graph_diag": 1}
 
 
 def _check_model(path, model: dict) -> None:
@@ -150,6 +153,11 @@ def _check_model(path, model: dict) -> None:
             raise InputError(f"{path}: fields 'model/sigma_V', 'model/sigma_s', 'model/sigma_c' come together, "
                              f"and without 'model/Sigma'")
         SigmaFactors.from_arrays(model, path, where="model", m=m)       # shapes, finite, positive
+    if any(k in model for k in GRAPH_FIELDS):
+        if "Sigma" in model or any(k in model for k in FACTOR_FIELDS) or not all(k in model for k in GRAPH_FIELDS):
+            raise InputError(f"{path}: fields 'model/graph_*' ({', '.join(GRAPH_FIELDS)}) come together, and "
+                             f"without 'model/Sigma' or its factors")
+        GraphSigma.from_arrays(model, path, where="model", m=m)        # shapes, symmetric, weights and alpha >= 0
     names = model.get("task_names")
     if names is not None and len(names) != m:
         raise InputError(f"{path}: field 'model/task_names' has {len(names)} names, model/W has {m} columns")
@@ -159,7 +167,8 @@ def read_result(path) -> dict:
     """A result file as plain NumPy arrays and dicts, validated by type and shape (one-line InputErrors).
 
     The task covariance is ``model['Sigma']`` (m x m) or, a file of many tasks, its factors ``model['sigma_V']``,
-    ``['sigma_s']``, ``['sigma_c']``: :func:`hpcmtl.covariance.model_sigma` gives either as one object."""
+    ``['sigma_s']``, ``['sigma_c']`` or a graph kernel's ``model['graph_*']``: :func:`hpcmtl.covariance.model_sigma`
+    gives any of them as one object."""
     with open_read(path, RESULT_FORMAT) as f:
         model, history = _group(f, path, "model"), _group(f, path, "history")
         if "W" not in model:
