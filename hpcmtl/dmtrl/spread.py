@@ -34,7 +34,7 @@ SPREAD_VARIABLE = "HPCMTL_SPREAD_MIN_TASKS"
 # a chunk holds at least CHUNK_MIN_TASKS tasks (a chunk's partial costs a BLAS call and r d numbers of traffic),
 # and there are at most MAX_CHUNKS chunks (the partials rank 0 receives each reduction: MAX_CHUNKS r d numbers)
 CHUNK_MIN_TASKS = 64
-MAX_CHUNKS = 256
+MAX_CHUNKS = 64
 # what each task's row of the start's payload holds after its dB, dP and B rows
 TASK_SCALARS = ("g1", "g2", "a11", "a12", "a22", "c2", "cross", "c2q", "n")
 
@@ -101,6 +101,12 @@ def ordered_sum(parts) -> np.ndarray:
     return total
 
 
+def same_bits(a, b) -> bool:
+    """The two float arrays hold the same bits (not only equal values: -0.0 and NaNs count)."""
+    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
+    return a.shape == b.shape and np.array_equal(a.view(np.int64), b.view(np.int64))
+
+
 def chunked_sigma_times(factors, X) -> np.ndarray:
     """``Sigma X`` of task rows X through the factors, by chunks: the bits the spread commands give at any P
     (rank 0 alone: W outside the rounds, after an Omega-step or a resume)."""
@@ -119,9 +125,9 @@ class ChunkState:
 
     def __init__(self, piece, cached, rank, size, lam):
         self.rank, self.size, self.lam = rank, size, lam
-        m, d, r, has_factors = (int(v) for v in piece[:4])
+        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
         self.m, self.d, self.r = m, d, r
-        pos = 4
+        pos = 5
         if has_factors:                                   # a new Sigma: K, c and the chunks' rows of V
             self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
             pos += r + 1
@@ -136,9 +142,14 @@ class ChunkState:
             pos += n * r
         else:
             self.V = cached.V
-        rows = piece[pos:pos + 3 * n * d].reshape(3, n, d)
-        pos += 3 * n * d
-        self.dB, self.dP, self.B = rows[0].copy(), rows[1].copy(), rows[2].copy()
+        self.dB = piece[pos:pos + n * d].reshape(n, d).copy()
+        pos += n * d
+        if has_rows:                      # B and dP as rank 0 holds them (else as the last round left them here)
+            rows = piece[pos:pos + 2 * n * d].reshape(2, n, d)
+            pos += 2 * n * d
+            self.dP, self.B = rows[0].copy(), rows[1].copy()
+        else:
+            self.dP, self.B = cached.dP, cached.B
         t = piece[pos:pos + len(TASK_SCALARS) * n].reshape(len(TASK_SCALARS), n)
         self.g = t[0:2].copy()
         self.precond = block_jacobi(t[2].copy(), t[3].copy(), t[4].copy())
@@ -216,14 +227,15 @@ class SpreadBlocks:
         -> ``[eta, beta, per chunk V_c^T B_c]``."""
         st = self.chunks
         steps = st.x if float(inputs[0]) > 0 else np.zeros_like(st.x)
-        st.B += st.combine(steps)
+        st.dP = st.combine(steps)                 # kept with B for the next round: rank 0 then sends neither
+        st.B += st.dP
         return np.concatenate([steps.reshape(-1), st.partials(st.B).reshape(-1)])
 
     def spread_w(self, ctrl, inputs):
-        """SPREAD_W [Z = V^T B]: this rank's rows of ``W = Sigma B / lam``; the round's rows are dropped."""
+        """SPREAD_W [Z = V^T B]: this rank's rows of ``W = Sigma B / lam``; CG's vectors are dropped (B, dP kept)."""
         st = self.chunks
         W = chunk_rows(st.V, st.K[:, None] * inputs.reshape(st.r, st.d), st.c, st.B, st.bounds) / st.lam
-        st.dB = st.dP = st.B = st.X = st.Ap = st.x = st.r_ = st.z = st.p = None
+        st.dB = st.X = st.Ap = st.x = st.r_ = st.z = st.p = None
         return W
 
 
@@ -235,6 +247,7 @@ class SpreadServer:
 
     def init_spread(self):
         self.spread_sigma = None          # the Sigma whose V rows the ranks hold (sent again when it changes)
+        self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
         self.spread_chunks = chunk_bounds(self.m)
 
     def spread_applies(self) -> bool:
@@ -255,11 +268,15 @@ class SpreadServer:
         return flat.reshape(len(self.spread_chunks) - 1, columns)
 
     def spread_payloads(self, dBT, dPT, g, blocks, scalars):
-        """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, (K, c, V rows), dB, dP, B rows, TASK_SCALARS]``."""
+        """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, (K, c, V rows), dB, (dP, B rows),
+        TASK_SCALARS]``.  V goes when Sigma changed; B and dP unless they are, bit for bit, what the last spread round
+        left on the ranks (anything else that set them since, a resume, local rounds, is seen)."""
         factors, size = self.sigma_factors, self.cluster.size
         r = factors.V.shape[1]
         fresh = self.spread_sigma is not factors
-        head = [np.array([self.m, self.d, r, int(fresh)], dtype=np.float64)]
+        kept = self.spread_rows
+        send_rows = kept is None or not (same_bits(kept[0], self.BT) and same_bits(kept[1], dPT))
+        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows)], dtype=np.float64)]
         if fresh:
             head.append(np.append(factors.s - factors.c, factors.c))
         _, c2, _, c2q, cross = scalars.T[:5]
@@ -270,8 +287,10 @@ class SpreadServer:
             piece = list(head)
             if fresh:
                 piece.append(factors.V[t0:t1].reshape(-1))
-            piece += [dBT[t0:t1].reshape(-1), dPT[t0:t1].reshape(-1), self.BT[t0:t1].reshape(-1),
-                      rows[t0:t1].T.reshape(-1)]
+            piece.append(dBT[t0:t1].reshape(-1))
+            if send_rows:
+                piece += [dPT[t0:t1].reshape(-1), self.BT[t0:t1].reshape(-1)]
+            piece.append(rows[t0:t1].T.reshape(-1))
             pieces.append(np.concatenate(piece))
         self.spread_sigma = factors
         return pieces
@@ -326,5 +345,6 @@ class SpreadServer:
                              self.command(DMTRLCommand.SPREAD_W, payload=ZB.reshape(-1), width=rd)])
         self.dPT = self.space.combine(eta, dBT, beta, self.dPT)     # the ranks' arithmetic on their rows: the same bits
         self.space.add(self.BT, self.dPT)
+        self.spread_rows = (self.BT.copy(), self.dPT.copy())
         self.WT = WT.reshape(m, self.d)
         return eta, beta
