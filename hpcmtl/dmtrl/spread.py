@@ -186,6 +186,11 @@ class SpreadBlocks:
 
     chunks = None
 
+    def init_spread(self):
+        """Every rank reads the spread's setting (HPCMTL_SPREAD_MIN_TASKS) as it builds its local state, so a bad
+        value is the same one-line error on every rank before the first round."""
+        spread_min_tasks()
+
     def spread_start(self, ctrl, inputs):
         """SPREAD_START: this rank's rows -> per chunk ``[r.z, V_c^T X_c of p = M g]`` (CG's start)."""
         self.chunks = state = ChunkState(np.asarray(inputs, dtype=np.float64), self.chunks, self.cluster.rank,
@@ -249,12 +254,13 @@ class SpreadServer:
         self.spread_sigma = None          # the Sigma whose V rows the ranks hold (sent again when it changes)
         self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
         self.spread_chunks = chunk_bounds(self.m)
+        self.spread_min = spread_min_tasks()
 
     def spread_applies(self) -> bool:
         """The round's algebra goes by chunks (at every P, P = 1 included: the same bits): a learned Sigma as
         factors, the dense task arrays, the squared loss's free momentum, m >= SPREAD_MIN_TASKS."""
         return (self.sigma_factors is not None and not self.space.sparse and self.momentum == "free"
-                and self.m >= spread_min_tasks())
+                and self.m >= self.spread_min)
 
     def spread_sigma_times(self, XT):
         """``Sigma X`` by chunks on rank 0 alone: W outside the rounds, the bits the spread rounds give."""

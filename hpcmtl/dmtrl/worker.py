@@ -118,6 +118,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         self.init_interior_rounds()
         self.reset_shrinking()
         self.init_batched(int(np.count_nonzero(per_task)))   # many tiny tasks: computed together (.batched)
+        self.init_spread()
 
     def extra_bytes(self):
         return sum(s.alpha.nbytes + s.order.nbytes for s in self.state)
