@@ -87,9 +87,11 @@ def chunk_rows(V, KZ, c, X, bounds) -> np.ndarray:
 
 
 def chunk_dots(a, b, bounds) -> np.ndarray:
-    """Per chunk, ``a . b`` over its tasks of two (2, n) vectors (eta's half, then beta's)."""
-    return np.array([float(a[0, lo:hi] @ b[0, lo:hi]) + float(a[1, lo:hi] @ b[1, lo:hi])
-                     for lo, hi in zip(bounds[:-1], bounds[1:])])
+    """Per chunk, ``a . b`` over its tasks of two (2, n) vectors (eta's half, then beta's): each task's
+    ``a1 b1 + a2 b2``, then a chunk's tasks added by one ``np.add.reduceat`` segment (its numbers alone)."""
+    if len(bounds) < 2:
+        return np.zeros(0)
+    return np.add.reduceat(a[0] * b[0] + a[1] * b[1], bounds[:-1])
 
 
 def ordered_sum(parts) -> np.ndarray:
@@ -175,9 +177,10 @@ class ChunkState:
     def times(self, Z, v):
         """A v on these tasks (StepSolver.momentum_operator's apply): ``S = Sigma X`` from the summed ``Z = V^T X``."""
         S = chunk_rows(self.V, self.K[:, None] * Z.reshape(self.r, self.d), self.c, self.X, self.bounds)
-        lam = self.lam
-        return np.stack([np.einsum("ij,ij->i", self.dB, S) / lam + (self.c2 * v[0] + self.cross * v[1]) / self.n,
-                         np.einsum("ij,ij->i", self.dP, S) / lam + (self.cross * v[0] + self.c2q * v[1]) / self.n])
+        lam, out = self.lam, np.empty_like(v)
+        out[0] = np.einsum("ij,ij->i", self.dB, S) / lam + (self.c2 * v[0] + self.cross * v[1]) / self.n
+        out[1] = np.einsum("ij,ij->i", self.dP, S) / lam + (self.cross * v[0] + self.c2q * v[1]) / self.n
+        return out
 
 
 class SpreadBlocks:
