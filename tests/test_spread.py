@@ -63,6 +63,17 @@ def test_chunked_sigma_products_are_the_dense_matrix_s(chunk_min, r, monkeypatch
     assert part.tobytes() == whole[t0:t1].tobytes()
 
 
+@pytest.mark.parametrize("shape", [(64, 400), (3, 400), (64, 1), (1, 400), (17, 6), (0, 5)])
+def test_chunk_partials_are_added_one_after_the_other_in_chunk_order(shape):
+    rng = np.random.default_rng(sum(shape))
+    parts = rng.normal(size=shape) * 10.0 ** rng.uniform(-8, 8, size=shape)      # rounding shows in the order
+    total = np.zeros(shape[1])
+    for part in parts:
+        total += part
+    assert spread.ordered_sum(parts).tobytes() == total.tobytes()
+    assert spread.ordered_sum(parts[:, 0]).tobytes() == total[:1].reshape(()).tobytes() if shape[1] else True
+
+
 def test_same_bits_tells_a_signed_zero_apart():
     a = np.array([0.0, 1.0])
     assert spread.same_bits(a, a.copy()) and not spread.same_bits(a, np.array([-0.0, 1.0]))

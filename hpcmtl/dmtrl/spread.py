@@ -95,12 +95,16 @@ def chunk_dots(a, b, bounds) -> np.ndarray:
 
 
 def ordered_sum(parts) -> np.ndarray:
-    """The chunks' partials added one after the other in chunk order (never a pairwise or blocked sum)."""
-    parts = np.asarray(parts, dtype=np.float64)
-    total = np.zeros(parts.shape[1:])
-    for part in parts:
-        total += part
-    return total
+    """The chunks' partials added over the chunk axis of their (chunks, ...) array, all of them at once: the
+    array is the same at every rank count, and so is NumPy's fixed order of adding it (one after the other down
+    the chunk axis for C-ordered rows, and by ``accumulate`` for one number a chunk: tests/test_spread.py checks
+    both against that loop)."""
+    parts = np.ascontiguousarray(parts, dtype=np.float64)
+    if parts.shape[0] == 0:
+        return np.zeros(parts.shape[1:])
+    if parts.ndim == 1:                    # one number a chunk: a 1-d reduce would be pairwise, accumulate is not
+        return np.add.accumulate(parts)[-1]
+    return np.add.reduce(parts, axis=0)
 
 
 def same_bits(a, b) -> bool:
