@@ -179,3 +179,27 @@ def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
     bad = run_hpcmtl(["train", "dmtrl", "--train", path, "--out", tmp_path / "x.h5", "--loss", "squared", "--lam",
                       "1e-2", "--quiet"], n_ranks=3, env={spread.SPREAD_VARIABLE: "1e4"})
     assert bad.returncode == 2 and "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(bad)
+
+
+@pytest.mark.mpi
+def test_a_lam_grid_with_the_spread_is_the_lam_grid_without(tmp_path):
+    """A lam grid by cross-validation (fold fits and the refit, each point's lam) at P = 2, the spread on and off,
+    CG to its residual: the same choice, and scores and W within the fits' tolerance (each W-step stops at a gap of
+    1e-6, where another rounding may take a round more or less: 5e-6 apart measured)."""
+    path = many_tasks_file(str(tmp_path))
+    driver = ("import sys; from hpcmtl.dmtrl import spread, steps; steps.CG_INEXACT_MIN_TASKS = 10 ** 9; "
+              "spread.SPREAD_MIN_TASKS = int(sys.argv[1]); from hpcmtl.cli import main; sys.exit(main(sys.argv[2:]))")
+    results = {}
+    for threshold in (512, 10 ** 9):
+        out = tmp_path / f"grid{threshold}.h5"
+        cmd = [mpiexec_path(), "-n", "2", sys.executable, "-c", driver, str(threshold), "train", "dmtrl", "--train",
+               path, "--out", str(out), "--loss", "squared", "--lam-grid", "1e-3:1e-1:3", "--cv", "2", "--tol", "1e-6",
+               "--outer", "2", "--outer-tol", "0", "--quiet", "--force"]
+        env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        results[threshold] = store.read_result(out)
+    on, off = results[512], results[10 ** 9]
+    assert on["path"]["chosen_index"] == off["path"]["chosen_index"] if "chosen_index" in on["path"] else True
+    assert_allclose(on["path"]["validation_score"], off["path"]["validation_score"], rtol=1e-4)
+    assert_allclose(on["model"]["W"], off["model"]["W"], rtol=0, atol=1e-4 * np.abs(off["model"]["W"]).max())

@@ -129,11 +129,11 @@ def chunked_sigma_times(factors, X) -> np.ndarray:
 class ChunkState:
     """One rank's chunks of a round: their rows of dB, dP, B, V and CG's vectors as (2, n) arrays."""
 
-    def __init__(self, piece, cached, rank, size, lam):
-        self.rank, self.size, self.lam = rank, size, lam
+    def __init__(self, piece, cached, rank, size):
+        self.rank, self.size = rank, size
         m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
-        self.m, self.d, self.r = m, d, r
-        pos = 5
+        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])   # lam: rank 0's (a grid's point, not the config's)
+        pos = 6
         if has_factors:                                   # a new Sigma: K, c and the chunks' rows of V
             self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
             pos += r + 1
@@ -201,7 +201,7 @@ class SpreadBlocks:
     def spread_start(self, ctrl, inputs):
         """SPREAD_START: this rank's rows -> per chunk ``[r.z, V_c^T X_c of p = M g]`` (CG's start)."""
         self.chunks = state = ChunkState(np.asarray(inputs, dtype=np.float64), self.chunks, self.cluster.rank,
-                                         self.cluster.size, self.config.lam)
+                                         self.cluster.size)
         rz = chunk_dots(state.r_, state.z, state.bounds)
         return np.column_stack([rz, state.partials(state.X)])
 
@@ -281,7 +281,7 @@ class SpreadServer:
         return flat.reshape(len(self.spread_chunks) - 1, columns)
 
     def spread_payloads(self, dBT, dPT, g, blocks, scalars):
-        """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, (K, c, V rows), dB, (dP, B rows),
+        """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, (dP, B rows),
         TASK_SCALARS]``.  V goes when Sigma changed; B and dP unless they are, bit for bit, what the last spread round
         left on the ranks (anything else that set them since, a resume, local rounds, is seen)."""
         factors, size = self.sigma_factors, self.cluster.size
@@ -289,7 +289,7 @@ class SpreadServer:
         fresh = self.spread_sigma is not factors
         kept = self.spread_rows
         send_rows = kept is None or not (same_bits(kept[0], self.BT) and same_bits(kept[1], dPT))
-        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows)], dtype=np.float64)]
+        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows), self.config.lam], dtype=np.float64)]
         if fresh:
             head.append(np.append(factors.s - factors.c, factors.c))
         _, c2, _, c2q, cross = scalars.T[:5]
