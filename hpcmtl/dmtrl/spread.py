@@ -82,7 +82,8 @@ def chunk_rows(V, KZ, c, X, bounds) -> np.ndarray:
     out = np.empty_like(X)
     for j in range(len(bounds) - 1):
         lo, hi = bounds[j], bounds[j + 1]
-        out[lo:hi] = V[lo:hi] @ KZ + c * X[lo:hi]
+        np.matmul(V[lo:hi], KZ, out=out[lo:hi])      # then + c X: the same two roundings, no temporaries
+        out[lo:hi] += c * X[lo:hi]
     return out
 
 
