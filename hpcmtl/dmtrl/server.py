@@ -24,8 +24,8 @@ from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
-from .steps import StepInputs, StepSolver
 from .spread import SpreadServer
+from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 

@@ -22,8 +22,8 @@ from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
-from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_terms, coupled_passes
 from .spread import SpreadBlocks
+from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_terms, coupled_passes
 from .supports import SupportBlocks
 
 
