@@ -20,7 +20,8 @@ rounds (the slowest rank's reading of its blocks, ``engine.load_blocks``; rank 0
 ``engine.split_intercept``: 0 once the workers send them).
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
-        [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--outer-tol T]
+        [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--spread-min-tasks N]
+        [--outer-tol T]
         [--gradient-batch-min-blocks N] [--gradient-compare] [--read N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
@@ -28,7 +29,10 @@ always as factors, the step problems matrix-free; a huge number: the dense path 
 ``--batch-min-tasks`` sets :data:`hpcmtl.dmtrl.batched.BATCH_MIN_TASKS` (a huge number: every block on its own on
 the workers, the per-block path of before); ``--cg-inexact-min-tasks`` sets
 :data:`hpcmtl.dmtrl.steps.CG_INEXACT_MIN_TASKS` (a huge number: the squared loss's CG step to its residual's 1e-13
-at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too); ``--outer-tol``
+at every m, as before; 0 with ``--convergence``: the gain's stop on its small cases too); ``--spread-min-tasks``
+sets :data:`hpcmtl.dmtrl.spread.SPREAD_MIN_TASKS` (0: the squared loss's step products and W by task chunks on
+every rank at every m; a huge number: all on rank 0, as before), and below each row the CPU seconds a round each
+rank spent in its share of that algebra (the ``spread_*`` commands' computations); ``--outer-tol``
 (default 0: no accelerated outer phase; > 0: the phase runs after W-steps that do not reach
 it, and the CPU seconds of its GRADIENT_TERMS are printed, ``--gradient-batch-min-blocks`` setting
 :data:`hpcmtl.dmtrl.joint.GRADIENT_BATCH_MIN_BLOCKS`: a huge number, one kernel call a block as before;
@@ -103,6 +107,10 @@ def timed_function(module, name, log):
     setattr(module, name, wrapper)
 
 
+# the spread algebra's computations on each rank (rank 0's included), dmtrl/spread.py
+SPREAD_PARTS = ("spread_start", "spread_direction", "spread_product", "spread_update", "spread_finish", "spread_w")
+
+
 def child(args):
     """One training run on this rank (under mpiexec or alone): per-rank timings to ``args.out.RANK``."""
     from hpcmtl import cluster as hc
@@ -115,6 +123,9 @@ def child(args):
     if args.batch_min_tasks is not None:
         from hpcmtl.dmtrl import batched
         batched.BATCH_MIN_TASKS = args.batch_min_tasks
+    if args.spread_min_tasks is not None:
+        from hpcmtl.dmtrl import spread
+        spread.SPREAD_MIN_TASKS = args.spread_min_tasks
     log = {}
     for name in ("round_local", "omega", "recompute_w"):
         timed(srv.Server, name, log)
@@ -128,6 +139,17 @@ def child(args):
         finally:
             log.setdefault("cg_products", []).append(getattr(self, "cg_iterations", 0))
     steps.StepSolver.steps_momentum_cg = cg_counted
+    timed(srv.Server, "spread_steps", log)
+    spread_steps = srv.Server.spread_steps
+
+    def spread_counted(self, *a, **k):      # the same count when the step's products are spread
+        try:
+            return spread_steps(self, *a, **k)
+        finally:
+            log.setdefault("cg_products", []).append(getattr(self.solver, "cg_iterations", 0))
+    srv.Server.spread_steps = spread_counted
+    for name in SPREAD_PARTS:
+        timed(worker.LocalBlocks, name, log)
     for name in ("trial", "apply", "gradient_terms"):
         timed(worker.LocalBlocks, name, log)
     from hpcmtl import engine               # outside the rounds: reading the blocks, the intercepts' task means
@@ -153,7 +175,7 @@ def child(args):
         worker.LocalBlocks.gradient_terms = both
     rounds = {"round": [], "server": [], "server_cpu": [], "bytes": [], "start": [], "outer": []}
     orig = srv.Server.round_steps
-    server_keys = ("take_steps", "adapt_rho", "recompute_w")
+    server_keys = ("take_steps", "spread_steps", "adapt_rho", "recompute_w")
 
     def round_steps(self, want_gap):         # one coupled round: its seconds, its server algebra, its bytes
         spent = sum(sum(log.get(k, [])) for k in server_keys)
@@ -216,6 +238,8 @@ def run_case(args, path, m, ranks, work):
         cmd += ["--batch-min-tasks", str(args.batch_min_tasks)]
     if args.cg_inexact_min_tasks is not None:
         cmd += ["--cg-inexact-min-tasks", str(args.cg_inexact_min_tasks)]
+    if args.spread_min_tasks is not None:
+        cmd += ["--spread-min-tasks", str(args.spread_min_tasks)]
     if args.gradient_batch_min_blocks is not None:
         cmd += ["--gradient-batch-min-blocks", str(args.gradient_batch_min_blocks)]
     if args.gradient_compare:
@@ -272,7 +296,10 @@ def run_case(args, path, m, ranks, work):
            "load_cpu": max(sum(r_["log"].get("load_blocks:cpu", [])) for r_ in per_rank),
            "means_s": sum(s["log"].get("split_intercept", [])),
            "means_cpu": sum(s["log"].get("split_intercept:cpu", [])),
-           "rounds_s": float(sum(coupled)) + float(sum(s["log"].get("round_local", [])))}
+           "rounds_s": float(sum(coupled)) + float(sum(s["log"].get("round_local", []))),
+           # each rank's CPU seconds a coupled round in its share of the spread algebra (0: not spread)
+           "spread_cpu": [sum(sum(r_["log"].get(k + ":cpu", [])) for k in SPREAD_PARTS) / max(n, 1)
+                          for r_ in per_rank]}
     return row
 
 
@@ -355,6 +382,7 @@ def main():
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--batch-min-tasks", type=int, default=None)
     ap.add_argument("--cg-inexact-min-tasks", type=int, default=None)
+    ap.add_argument("--spread-min-tasks", type=int, default=None)
     ap.add_argument("--gradient-batch-min-blocks", type=int, default=None)
     ap.add_argument("--outer-tol", type=float, default=0.0)
     ap.add_argument("--gradient-compare", action="store_true")
@@ -397,6 +425,9 @@ def main():
             print(f"        outside the rounds: reading the blocks {row['load_s']:.1f} s ({row['load_cpu']:.1f} CPU s, "
                   f"slowest rank), the intercepts' task means on rank 0 {row['means_s']:.1f} s "
                   f"({row['means_cpu']:.1f} CPU s)", flush=True)
+            if any(row["spread_cpu"]):
+                print("        spread algebra, CPU s a round by rank: " +
+                      ", ".join(f"{c:.4f}" for c in row["spread_cpu"]), flush=True)
             if row["gradient_calls"]:
                 print(f"        accelerated phase: {row['gradient_calls']} GRADIENT_TERMS, {row['gradient_cpu']:.2f} "
                       f"CPU s in them (all ranks)", flush=True)

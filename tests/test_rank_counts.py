@@ -7,6 +7,7 @@ is one entry: its data, its command line, and what else it asserts.
 """
 import os
 from dataclasses import dataclass
+from unittest import mock
 from typing import Callable, Optional
 
 import numpy as np
@@ -35,6 +36,7 @@ class Case:
     counts: tuple = (1, 2, 3, 5)
     compare: tuple = MODEL + HISTORY
     timeout: int = 300
+    env: Optional[dict] = None        # the environment's additions for every run of the case (its check's too)
 
 
 # -- training data -------------------------------------------------------------------------------------------
@@ -320,6 +322,21 @@ def check_aggregation(loss):
     return check
 
 
+def check_spread(runs, data, args, tmp_path):
+    """check_factored with the resume, and the spread really ran: rank 0's server path gives other bits (and the
+    same first round to the CG's stopping rule)."""
+    check_factored(True)(runs, data, args, tmp_path)
+    out = tmp_path / "rank0.h5"
+    r = run_hpcmtl(args(data, out), env={"HPCMTL_SPREAD_MIN_TASKS": str(10 ** 9)})
+    assert r.returncode == 0, r.stderr
+    server = store.read_result(out)
+    assert server["model"]["W"].tobytes() != runs[1]["model"]["W"].tobytes()
+    # the first coupled round's ascent: from CG_INEXACT_MIN_TASKS (512) on CG stops at its gain, where another
+    # summation order moves the iterate by about sqrt(1e-8) of the step (1.3e-6 of the dual measured); to 1e-12 when
+    # CG runs to its residual (tests/test_spread.py)
+    assert_allclose(server["history"]["dual"][:2], runs[1]["history"]["dual"][:2], rtol=1e-5)
+
+
 def check_exact_box(runs, data, args, tmp_path):
     ref = converged(runs)
     assert ref["wsteps"]["round"][0] == 1                    # the first W-step (Sigma = I/m): one exact round
@@ -576,6 +593,12 @@ CASES = {
                                 check_aggregation("squared"), compare=MODEL + HISTORY + (("history", "rho"),)),
     "factored Sigma, many tasks, squared": Case(many_tasks, many_tasks_args("squared"), check_factored(True),
                                                 counts=(1, 2, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
+    # the squared loss's step products and W spread over the ranks by task chunks (dmtrl/spread.py, from 512 tasks
+    # here): 8 chunks of 64 tasks, none at P = 1, split 3-3-2 at P = 3, two a rank at P = 4; killed at P = 3 and
+    # resumed at P = 2 to the same bits
+    "spread squared step, many tasks": Case(many_tasks, many_tasks_args("squared"), check_spread,
+                                            counts=(1, 2, 3, 4), compare=(("model", "W"),) + FACTORS + HISTORY,
+                                            env={"HPCMTL_SPREAD_MIN_TASKS": "512"}),
     "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
                                               counts=(1, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "graph kernel held sparse, many tasks": Case(many_tasks, sparse_graph_args, check_sparse_graph, counts=(1, 2, 3),
@@ -631,7 +654,7 @@ def test_the_same_bits_at_every_rank_count(name, tmp_path, tmp_path_factory):
     runs = {}
     for p in case.counts:
         out = tmp_path / f"p{p}.h5"
-        r = run_hpcmtl(case.args(data, out), n_ranks=p, timeout=case.timeout)
+        r = run_hpcmtl(case.args(data, out), n_ranks=p, timeout=case.timeout, env=case.env)
         assert r.returncode == 0, r.stderr
         runs[p] = store.read_result(out)
         runs[p]["stderr"] = r.stderr
@@ -640,4 +663,5 @@ def test_the_same_bits_at_every_rank_count(name, tmp_path, tmp_path_factory):
         for group, key in case.compare:
             assert runs[p][group][key].tobytes() == ref[group][key].tobytes(), f"{group}/{key} differs at P={p}"
     if case.check is not None:
-        case.check(runs, data, case.args, tmp_path)
+        with mock.patch.dict(os.environ, case.env or {}):
+            case.check(runs, data, case.args, tmp_path)

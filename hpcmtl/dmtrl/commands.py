@@ -85,6 +85,20 @@ class DMTRLCommand(Command):
     # the centered problem's intercepts at the end of a run: per block its task's column of the model's W (all d) ->
     # per block [ybar - mu . w], from the means the block was centered with (no task read again on rank 0)
     INTERCEPTS = 43, Down.SCATTER_ROWS, Up.GATHER_ROWS, ("width",), "intercepts"
+    # the squared loss's step and W spread over the ranks by task chunks (dmtrl/spread.py; every rank has a share,
+    # rank 0 too): per rank its chunks' rows [header, (K, c, V rows), dB, dP, B, per-task scalars] -> per chunk
+    # [r.z, V_c^T X_c of CG's first direction]
+    SPREAD_START = 50, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_start"
+    # [beta]: CG's next direction p (target 0) or its iterate x (target 1) -> per chunk V_c^T X_c (r x d)
+    SPREAD_DIRECTION = 51, Down.BCAST, Up.GATHER_VECTORS, ("width", "target"), "spread_direction"
+    # [Z = V^T X summed in chunk order]: A p -> per chunk p.Ap (target 0), or A x -> per chunk [g.x, x.Ax] (1)
+    SPREAD_PRODUCT = 52, Down.BCAST, Up.GATHER_VECTORS, ("width", "target"), "spread_product"
+    # [a]: x += a p, r -= a Ap, z = M r -> per chunk r.z
+    SPREAD_UPDATE = 53, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_update"
+    # [accept]: B += eta dB + beta dP on the chunks -> per rank [eta, beta, per chunk V_c^T B_c]
+    SPREAD_FINISH = 54, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_finish"
+    # [Z = V^T B]: -> per rank its chunks' rows of W = Sigma B / lam
+    SPREAD_W = 55, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_w"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,

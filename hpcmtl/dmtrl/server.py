@@ -24,12 +24,13 @@ from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
+from .spread import SpreadServer
 from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 
 class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, JointServer,
-             ServerBase):
+             SpreadServer, ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
@@ -77,6 +78,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.init_interior_rounds()
         self.init_margin_corrections()
         self.init_joint()
+        self.init_spread()
 
     @property
     def outer(self):
@@ -131,7 +133,9 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         check_finite_rows(self.space.finite_rows(X), self.round, self.names, what, self.outer)
 
     def recompute_w(self):
-        if self.sigma_factors is not None:        # W = B Sigma / lam through the factors: O(m d r), not m^2 d
+        if self.sigma_factors is not None and self.spread_applies():   # by chunks: the spread rounds' bits
+            self.WT = self.spread_sigma_times(self.BT) / self.config.lam
+        elif self.sigma_factors is not None:      # W = B Sigma / lam through the factors: O(m d r), not m^2 d
             self.WT = self.step_inputs().sigma_times(self.BT) / self.config.lam
         else:
             self.WT = self.space.mix(self.Sigma, self.BT, self.config.lam)      # W = B Sigma / lam
@@ -183,12 +187,18 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         for v in vecs:
             self.check_vectors(v, "local step delta b")
         check_finite_rows(per_task, self.round, self.names, "local step delta b", self.outer)
-        eta, beta, self.dPT = self.solver.take_steps(self.step_inputs(), vecs[0],
-                                                     vecs[1] if self.momentum == "box" else None, per_task)
+        spread = self.spread_applies()
+        if spread:                       # the step's products and W by task chunks on every rank (dmtrl/spread.py)
+            eta, beta = self.spread_steps(vecs[0], per_task)
+            self.check_vectors(self.WT, "W column")
+        else:
+            eta, beta, self.dPT = self.solver.take_steps(self.step_inputs(), vecs[0],
+                                                         vecs[1] if self.momentum == "box" else None, per_task)
         self.step, self.beta = eta, beta
         if box_on_supports:
             self.track_previous_steps(eta, vecs[0], beta, vecs[1])
-        self.recompute_w()
+        if not spread:
+            self.recompute_w()
         self.rho_task = self.solver.adapt_rho(np.clip(eta, 0.0, self.config.eta), self.rho_task, self.Sigma,
                                               self.blocks_per_task)
         return self.push_w(want_gap, eta, beta)

@@ -22,6 +22,7 @@ from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
+from .spread import SpreadBlocks
 from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_terms, coupled_passes
 from .supports import SupportBlocks
 
@@ -72,7 +73,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
-                  DualPhaseBlocks, BatchedBlocks, LocalBase):
+                  DualPhaseBlocks, BatchedBlocks, SpreadBlocks, LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
@@ -117,6 +118,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
         self.init_interior_rounds()
         self.reset_shrinking()
         self.init_batched(int(np.count_nonzero(per_task)))   # many tiny tasks: computed together (.batched)
+        self.init_spread()
 
     def extra_bytes(self):
         return sum(s.alpha.nbytes + s.order.nbytes for s in self.state)

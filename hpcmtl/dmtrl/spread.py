@@ -1,0 +1,364 @@
+"""The server's round algebra spread over the ranks (issue 35, item 3): the squared loss's momentum step by CG
+and ``W = B Sigma / lam`` computed by fixed chunks of tasks, every rank (rank 0 included) its own chunks.
+
+With a learned Sigma held as factors (``Sigma = V diag(s) V^T + c (I - V V^T)``) a CG product and W are
+``O(m d r)``: ``Sigma X = V (K (V^T X)) + c X`` (K = diag(s - c)).  The only sums across tasks are
+``V^T X`` (r x d) and CG's inner products; everything else is per task.  So the tasks are cut into chunks whose
+size depends on m alone (:func:`chunk_bounds`), each chunk's partial (its ``V_c^T X_c``, its share of
+``p.Ap`` or ``r.z``) is computed whole by the one rank that owns the chunk, and rank 0 adds the partials in
+chunk order: the same operations on the same numbers at every rank count, so the same bits (P = 1 runs the
+same commands on its one rank).  Rank 0 drives CG (its stopping tests, the signal poll) with one command a
+reduction; the chunks' rows of dB, dP and B go down once a round, eta, beta and W's rows come back
+(docs/many-tasks.md, "Server algebra spread over ranks").
+
+Chosen from the problem alone, never from P (:meth:`SpreadServer.spread_applies`): a learned Sigma as factors,
+the dense task arrays, free momentum (the squared loss under 'qp' / 'adaptive') and at least
+:data:`SPREAD_MIN_TASKS` tasks.  The box losses' projected Newton-CG stays on rank 0.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InputError
+from .commands import DMTRLCommand
+from . import steps as step_rules
+from .steps import block_jacobi
+
+# from this many tasks the squared loss's round algebra is spread (bench/bench_tasks.py --spread-min-tasks; the
+# environment variable HPCMTL_SPREAD_MIN_TASKS overrides it, read by every rank alike).  The cost model and the
+# measurements behind the number: docs/many-tasks.md
+SPREAD_MIN_TASKS = 4096
+SPREAD_VARIABLE = "HPCMTL_SPREAD_MIN_TASKS"
+# a chunk holds at least CHUNK_MIN_TASKS tasks (a chunk's partial costs a BLAS call and r d numbers of traffic),
+# and there are at most MAX_CHUNKS chunks (the partials rank 0 receives each reduction: MAX_CHUNKS r d numbers)
+CHUNK_MIN_TASKS = 64
+MAX_CHUNKS = 64
+# what each task's row of the start's payload holds after its dB, dP and B rows
+TASK_SCALARS = ("g1", "g2", "a11", "a12", "a22", "c2", "cross", "c2q", "n")
+
+
+def spread_min_tasks() -> int:
+    """:data:`SPREAD_MIN_TASKS`, or the environment's ``HPCMTL_SPREAD_MIN_TASKS`` (the same on every rank)."""
+    raw = os.environ.get(SPREAD_VARIABLE)
+    if raw is None or not raw.strip():
+        return SPREAD_MIN_TASKS
+    try:
+        return int(raw)
+    except ValueError:
+        raise InputError(f"environment variable {SPREAD_VARIABLE}={raw!r}: not a whole number of tasks") from None
+
+
+# ---------------------------------------------------------------------------
+# The chunk arithmetic both halves share (pure NumPy: a chunk's numbers come from its own rows alone)
+# ---------------------------------------------------------------------------
+def chunk_bounds(m: int) -> np.ndarray:
+    """Where each chunk of the m tasks starts, then m: ``max(CHUNK_MIN_TASKS, ceil(m / MAX_CHUNKS))`` tasks a
+    chunk (the last one shorter), from m alone."""
+    size = max(1, CHUNK_MIN_TASKS, -(-m // MAX_CHUNKS))
+    return np.append(np.arange(0, m, size, dtype=np.int64), np.int64(m))
+
+
+def rank_chunks(bounds, rank: int, size: int):
+    """``(first chunk, end chunk, first task, end task)`` of ``rank``'s chunks: contiguous, in rank order (a rank
+    may have none when there are fewer chunks than ranks)."""
+    n = len(bounds) - 1
+    c0, c1 = rank * n // size, (rank + 1) * n // size
+    return c0, c1, int(bounds[c0]), int(bounds[c1])
+
+
+def chunk_partials(V, X, bounds) -> np.ndarray:
+    """``V_c^T X_c`` of every chunk c (``bounds``: its rows' starts, then the end): (chunks, r, d)."""
+    out = np.empty((len(bounds) - 1, V.shape[1], X.shape[1]))
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        out[j] = V[lo:hi].T @ X[lo:hi]
+    return out
+
+
+def chunk_rows(V, KZ, c, X, bounds) -> np.ndarray:
+    """``V KZ + c X`` a chunk at a time (``KZ = K (V^T X)``, the chunks' partials summed): ``Sigma X``'s rows."""
+    out = np.empty_like(X)
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        np.matmul(V[lo:hi], KZ, out=out[lo:hi])      # then + c X: the same two roundings, no temporaries
+        out[lo:hi] += c * X[lo:hi]
+    return out
+
+
+def chunk_dots(a, b, bounds) -> np.ndarray:
+    """Per chunk, ``a . b`` over its tasks of two (2, n) vectors (eta's half, then beta's): each task's
+    ``a1 b1 + a2 b2``, then a chunk's tasks added by one ``np.add.reduceat`` segment (its numbers alone)."""
+    if len(bounds) < 2:
+        return np.zeros(0)
+    return np.add.reduceat(a[0] * b[0] + a[1] * b[1], bounds[:-1])
+
+
+def ordered_sum(parts) -> np.ndarray:
+    """The chunks' partials added over the chunk axis of their (chunks, ...) array, all of them at once: the
+    array is the same at every rank count, and so is NumPy's fixed order of adding it (one after the other down
+    the chunk axis for C-ordered rows, and by ``accumulate`` for one number a chunk: tests/test_spread.py checks
+    both against that loop)."""
+    parts = np.ascontiguousarray(parts, dtype=np.float64)
+    if parts.shape[0] == 0:
+        return np.zeros(parts.shape[1:])
+    if parts.ndim == 1:                    # one number a chunk: a 1-d reduce would be pairwise, accumulate is not
+        return np.add.accumulate(parts)[-1]
+    return np.add.reduce(parts, axis=0)
+
+
+def same_bits(a, b) -> bool:
+    """The two float arrays hold the same bits (not only equal values: -0.0 and NaNs count)."""
+    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
+    return a.shape == b.shape and np.array_equal(a.view(np.int64), b.view(np.int64))
+
+
+def chunked_sigma_times(factors, X) -> np.ndarray:
+    """``Sigma X`` of task rows X through the factors, by chunks: the bits the spread commands give at any P
+    (rank 0 alone: W outside the rounds, after an Omega-step or a resume)."""
+    V = np.ascontiguousarray(factors.V, dtype=np.float64)
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    bounds = chunk_bounds(len(X))
+    Z = ordered_sum(chunk_partials(V, X, bounds))
+    return chunk_rows(V, (factors.s - factors.c)[:, None] * Z, factors.c, X, bounds)
+
+
+# ---------------------------------------------------------------------------
+# The worker half: every rank's chunks
+# ---------------------------------------------------------------------------
+class ChunkState:
+    """One rank's chunks of a round: their rows of dB, dP, B, V and CG's vectors as (2, n) arrays."""
+
+    def __init__(self, piece, cached, rank, size):
+        self.rank, self.size = rank, size
+        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
+        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])   # lam: rank 0's (a grid's point, not the config's)
+        pos = 6
+        if has_factors:                                   # a new Sigma: K, c and the chunks' rows of V
+            self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
+            pos += r + 1
+        else:
+            self.K, self.c = cached.K, cached.c
+        bounds = chunk_bounds(m)
+        self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, self.rank, self.size)
+        self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
+        n = t1 - t0
+        if has_factors:
+            self.V = piece[pos:pos + n * r].reshape(n, r).copy()
+            pos += n * r
+        else:
+            self.V = cached.V
+        self.dB = piece[pos:pos + n * d].reshape(n, d).copy()
+        pos += n * d
+        if has_rows:                      # B and dP as rank 0 holds them (else as the last round left them here)
+            rows = piece[pos:pos + 2 * n * d].reshape(2, n, d)
+            pos += 2 * n * d
+            self.dP, self.B = rows[0].copy(), rows[1].copy()
+        else:
+            self.dP, self.B = cached.dP, cached.B
+        t = piece[pos:pos + len(TASK_SCALARS) * n].reshape(len(TASK_SCALARS), n)
+        self.g = t[0:2].copy()
+        self.precond = block_jacobi(t[2].copy(), t[3].copy(), t[4].copy())
+        self.c2, self.cross, self.c2q, self.n = (t[k].copy() for k in range(5, 9))
+        self.x = np.zeros((2, n))
+        self.r_ = self.g.copy()
+        self.z = self.solve(self.r_)
+        self.p = self.z.copy()
+        self.X = self.combine(self.p)
+        self.Ap = None
+
+    def solve(self, r):
+        """The block-Jacobi preconditioner (elementwise: the server path's numbers for these tasks)."""
+        return self.precond(r.reshape(-1)).reshape(r.shape)
+
+    def combine(self, v):
+        """``diag(v1) dB + diag(v2) dP`` (DenseSpace.combine's arithmetic)."""
+        return v[0][:, None] * self.dB + v[1][:, None] * self.dP
+
+    def partials(self, X):
+        return chunk_partials(self.V, X, self.bounds).reshape(len(self.bounds) - 1, self.r * self.d)
+
+    def times(self, Z, v):
+        """A v on these tasks (StepSolver.momentum_operator's apply): ``S = Sigma X`` from the summed ``Z = V^T X``."""
+        S = chunk_rows(self.V, self.K[:, None] * Z.reshape(self.r, self.d), self.c, self.X, self.bounds)
+        lam, out = self.lam, np.empty_like(v)
+        out[0] = np.einsum("ij,ij->i", self.dB, S) / lam + (self.c2 * v[0] + self.cross * v[1]) / self.n
+        out[1] = np.einsum("ij,ij->i", self.dP, S) / lam + (self.cross * v[0] + self.c2q * v[1]) / self.n
+        return out
+
+
+class SpreadBlocks:
+    """The spread commands' worker half (every rank, rank 0 too): ``self.chunks`` holds this rank's chunks of
+    the round in progress (their V rows kept while Sigma is the same)."""
+
+    chunks = None
+
+    def init_spread(self):
+        """Every rank reads the spread's setting (HPCMTL_SPREAD_MIN_TASKS) as it builds its local state, so a bad
+        value is the same one-line error on every rank before the first round."""
+        spread_min_tasks()
+
+    def spread_start(self, ctrl, inputs):
+        """SPREAD_START: this rank's rows -> per chunk ``[r.z, V_c^T X_c of p = M g]`` (CG's start)."""
+        self.chunks = state = ChunkState(np.asarray(inputs, dtype=np.float64), self.chunks, self.cluster.rank,
+                                         self.cluster.size)
+        rz = chunk_dots(state.r_, state.z, state.bounds)
+        return np.column_stack([rz, state.partials(state.X)])
+
+    def spread_direction(self, ctrl, inputs):
+        """SPREAD_DIRECTION [beta]: ``p = z + beta p`` (target 0) or the iterate x itself (target 1) -> per chunk
+        ``V_c^T X_c`` of its rows ``X = diag(v1) dB + diag(v2) dP``."""
+        st = self.chunks
+        if ctrl.target == 0:
+            st.p = st.z + float(inputs[0]) * st.p
+            st.X = st.combine(st.p)
+        else:
+            st.X = st.combine(st.x)
+        return st.partials(st.X)
+
+    def spread_product(self, ctrl, inputs):
+        """SPREAD_PRODUCT [Z = V^T X]: A of the direction (target 0: per chunk ``p.Ap``) or of x (target 1: per
+        chunk ``[g.x, x.Ax]``)."""
+        st = self.chunks
+        if ctrl.target == 0:
+            st.Ap = st.times(inputs, st.p)
+            return chunk_dots(st.p, st.Ap, st.bounds)[:, None]
+        Ax = st.times(inputs, st.x)
+        return np.column_stack([chunk_dots(st.g, st.x, st.bounds), chunk_dots(st.x, Ax, st.bounds)])
+
+    def spread_update(self, ctrl, inputs):
+        """SPREAD_UPDATE [a]: ``x += a p``, ``r -= a Ap``, ``z = M r`` -> per chunk ``r.z``."""
+        st, a = self.chunks, float(inputs[0])
+        st.x += a * st.p
+        st.r_ -= a * st.Ap
+        st.z = st.solve(st.r_)
+        return chunk_dots(st.r_, st.z, st.bounds)[:, None]
+
+    def spread_finish(self, ctrl, inputs):
+        """SPREAD_FINISH [accept]: the steps (x, or 0 when rank 0 refused it), ``dP = eta dB + beta dP``, ``B += dP``
+        -> ``[eta, beta, per chunk V_c^T B_c]``."""
+        st = self.chunks
+        steps = st.x if float(inputs[0]) > 0 else np.zeros_like(st.x)
+        st.dP = st.combine(steps)                 # kept with B for the next round: rank 0 then sends neither
+        st.B += st.dP
+        return np.concatenate([steps.reshape(-1), st.partials(st.B).reshape(-1)])
+
+    def spread_w(self, ctrl, inputs):
+        """SPREAD_W [Z = V^T B]: this rank's rows of ``W = Sigma B / lam``; CG's vectors are dropped (B, dP kept)."""
+        st = self.chunks
+        W = chunk_rows(st.V, st.K[:, None] * inputs.reshape(st.r, st.d), st.c, st.B, st.bounds) / st.lam
+        st.dB = st.X = st.Ap = st.x = st.r_ = st.z = st.p = None
+        return W
+
+
+# ---------------------------------------------------------------------------
+# The server half: rank 0 sends the rows, drives CG, sums the partials in chunk order
+# ---------------------------------------------------------------------------
+class SpreadServer:
+    """The spread round's server half (a :class:`Server` mixin)."""
+
+    def init_spread(self):
+        self.spread_sigma = None          # the Sigma whose V rows the ranks hold (sent again when it changes)
+        self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
+        self.spread_chunks = chunk_bounds(self.m)
+        self.spread_min = spread_min_tasks()
+
+    def spread_applies(self) -> bool:
+        """The round's algebra goes by chunks (at every P, P = 1 included: the same bits): a learned Sigma as
+        factors, the dense task arrays, the squared loss's free momentum, m >= SPREAD_MIN_TASKS."""
+        return (self.sigma_factors is not None and not self.space.sparse and self.momentum == "free"
+                and self.m >= self.spread_min)
+
+    def spread_sigma_times(self, XT):
+        """``Sigma X`` by chunks on rank 0 alone: W outside the rounds, the bits the spread rounds give."""
+        return chunked_sigma_times(self.sigma_factors, XT)
+
+    def spread_by_chunk(self, cmd, columns, payload, **fields):
+        """``cmd``'s per-rank answers as one row of ``columns`` numbers a chunk (ranks own contiguous chunks in
+        rank order, so rank order is chunk order)."""
+        pieces = self.command(cmd, payload=payload, **fields)
+        flat = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in pieces])
+        return flat.reshape(len(self.spread_chunks) - 1, columns)
+
+    def spread_payloads(self, dBT, dPT, g, blocks, scalars):
+        """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, (dP, B rows),
+        TASK_SCALARS]``.  V goes when Sigma changed; B and dP unless they are, bit for bit, what the last spread round
+        left on the ranks (anything else that set them since, a resume, local rounds, is seen)."""
+        factors, size = self.sigma_factors, self.cluster.size
+        r = factors.V.shape[1]
+        fresh = self.spread_sigma is not factors
+        kept = self.spread_rows
+        send_rows = kept is None or not (same_bits(kept[0], self.BT) and same_bits(kept[1], dPT))
+        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows), self.config.lam], dtype=np.float64)]
+        if fresh:
+            head.append(np.append(factors.s - factors.c, factors.c))
+        _, c2, _, c2q, cross = scalars.T[:5]
+        rows = np.column_stack([g[:self.m], g[self.m:], *blocks, c2, cross, c2q, self.n])
+        pieces = []
+        for rank in range(size):
+            _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, size)
+            piece = list(head)
+            if fresh:
+                piece.append(factors.V[t0:t1].reshape(-1))
+            piece.append(dBT[t0:t1].reshape(-1))
+            if send_rows:
+                piece += [dPT[t0:t1].reshape(-1), self.BT[t0:t1].reshape(-1)]
+            piece.append(rows[t0:t1].T.reshape(-1))
+            pieces.append(np.concatenate(piece))
+        self.spread_sigma = factors
+        return pieces
+
+    def spread_steps(self, dBT, scalars):
+        """The squared loss's ``(eta, beta)`` (:meth:`StepSolver.steps_momentum_cg`'s CG, the same stopping rules)
+        with its products and ``W = B Sigma / lam`` spread; ``self.BT``, ``self.dPT`` and ``self.WT`` updated."""
+        m, solver = self.m, self.solver
+        _, g, blocks = solver.momentum_operator(self.step_inputs(), dBT, scalars)    # O(m d): g and M's blocks
+        rd = self.sigma_factors.V.shape[1] * self.d
+        first = self.spread_by_chunk(DMTRLCommand.SPREAD_START, 1 + rd,
+                                     self.spread_payloads(dBT, self.dPT, g, blocks, scalars))
+        rz, Z = float(ordered_sum(first[:, 0])), ordered_sum(first[:, 1:])
+        products, accept = 0, 0.0
+        if rz > 0:
+            small, q = step_rules.CG_RTOL * step_rules.CG_RTOL * rz, 0.0      # read now: benches and tests set them
+            gain_rtol = step_rules.CG_GAIN_RTOL if m >= step_rules.CG_INEXACT_MIN_TASKS else 0.0
+            for _ in range(step_rules.CG_MAX_ITER):
+                if self.signal_pending():
+                    break
+                products += 1
+                parts = self.spread_by_chunk(DMTRLCommand.SPREAD_PRODUCT, 1, Z, width=rd, target=0)
+                curv = float(ordered_sum(parts[:, 0]))
+                if not curv > 0:
+                    break
+                a = rz / curv
+                parts = self.spread_by_chunk(DMTRLCommand.SPREAD_UPDATE, 1, np.array([a]), width=1)
+                rz_new = float(ordered_sum(parts[:, 0]))
+                gain = 0.5 * a * rz
+                q += gain
+                if gain_rtol > 0 and gain <= gain_rtol * q:
+                    break
+                if not rz_new > small:
+                    break
+                Z = ordered_sum(self.spread_by_chunk(DMTRLCommand.SPREAD_DIRECTION, rd, np.array([rz_new / rz]),
+                                                     width=1, target=0))
+                rz = rz_new
+            # the step is kept only when it raises the quadratic (as the server path checks g.v - v.A.v / 2 > 0)
+            Zx = ordered_sum(self.spread_by_chunk(DMTRLCommand.SPREAD_DIRECTION, rd, np.zeros(1), width=1, target=1))
+            value = self.spread_by_chunk(DMTRLCommand.SPREAD_PRODUCT, 2, Zx, width=rd, target=1)
+            accept = float(float(ordered_sum(value[:, 0])) - 0.5 * float(ordered_sum(value[:, 1])) > 0)
+        solver.cg_iterations = products
+        pieces = self.command(DMTRLCommand.SPREAD_FINISH, payload=np.array([accept]), width=1)
+        eta, beta, partials = np.zeros(m), np.zeros(m), []
+        for rank, piece in enumerate(pieces):
+            c0, c1, t0, t1 = rank_chunks(self.spread_chunks, rank, self.cluster.size)
+            n = t1 - t0
+            eta[t0:t1], beta[t0:t1] = piece[:n], piece[n:2 * n]
+            partials.append(piece[2 * n:].reshape(c1 - c0, rd))
+        ZB = ordered_sum(np.concatenate(partials)) if partials else np.zeros(rd)
+        WT = np.concatenate([np.asarray(p).reshape(-1) for p in
+                             self.command(DMTRLCommand.SPREAD_W, payload=ZB.reshape(-1), width=rd)])
+        self.dPT = self.space.combine(eta, dBT, beta, self.dPT)     # the ranks' arithmetic on their rows: the same bits
+        self.space.add(self.BT, self.dPT)
+        self.spread_rows = (self.BT.copy(), self.dPT.copy())
+        self.WT = WT.reshape(m, self.d)
+        return eta, beta

@@ -1,0 +1,205 @@
+"""The server's round algebra spread over the ranks by task chunks (issue 35 item 3, hpcmtl/dmtrl/spread.py):
+the chunk arithmetic against a dense NumPy reference, the spread rounds against the server path (1e-10), and the
+same bits at every rank count, a rank without a chunk included."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from hpcmtl import store
+from hpcmtl.cluster import Cluster
+from hpcmtl.covariance import SigmaFactors
+from hpcmtl.dmtrl import DMTRLConfig, spread, train
+from hpcmtl.dmtrl import sigma as sigma_rules
+from hpcmtl.estimators import MemoryTasks
+
+from conftest import mpiexec_path, one_error_line, random_tasks, run_hpcmtl
+
+
+@pytest.mark.parametrize("m", [1, 5, 63, 64, 65, 130, 4096, 10001])
+@pytest.mark.parametrize("chunk_min", [1, 7, 64])
+def test_chunks_cover_every_task_once_and_do_not_depend_on_the_rank_count(m, chunk_min, monkeypatch):
+    monkeypatch.setattr(spread, "CHUNK_MIN_TASKS", chunk_min)
+    bounds = spread.chunk_bounds(m)
+    size = bounds[1] - bounds[0]
+    assert bounds[0] == 0 and bounds[-1] == m and np.all(np.diff(bounds) > 0)
+    assert np.all(np.diff(bounds)[:-1] == size) and len(bounds) - 1 <= max(spread.MAX_CHUNKS, 1)
+    assert size == min(m, max(chunk_min, -(-m // spread.MAX_CHUNKS)))      # from m alone
+    for P in (1, 2, 3, 5, 16, 100):
+        owned = [spread.rank_chunks(bounds, rank, P) for rank in range(P)]
+        assert owned[0][0] == 0 and owned[-1][1] == len(bounds) - 1
+        for (c0, c1, t0, t1), (n0, _, n_t0, _) in zip(owned, owned[1:]):
+            assert c1 == n0 and t1 == n_t0 and c0 <= c1               # contiguous, in rank order
+        for c0, c1, t0, t1 in owned:
+            assert (t0, t1) == (bounds[c0], bounds[c1])
+        if P > len(bounds) - 1:                                          # more ranks than chunks: some have none
+            assert any(c0 == c1 for c0, c1, _, _ in owned)
+
+
+def random_factors(m, r, seed):
+    rng = np.random.default_rng(seed)
+    V, _ = np.linalg.qr(rng.normal(size=(m, r)))
+    return SigmaFactors(V, np.sort(rng.uniform(0.2, 1.0, r))[::-1], 0.05)
+
+
+@pytest.mark.parametrize("chunk_min", [1, 5, 64])
+@pytest.mark.parametrize("r", [0, 3])
+def test_chunked_sigma_products_are_the_dense_matrix_s(chunk_min, r, monkeypatch):
+    monkeypatch.setattr(spread, "CHUNK_MIN_TASKS", chunk_min)
+    m, d = 37, 4                                   # 37 tasks: chunks of 5 end in one of 2
+    F = random_factors(m, r, 3)
+    X = np.random.default_rng(4).normal(size=(m, d))
+    dense = F.V @ np.diag(F.s) @ F.V.T + F.c * (np.eye(m) - F.V @ F.V.T)        # the NumPy reference
+    assert_allclose(spread.chunked_sigma_times(F, X), dense @ X, rtol=0, atol=1e-14 * np.abs(dense @ X).max())
+    # a rank's chunks alone give the same rows as the whole (the per-chunk numbers depend on the chunk only)
+    bounds = spread.chunk_bounds(m)
+    KZ = (F.s - F.c)[:, None] * spread.ordered_sum(spread.chunk_partials(F.V, X, bounds))
+    whole = spread.chunk_rows(F.V, KZ, F.c, X, bounds)
+    c0, c1, t0, t1 = spread.rank_chunks(bounds, 1, 3)
+    part = spread.chunk_rows(np.ascontiguousarray(F.V[t0:t1]), KZ, F.c, X[t0:t1].copy(), bounds[c0:c1 + 1] - t0)
+    assert part.tobytes() == whole[t0:t1].tobytes()
+
+
+@pytest.mark.parametrize("shape", [(64, 400), (3, 400), (64, 1), (1, 400), (17, 6), (0, 5)])
+def test_chunk_partials_are_added_one_after_the_other_in_chunk_order(shape):
+    rng = np.random.default_rng(sum(shape))
+    parts = rng.normal(size=shape) * 10.0 ** rng.uniform(-8, 8, size=shape)      # rounding shows in the order
+    total = np.zeros(shape[1])
+    for part in parts:
+        total += part
+    assert spread.ordered_sum(parts).tobytes() == total.tobytes()
+    assert spread.ordered_sum(parts[:, 0]).tobytes() == total[:1].reshape(()).tobytes() if shape[1] else True
+
+
+def test_same_bits_tells_a_signed_zero_apart():
+    a = np.array([0.0, 1.0])
+    assert spread.same_bits(a, a.copy()) and not spread.same_bits(a, np.array([-0.0, 1.0]))
+    assert not spread.same_bits(a, np.zeros(3))
+
+
+def squared_tasks(m, d, seed):
+    rng = np.random.default_rng(seed)
+    return random_tasks(seed=seed, m=m, d=d, sizes=tuple(int(s) for s in rng.integers(8, 15, m)), loss="squared")
+
+
+def fit(Xs, ys, spread_on, monkeypatch, **kw):
+    monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 0)
+    monkeypatch.setattr(spread, "SPREAD_MIN_TASKS", 0 if spread_on else 10 ** 9)
+    monkeypatch.delenv(spread.SPREAD_VARIABLE, raising=False)
+    return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw), warn=lambda msg: None)
+
+
+@pytest.mark.parametrize("chunk_min", [1, 7])
+@pytest.mark.parametrize("m,d", [(40, 6), (9, 12)])
+def test_spread_rounds_train_the_server_path_s_model(m, d, chunk_min, monkeypatch):
+    """Chunks of 1 task, and of 7 (the last one shorter), at m > d and m < d: the same rounds, W, Sigma and gaps
+    as the server path's matrix-free CG to 1e-10; B and dP are sent once and then kept on the ranks."""
+    monkeypatch.setattr(spread, "CHUNK_MIN_TASKS", chunk_min)
+    Xs, ys = squared_tasks(m, d, 5 * m + d)
+    kw = dict(loss="squared", lam=0.05, tol=1e-8, outer=3, outer_tol=0, max_rounds=3000, fit_intercept=False)
+    a = fit(Xs, ys, False, monkeypatch, **kw)
+    sent = []
+    init = spread.ChunkState.__init__
+
+    def spy(self, piece, *rest):
+        sent.append(int(piece[4]))                # has_rows: B and dP sent (1) or kept from the last round (0)
+        init(self, piece, *rest)
+    monkeypatch.setattr(spread.ChunkState, "__init__", spy)
+    b = fit(Xs, ys, True, monkeypatch, **kw)
+    assert len(sent) > 5 and sent[0] == 1 and 0 in sent          # the spread ran, and kept the rows
+    assert np.array_equal(a.history["round"], b.history["round"])
+    assert_allclose(b.W, a.W, rtol=0, atol=1e-10 * np.abs(a.W).max())
+    assert_allclose(b.Sigma.dense(), a.Sigma.dense(), rtol=0, atol=1e-10 * np.abs(a.Sigma.dense()).max())
+    for key in ("primal", "dual"):
+        assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
+    assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
+
+
+def test_the_box_losses_and_a_dense_sigma_stay_on_rank_0(monkeypatch):
+    """The spread is the squared loss's with Sigma as factors only: a hinge run and a run below
+    FACTORED_MIN_TASKS never send SPREAD_START."""
+    Xs, ys = squared_tasks(12, 5, 3)
+    monkeypatch.setattr(spread.SpreadBlocks, "spread_start", lambda *a: pytest.fail("spread at a box loss"))
+    fit([X for X in Xs], [np.where(y > np.median(y), 1.0, -1.0) for y in ys], True, monkeypatch, loss="hinge",
+        lam=0.05, tol=1e-6, outer=2, outer_tol=0)
+    monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 10 ** 9)
+    monkeypatch.setattr(spread, "SPREAD_MIN_TASKS", 0)
+    train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="squared", lam=0.05, tol=1e-6, outer=2,
+                                                              outer_tol=0), warn=lambda msg: None)
+
+
+def many_tasks_file(directory, m=512):
+    """``m`` related tasks of 6-9 rows and 5 features (as tests/test_rank_counts.py's many-tasks case)."""
+    rng = np.random.default_rng(35)
+    centers = rng.normal(size=(4, 5))
+    Xs, ys = [], []
+    for t in range(m):
+        X = rng.normal(size=(int(rng.integers(6, 10)), 5))
+        ys.append(X @ (centers[t % 4] + 0.3 * rng.normal(size=5)) + 0.3 * rng.normal(size=X.shape[0]))
+        Xs.append(X)
+    path = os.path.join(directory, "many.h5")
+    store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)])
+    return path
+
+
+def test_a_bad_spread_setting_is_one_line_on_every_rank(tmp_path):
+    path = many_tasks_file(str(tmp_path), 20)
+    r = run_hpcmtl(["train", "dmtrl", "--train", path, "--out", tmp_path / "o.h5", "--loss", "squared", "--lam", "0.1",
+                    "--quiet"], env={spread.SPREAD_VARIABLE: "lots"})
+    assert r.returncode == 2
+    assert "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(r) and "not a whole number" in one_error_line(r)
+
+
+@pytest.mark.mpi
+def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
+    """512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then has no chunk): the same bits,
+    and the spread's setting refused alike on every rank of P = 3."""
+    path = many_tasks_file(str(tmp_path))
+    driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
+              "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
+    results = {}
+    for P in (1, 2, 4):
+        out = tmp_path / f"p{P}.h5"
+        cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", path,
+               "--out", str(out), "--loss", "squared", "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
+               "--outer-tol", "0", "--quiet", "--force"]
+        env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        results[P] = store.read_result(out)
+    assert spread.rank_chunks(np.array([0, 200, 400, 512]), 0, 4)[:2] == (0, 0)
+    for P in (2, 4):
+        for key in ("W", "sigma_V", "sigma_s"):
+            assert results[P]["model"][key].tobytes() == results[1]["model"][key].tobytes(), (P, key)
+        for key in ("round", "primal", "dual", "step"):
+            assert results[P]["history"][key].tobytes() == results[1]["history"][key].tobytes(), (P, key)
+    bad = run_hpcmtl(["train", "dmtrl", "--train", path, "--out", tmp_path / "x.h5", "--loss", "squared", "--lam",
+                      "1e-2", "--quiet"], n_ranks=3, env={spread.SPREAD_VARIABLE: "1e4"})
+    assert bad.returncode == 2 and "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(bad)
+
+
+@pytest.mark.mpi
+def test_a_lam_grid_with_the_spread_is_the_lam_grid_without(tmp_path):
+    """A lam grid by cross-validation (fold fits and the refit, each point's lam) at P = 2, the spread on and off,
+    CG to its residual: the same choice, and scores and W within the fits' tolerance (each W-step stops at a gap of
+    1e-6, where another rounding may take a round more or less: 5e-6 apart measured)."""
+    path = many_tasks_file(str(tmp_path))
+    driver = ("import sys; from hpcmtl.dmtrl import spread, steps; steps.CG_INEXACT_MIN_TASKS = 10 ** 9; "
+              "spread.SPREAD_MIN_TASKS = int(sys.argv[1]); from hpcmtl.cli import main; sys.exit(main(sys.argv[2:]))")
+    results = {}
+    for threshold in (512, 10 ** 9):
+        out = tmp_path / f"grid{threshold}.h5"
+        cmd = [mpiexec_path(), "-n", "2", sys.executable, "-c", driver, str(threshold), "train", "dmtrl", "--train",
+               path, "--out", str(out), "--loss", "squared", "--lam-grid", "1e-3:1e-1:3", "--cv", "2", "--tol", "1e-6",
+               "--outer", "2", "--outer-tol", "0", "--quiet", "--force"]
+        env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        results[threshold] = store.read_result(out)
+    on, off = results[512], results[10 ** 9]
+    assert on["path"]["chosen_index"] == off["path"]["chosen_index"] if "chosen_index" in on["path"] else True
+    assert_allclose(on["path"]["validation_score"], off["path"]["validation_score"], rtol=1e-4)
+    assert_allclose(on["model"]["W"], off["model"]["W"], rtol=0, atol=1e-4 * np.abs(off["model"]["W"]).max())
