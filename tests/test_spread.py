@@ -131,6 +131,18 @@ def test_the_box_losses_and_a_dense_sigma_stay_on_rank_0(monkeypatch):
                                                               outer_tol=0), warn=lambda msg: None)
 
 
+def test_a_graph_kernel_held_sparse_is_not_spread(tmp_path):
+    """A graph kernel's sparse Sigma (GraphSigma, from 512 tasks) has no factors to chunk: with the spread's
+    threshold at 0 the squared loss's rounds stay on rank 0's matrix-free path and train to the certificate."""
+    path = many_tasks_file(str(tmp_path))
+    r = run_hpcmtl(["train", "graph", "--train", path, "--out", tmp_path / "g.h5", "--graph", "chain", "--loss",
+                    "squared", "--lam", "1e-2", "--tol", "1e-6", "--quiet"], env={spread.SPREAD_VARIABLE: "0"})
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(tmp_path / "g.h5")
+    assert "graph_alpha" in res["model"] and "Sigma" not in res["model"], sorted(res["model"])
+    assert bool(res["model"]["converged"])
+
+
 def many_tasks_file(directory, m=512):
     """``m`` related tasks of 6-9 rows and 5 features (as tests/test_rank_counts.py's many-tasks case)."""
     rng = np.random.default_rng(35)
@@ -155,23 +167,29 @@ def test_a_bad_spread_setting_is_one_line_on_every_rank(tmp_path):
 
 @pytest.mark.mpi
 def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
-    """512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then has no chunk): the same bits,
-    and the spread's setting refused alike on every rank of P = 3."""
+    """512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then has no chunk), and at P = 4 with
+    sleeping waits (rank 0 computes every chunk itself): the same bits, and the spread's setting refused alike on
+    every rank of P = 3."""
     path = many_tasks_file(str(tmp_path))
     driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
               "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
     results = {}
-    for P in (1, 2, 4):
-        out = tmp_path / f"p{P}.h5"
+    # P = 4 twice: ranks that spin share the chunks, ranks that sleep (as on crowded cores) leave them all to rank 0
+    for P, wait in ((1, "auto"), (2, "auto"), (4, "spin"), (4, "sleep")):
+        out = tmp_path / f"p{P}{wait}.h5"
         cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", path,
                "--out", str(out), "--loss", "squared", "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
                "--outer-tol", "0", "--quiet", "--force"]
         env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
+        env["HPCMTL_MPI_WAIT"] = wait
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stderr
-        results[P] = store.read_result(out)
+        results[P if wait != "sleep" else "local"] = store.read_result(out)
     assert spread.rank_chunks(np.array([0, 200, 400, 512]), 0, 4)[:2] == (0, 0)
-    for P in (2, 4):
+    # rank 0 alone moves no chunk rows: less traffic for the same rounds
+    spread_bytes, local_bytes = results[4]["history"]["bytes"][-1], results["local"]["history"]["bytes"][-1]
+    assert local_bytes < spread_bytes, (local_bytes, spread_bytes)
+    for P in (2, 4, "local"):
         for key in ("W", "sigma_V", "sigma_s"):
             assert results[P]["model"][key].tobytes() == results[1]["model"][key].tobytes(), (P, key)
         for key in ("round", "primal", "dual", "step"):

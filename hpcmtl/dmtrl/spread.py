@@ -18,9 +18,11 @@ the dense task arrays, free momentum (the squared loss under 'qp' / 'adaptive') 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 
+from ..covariance import SigmaFactors
 from ..errors import InputError
 from .commands import DMTRLCommand
 from . import steps as step_rules
@@ -263,12 +265,33 @@ class SpreadServer:
         self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
         self.spread_chunks = chunk_bounds(self.m)
         self.spread_min = spread_min_tasks()
+        self.spread_local = None          # rank 0's own chunks when it computes all of them (spread_command)
 
     def spread_applies(self) -> bool:
         """The round's algebra goes by chunks (at every P, P = 1 included: the same bits): a learned Sigma as
-        factors, the dense task arrays, the squared loss's free momentum, m >= SPREAD_MIN_TASKS."""
-        return (self.sigma_factors is not None and not self.space.sparse and self.momentum == "free"
+        factors (a graph kernel's sparse Sigma has no V to chunk), the dense task arrays, the squared loss's free
+        momentum, m >= SPREAD_MIN_TASKS."""
+        return (isinstance(self.sigma_factors, SigmaFactors) and not self.space.sparse and self.momentum == "free"
                 and self.m >= self.spread_min)
+
+    def spread_size(self) -> int:
+        """How many ranks share the chunks: all of them, or rank 0 alone where the ranks share cores (the cluster's
+        waits sleep: a command's collectives then wait for the scheduler, 1.4 ms each at P = 3 on 2 cores, and the
+        other ranks' chunks run on the same cores anyway).  Who computes a chunk does not change its bits."""
+        return 1 if self.cluster.sleep_waits else self.cluster.size
+
+    def spread_command(self, cmd, payload=None, **fields):
+        """``cmd`` on the ranks (its per-rank answers), or, when rank 0 computes every chunk
+        (:meth:`spread_size` 1), the same worker half run here on one :class:`ChunkState` of all the chunks, with
+        no collective (one answer).  In one process this is what the serial cluster's command does."""
+        if self.spread_size() == self.cluster.size:
+            return self.command(cmd, payload=payload, **fields)
+        if self.spread_local is None:
+            self.spread_local = SpreadBlocks()
+            self.spread_local.cluster = SimpleNamespace(rank=0, size=1)
+        ctrl = SimpleNamespace(target=int(fields.get("target", 0)))
+        inputs = payload[0] if cmd == DMTRLCommand.SPREAD_START else payload
+        return [getattr(self.spread_local, cmd.compute)(ctrl, inputs)]
 
     def spread_sigma_times(self, XT):
         """``Sigma X`` by chunks on rank 0 alone: W outside the rounds, the bits the spread rounds give."""
@@ -277,7 +300,7 @@ class SpreadServer:
     def spread_by_chunk(self, cmd, columns, payload, **fields):
         """``cmd``'s per-rank answers as one row of ``columns`` numbers a chunk (ranks own contiguous chunks in
         rank order, so rank order is chunk order)."""
-        pieces = self.command(cmd, payload=payload, **fields)
+        pieces = self.spread_command(cmd, payload=payload, **fields)
         flat = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in pieces])
         return flat.reshape(len(self.spread_chunks) - 1, columns)
 
@@ -285,7 +308,7 @@ class SpreadServer:
         """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, (dP, B rows),
         TASK_SCALARS]``.  V goes when Sigma changed; B and dP unless they are, bit for bit, what the last spread round
         left on the ranks (anything else that set them since, a resume, local rounds, is seen)."""
-        factors, size = self.sigma_factors, self.cluster.size
+        factors, size = self.sigma_factors, self.spread_size()
         r = factors.V.shape[1]
         fresh = self.spread_sigma is not factors
         kept = self.spread_rows
@@ -347,16 +370,16 @@ class SpreadServer:
             value = self.spread_by_chunk(DMTRLCommand.SPREAD_PRODUCT, 2, Zx, width=rd, target=1)
             accept = float(float(ordered_sum(value[:, 0])) - 0.5 * float(ordered_sum(value[:, 1])) > 0)
         solver.cg_iterations = products
-        pieces = self.command(DMTRLCommand.SPREAD_FINISH, payload=np.array([accept]), width=1)
+        pieces = self.spread_command(DMTRLCommand.SPREAD_FINISH, payload=np.array([accept]), width=1)
         eta, beta, partials = np.zeros(m), np.zeros(m), []
         for rank, piece in enumerate(pieces):
-            c0, c1, t0, t1 = rank_chunks(self.spread_chunks, rank, self.cluster.size)
+            c0, c1, t0, t1 = rank_chunks(self.spread_chunks, rank, self.spread_size())
             n = t1 - t0
             eta[t0:t1], beta[t0:t1] = piece[:n], piece[n:2 * n]
             partials.append(piece[2 * n:].reshape(c1 - c0, rd))
         ZB = ordered_sum(np.concatenate(partials)) if partials else np.zeros(rd)
         WT = np.concatenate([np.asarray(p).reshape(-1) for p in
-                             self.command(DMTRLCommand.SPREAD_W, payload=ZB.reshape(-1), width=rd)])
+                             self.spread_command(DMTRLCommand.SPREAD_W, payload=ZB.reshape(-1), width=rd)])
         self.dPT = self.space.combine(eta, dBT, beta, self.dPT)     # the ranks' arithmetic on their rows: the same bits
         self.space.add(self.BT, self.dPT)
         self.spread_rows = (self.BT.copy(), self.dPT.copy())
