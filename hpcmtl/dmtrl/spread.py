@@ -13,7 +13,9 @@ reduction; the chunks' rows of dB, dP and B go down once a round, eta, beta and 
 
 Chosen from the problem alone, never from P (:meth:`SpreadServer.spread_applies`): a learned Sigma as factors,
 the dense task arrays, free momentum (the squared loss under 'qp' / 'adaptive') and at least
-:data:`SPREAD_MIN_TASKS` tasks.  The box losses' projected Newton-CG stays on rank 0.
+:data:`SPREAD_MIN_TASKS` tasks.  Who computes the chunks is chosen from the ranks' cores: all the ranks, or rank
+0 alone where they share cores (:meth:`SpreadServer.spread_size`); the bits are the same either way.  The box
+losses' projected Newton-CG stays on rank 0.
 """
 from __future__ import annotations
 
