@@ -59,6 +59,12 @@ DUAL_MOVE_SHARE = 0.03
 # after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
 # halves it again when the quadratic model fails)
 STEP_TRIAL_AFTER = 10
+# the outer step's extrapolations: candidates ``W + t (W - W_prev)`` (W_prev: the W-step before's W) scored with
+# the prox steps.  The alternation is a fixed-point iteration that converges linearly where it does not stall
+# (Reuters, 2,000 rows, lam 1e-4: P's decrease shrinks by about 0.8 a W-step), its slow part along the last
+# move; a step t along it is an over-relaxation (SQUAREM's idea for EM and MM iterations), kept only where its
+# P is lower, so P never increases
+EXTRAPOLATIONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 class JointCommand(Command):
@@ -102,6 +108,16 @@ def shrunk_values(z, t):
 def candidate_steps(center: float):
     """The prox steps t to try: 0, then ``center * STEP_FACTOR^k`` for ``|k| <= STEP_SPREAD``."""
     return np.concatenate([[0.0], center * STEP_FACTOR ** np.arange(-STEP_SPREAD, STEP_SPREAD + 1)])
+
+
+def extrapolated(WT, prev):
+    """``(ts, [W(t)^T], [||W(t)||_*])``: the outer step's extrapolations ``W + t (W - W_prev)`` for t in
+    EXTRAPOLATIONS (none without the W-step before's W, or when it equals W)."""
+    if prev is None or prev.shape != WT.shape or not np.any(prev != WT):
+        return [], [], []
+    move = WT - prev
+    wts = [WT + t * move for t in EXTRAPOLATIONS]
+    return list(EXTRAPOLATIONS), wts, [float(np.linalg.svd(wt, compute_uv=False).sum()) for wt in wts]
 
 
 def first_step(WT, BT):
@@ -367,10 +383,16 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     """
     center = outer_state.prox_center or first_step(WT, BT)
     steps, wts, norms = candidates(WT, BT, lam, center)
+    prox_count = len(wts)
+    # the extrapolations along the last W-steps' move, scored in the same collective (the prox steps' t: 0)
+    ts, more, more_norms = extrapolated(WT, outer_state.prev_wt)
+    outer_state.prev_wt = np.array(WT, dtype=np.float64)
+    wts, steps, norms = wts + more, np.concatenate([steps, np.zeros(len(more))]), np.concatenate([norms, more_norms])
     sums, box_max = evaluate(wts)
     K = len(wts)
     out = choose(loss_name, steps, norms, sums[:, :K], sums[:, K:], box_max, n, BT, lam)
     best = out.pop("best")
+    out["extrapolation"] = ts[best - prox_count] if best >= prox_count else 0.0
     chosen = wts[best] if best > 0 else None
     # every earlier W-step's dual bound still bounds P*: the certificate keeps the best one
     bounds = [w["joint_dual"] for w in outer_state.wsteps if "joint_dual" in w]
@@ -381,6 +403,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         # the last Omega-step took a W the dual recovered and this W-step's P is above the P of the W it replaced:
         # the next Omega-step is that W's (hpcmtl.dmtrl.dual_phase; recorded as dual_move -1)
         chosen, out["prox_primal"], out["dual_move"] = outer_state.revert_wt, outer_state.revert_primal, -1
+        out["extrapolation"] = 0.0
     outer_state.revert_wt = outer_state.revert_primal = None
     if gradient is not None and outer_tol > 0 and (out["joint_primal"] - max(bounds + [out["joint_dual"]]) >
                                                    outer_tol * abs(out["joint_primal"])):
@@ -452,12 +475,16 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
             out["dual_move"] = 1
         if pick > 0:
             chosen = recovered[pick - 1]
+            out["extrapolation"] = 0.0
             out["prox_primal"] = primals[pick] if out.get("dual_move") else min(out["prox_primal"], primals[pick])
     if bounds and max(bounds) > out["joint_dual"]:
         out["joint_dual"] = max(bounds)
         out["joint_gap"] = out["joint_primal"] - out["joint_dual"]
         out["joint_rel_gap"] = out["joint_gap"] / max(abs(out["joint_primal"]), 1e-300)
-    outer_state.prox_center = out["prox_step"] if best > 0 else center / STEP_FACTOR ** 2
+    # the prox steps' center moves to the chosen t (a quarter of it when W itself was best; kept when an
+    # extrapolation was)
+    outer_state.prox_center = (out["prox_step"] if 0 < best < prox_count else
+                               center if best >= prox_count else center / STEP_FACTOR ** 2)
     if floor is None:
         floor = float(np.clip(FLOOR_PER_GAP * out["joint_rel_gap"], eig_floor,
                               min(FLOOR_START, outer_state.floor or FLOOR_START)))

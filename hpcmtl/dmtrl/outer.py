@@ -29,7 +29,9 @@ class OuterState:
 
     KEYS = ("outer", "round", "rel_gap", "converged")
     JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal",
-                  "apg_iterations")
+                  "apg_iterations", "extrapolation")
+    # absent from the W-steps of a checkpoint written before the accelerated phase / the extrapolations: 0 there
+    LATER_KEYS = ("apg_iterations", "extrapolation")
 
     def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None, apg_step=None):
         self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
@@ -40,12 +42,13 @@ class OuterState:
         self.apg_step = apg_step             # the accelerated phase's last step size (None: none ran yet)
         # the hinge's dual phase: the W^T a move to a recovered W replaced, and its P (None: no such move pending)
         self.revert_wt, self.revert_primal = None, None
+        # the last W-step's W^T: the outer step's extrapolations go along the move from it (None: first W-step)
+        self.prev_wt = None
 
     def wstep_arrays(self):
         out = {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
                for k in self.KEYS}
-        if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS[:-1]):
-            # apg_iterations: absent from the W-steps of a checkpoint written before the accelerated phase
+        if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS if k not in self.LATER_KEYS):
             out.update({k: np.asarray([w.get(k, 0) for w in self.wsteps], dtype=np.float64) for k in self.JOINT_KEYS})
         return out
 

@@ -363,6 +363,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         arrays.update(self.history.checkpoint_arrays())
         if self.outer_state.revert_wt is not None:      # a recovered-W move's W, until the W-step after it ends
             arrays["revert_WT"] = self.outer_state.revert_wt
+        if self.outer_state.prev_wt is not None:        # the last W-step's W: the next extrapolations' origin
+            arrays["prev_WT"] = self.outer_state.prev_wt
         counters = {"round": self.round, "t": self.wstep_round, "outer": self.outer_state.outer,
                     "previous": self.outer_state.previous, "seconds": self.elapsed(),
                     "bytes": self.cluster.bytes_moved, "wsteps": self.outer_state.wsteps,
@@ -408,6 +410,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         if "revert_WT" in ck["arrays"] and c.get("revert_primal") is not None:
             self.outer_state.revert_wt = np.asarray(ck["arrays"]["revert_WT"], dtype=np.float64).copy()
             self.outer_state.revert_primal = float(c["revert_primal"])
+        if "prev_WT" in ck["arrays"]:
+            self.outer_state.prev_wt = np.asarray(ck["arrays"]["prev_WT"], dtype=np.float64).copy()
         self.seconds_before = float(c["seconds"])
         self.cluster.bytes_moved = int(c["bytes"])
         self.history.restore(ck["arrays"])
