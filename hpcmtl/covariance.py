@@ -19,6 +19,20 @@ FACTOR_FIELDS = ("sigma_V", "sigma_s", "sigma_c")
 PIECE_VALUES = 1 << 22      # row pieces of Sigma formed at a time (abs_times, is_diagonal): 32 MB each
 
 
+def sampled_correlation(Sigma, idx):
+    """``Sigma_ij / sqrt(sigma_ii sigma_jj)`` of the tasks ``idx`` from a held Sigma's ``rows`` and ``diag``."""
+    M = Sigma.rows(idx, idx)
+    root = np.sqrt(Sigma.diag()[np.asarray(idx)])
+    return M / np.outer(root, root)
+
+
+def row_pieces(Sigma):
+    """``(start, Sigma[start:stop])`` of a held Sigma in row pieces of at most PIECE_VALUES numbers."""
+    step = max(1, PIECE_VALUES // max(Sigma.m, 1))
+    for start in range(0, Sigma.m, step):
+        yield start, Sigma.rows(np.arange(start, min(start + step, Sigma.m)))
+
+
 class SigmaFactors(NamedTuple):
     """``Sigma = V diag(s) V^T + c (I - V V^T)``: V (m x r) orthonormal columns, r <= min(m, d), ``s`` Sigma's
     eigenvalues on them, ``c`` its eigenvalue on the rest (the eigenvalue floor over the trace).  Products cost
@@ -78,15 +92,11 @@ class SigmaFactors(NamedTuple):
 
     def correlation(self, idx):
         """The task correlation ``Sigma_ij / sqrt(sigma_ii sigma_jj)`` of the tasks ``idx`` (a sample)."""
-        M = self.rows(idx, idx)
-        root = np.sqrt(self.diag()[np.asarray(idx)])
-        return M / np.outer(root, root)
+        return sampled_correlation(self, idx)
 
     def pieces(self):
         """``(start, Sigma[start:stop])`` in row pieces of at most PIECE_VALUES numbers (no m x m array)."""
-        step = max(1, PIECE_VALUES // max(self.m, 1))
-        for start in range(0, self.m, step):
-            yield start, self.rows(np.arange(start, min(start + step, self.m)))
+        return row_pieces(self)
 
     def abs_times(self, x):
         """``|Sigma| @ x`` (Lemma 6.7's row sums) in row pieces: O(m^2 r) time, O(PIECE_VALUES) memory
@@ -308,15 +318,8 @@ class GraphSigma:
             M[idx[:, None] == cols[None, :]] = 1.0
         return M
 
-    def correlation(self, idx):
-        M = self.rows(idx, idx)
-        root = np.sqrt(self.diag()[np.asarray(idx)])
-        return M / np.outer(root, root)
-
-    def pieces(self):
-        step = max(1, PIECE_VALUES // max(self.m, 1))
-        for start in range(0, self.m, step):
-            yield start, self.rows(np.arange(start, min(start + step, self.m)))
+    correlation = sampled_correlation      # from rows and diag, as SigmaFactors'
+    pieces = row_pieces
 
     def abs_times(self, x):
         """``|Sigma| @ x = Sigma @ x`` (K_hat >= 0 entrywise, S > 0): one sparse solve."""
