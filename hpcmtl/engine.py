@@ -570,7 +570,16 @@ class RunResult:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (MB)."""
+    """Peak resident memory of this process so far (MB): Linux's VmHWM, which belongs to this program's image
+    alone; ``ru_maxrss`` (elsewhere) keeps the high-water mark of the process that forked it across the exec, so a
+    run started from a large Python process (a notebook, a workflow manager) would report that one's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

@@ -383,3 +383,22 @@ def test_a_fixed_sigma_path_checks_its_sigma_once(monkeypatch):
     assert again.W.tobytes() == result.W.tobytes()
     with pytest.raises(InputError, match="positive definite"):
         sigma_rules.check_sigma(np.array([[1.0, 2.0], [2.0, 1.0]]), 2)
+
+
+def test_the_run_s_peak_memory_is_its_own_not_its_launcher_s(tmp_path):
+    """A run started by a large Python process (a notebook, a workflow manager; here one holding 640 MB) records
+    its own peak RSS in /ranks/peak_rss_mb: ru_maxrss kept the launcher's high-water mark across the exec."""
+    import subprocess
+    import sys
+    from hpcmtl import store
+    rng = np.random.default_rng(7)
+    Xs = [rng.normal(size=(30, 4)) for _ in range(3)]
+    store.write_tasks(str(tmp_path / "t.h5"), Xs, [X @ np.ones(4) for X in Xs])
+    launcher = ("import subprocess, sys, numpy; held = numpy.ones(80_000_000); "
+                "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+    r = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "hpcmtl", "train", "dmtrl", "--train",
+                        str(tmp_path / "t.h5"), "--out", str(tmp_path / "r.h5"), "--loss", "squared", "--lam", "0.1",
+                        "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    peak = float(store.read_result(str(tmp_path / "r.h5"))["ranks"]["peak_rss_mb"][0])
+    assert np.isfinite(peak) and 20 < peak < 400, peak
