@@ -174,23 +174,12 @@ def test_sparse_and_dense_paths_train_the_same_model(loss, name, tmp_path):
 
 
 TEN_THOUSAND = r"""
-import resource, sys, numpy as np
-
-
-def peak_mb():
-    # this process's own high-water mark: ru_maxrss keeps the parent's across the exec of a (v)forked child (the
-    # pytest process, 580 MB late in the suite), /proc's VmHWM belongs to the new image alone
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
+import sys, numpy as np
 from hpcmtl import store
 from hpcmtl.cluster import Cluster
 from hpcmtl.covariance import GraphSigma, model_sigma
 from hpcmtl.dmtrl import DMTRLConfig, train
+from hpcmtl.engine import peak_rss_mb   # this program's own peak (VmHWM), not the launching pytest's
 from hpcmtl.estimators import MemoryTasks
 from hpcmtl.task_graph import graph_adjacency, graph_covariance
 m, d = 10000, 5
@@ -207,7 +196,7 @@ store.write_result(sys.argv[1], r.W, r.Sigma, r.history, {"relationship": "fixed
 back = model_sigma(store.read_result(sys.argv[1])["model"])
 corr = back.correlation(np.array([0, 1, 5000]))
 print(isinstance(Sigma, GraphSigma), isinstance(back, GraphSigma), r.converged, len(r.history["round"]),
-      corr[0, 1], corr[0, 2], peak_mb())
+      corr[0, 1], corr[0, 2], peak_rss_mb())
 """
 
 
