@@ -91,7 +91,8 @@ class DMTRLCommand(Command):
     SPREAD_START = 50, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_start"
     # [beta]: CG's next direction p (target 0) or its iterate x (target 1) -> per chunk V_c^T X_c (r x d)
     SPREAD_DIRECTION = 51, Down.BCAST, Up.GATHER_VECTORS, ("width", "target"), "spread_direction"
-    # [Z = V^T X summed in chunk order]: A p -> per chunk p.Ap (target 0), or A x -> per chunk [g.x, x.Ax] (1)
+    # [Z = V^T X summed in chunk order]: A p -> per chunk p.Ap (target 0), or A x -> per chunk [g.x, x.Ax] (1),
+    # or (target 2, the box losses) this rank's tasks' rows of A v, [eta's half, beta's half]
     SPREAD_PRODUCT = 52, Down.BCAST, Up.GATHER_VECTORS, ("width", "target"), "spread_product"
     # [a]: x += a p, r -= a Ap, z = M r -> per chunk r.z
     SPREAD_UPDATE = 53, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_update"
@@ -99,6 +100,13 @@ class DMTRLCommand(Command):
     SPREAD_FINISH = 54, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_finish"
     # [Z = V^T B]: -> per rank its chunks' rows of W = Sigma B / lam
     SPREAD_W = 55, Down.BCAST, Up.GATHER_VECTORS, ("width",), "spread_w"
+    # the box losses' step products spread alike (rank 0 drives the projected Newton-CG): per rank its chunks' rows
+    # [header, (K, c, V rows), dB, dQ, (B), per-task c2, cross, c2q, n]; nothing back
+    SPREAD_BOX_START = 56, Down.SCATTER_VECTORS, Up.NOTHING, (), "spread_box_start"
+    # per rank its tasks' [v_eta, v_beta] -> per chunk V_c^T X_c of X = diag(v_eta) dB + diag(v_beta) dQ
+    SPREAD_BOX_DIRECTION = 57, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_box_direction"
+    # per rank its tasks' [eta, beta]: B += eta dB + beta dQ -> per chunk V_c^T B_c (then SPREAD_W)
+    SPREAD_BOX_FINISH = 58, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_box_finish"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,

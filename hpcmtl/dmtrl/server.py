@@ -189,7 +189,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         check_finite_rows(per_task, self.round, self.names, "local step delta b", self.outer)
         spread = self.spread_applies()
         if spread:                       # the step's products and W by task chunks on every rank (dmtrl/spread.py)
-            eta, beta = self.spread_steps(vecs[0], per_task)
+            eta, beta = self.spread_steps(vecs[0], per_task, vecs[1] if self.momentum == "box" else None)
             self.check_vectors(self.WT, "W column")
         else:
             eta, beta, self.dPT = self.solver.take_steps(self.step_inputs(), vecs[0],

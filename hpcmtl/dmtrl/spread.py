@@ -11,11 +11,17 @@ same commands on its one rank).  Rank 0 drives CG (its stopping tests, the signa
 reduction; the chunks' rows of dB, dP and B go down once a round, eta, beta and W's rows come back
 (docs/many-tasks.md, "Server algebra spread over ranks").
 
+The box losses (hinge, smoothed hinge, logistic under 'qp' / 'adaptive': box momentum) spread the products of
+their step problem the same way: rank 0 runs the projected Newton-CG (its active sets, line searches, the
+capacitance preconditioner: O(m) vectors and O((r d)^2) matrices), and each product ``A v`` is two commands,
+the chunks' ``V_c^T X_c`` up and ``Z = V^T X`` down, then the ranks' rows of ``A v`` up
+(:meth:`SpreadServer.spread_box_times`).  ``A v`` has the same bits at every rank count, so rank 0 takes the
+same decisions at every P; B is updated and ``W = B Sigma / lam`` computed on the chunks as for the squared loss.
+
 Chosen from the problem alone, never from P (:meth:`SpreadServer.spread_applies`): a learned Sigma as factors,
-the dense task arrays, free momentum (the squared loss under 'qp' / 'adaptive') and at least
+the dense task arrays, momentum (free: the squared loss, box: the box losses; 'qp' / 'adaptive') and at least
 :data:`SPREAD_MIN_TASKS` tasks.  Who computes the chunks is chosen from the ranks' cores: all the ranks, or rank
-0 alone where they share cores (:meth:`SpreadServer.spread_size`); the bits are the same either way.  The box
-losses' projected Newton-CG stays on rank 0.
+0 alone where they share cores (:meth:`SpreadServer.spread_size`); the bits are the same either way.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import numpy as np
 
 from ..covariance import SigmaFactors
 from ..errors import InputError
+from ..engine import Down
 from .commands import DMTRLCommand
 from . import steps as step_rules
 from .steps import block_jacobi
@@ -41,6 +48,8 @@ CHUNK_MIN_TASKS = 64
 MAX_CHUNKS = 64
 # what each task's row of the start's payload holds after its dB, dP and B rows
 TASK_SCALARS = ("g1", "g2", "a11", "a12", "a22", "c2", "cross", "c2q", "n")
+# the same for the box losses' start (after dB, dQ and B): the conjugate blocks of A's products
+BOX_SCALARS = ("c2", "cross", "c2q", "n")
 
 
 def spread_min_tasks() -> int:
@@ -192,6 +201,42 @@ class ChunkState:
         return out
 
 
+class BoxChunkState(ChunkState):
+    """One rank's chunks of a box-loss round: dB, dQ (in ChunkState's ``dP`` slot: :meth:`ChunkState.times` reads
+    it as the second direction), B, V; rank 0 sends the vectors whose products it wants (``v``)."""
+
+    def __init__(self, piece, cached, rank, size):      # (no CG state: rank 0 runs the projected Newton-CG)
+        self.rank, self.size = rank, size
+        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
+        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])
+        pos = 6
+        if has_factors:
+            self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
+            pos += r + 1
+        else:
+            self.K, self.c = cached.K, cached.c
+        bounds = chunk_bounds(m)
+        self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, rank, size)
+        self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
+        n = t1 - t0
+        if has_factors:
+            self.V = piece[pos:pos + n * r].reshape(n, r).copy()
+            pos += n * r
+        else:
+            self.V = cached.V
+        rows = piece[pos:pos + 2 * n * d].reshape(2, n, d)
+        self.dB, self.dP = rows[0].copy(), rows[1].copy()
+        pos += 2 * n * d
+        if has_rows:                      # B as rank 0 holds it (else as the last round's finish left it here)
+            self.B = piece[pos:pos + n * d].reshape(n, d).copy()
+            pos += n * d
+        else:
+            self.B = cached.B
+        t = piece[pos:pos + len(BOX_SCALARS) * n].reshape(len(BOX_SCALARS), n)
+        self.c2, self.cross, self.c2q, self.n = (t[k].copy() for k in range(4))
+        self.v = self.X = self.Ap = None
+
+
 class SpreadBlocks:
     """The spread commands' worker half (every rank, rank 0 too): ``self.chunks`` holds this rank's chunks of
     the round in progress (their V rows kept while Sigma is the same)."""
@@ -225,6 +270,8 @@ class SpreadBlocks:
         """SPREAD_PRODUCT [Z = V^T X]: A of the direction (target 0: per chunk ``p.Ap``) or of x (target 1: per
         chunk ``[g.x, x.Ax]``)."""
         st = self.chunks
+        if ctrl.target == 2:                          # the box losses: this rank's rows of A v, both halves
+            return st.times(inputs, st.v).reshape(-1)
         if ctrl.target == 0:
             st.Ap = st.times(inputs, st.p)
             return chunk_dots(st.p, st.Ap, st.bounds)[:, None]
@@ -248,6 +295,26 @@ class SpreadBlocks:
         st.B += st.dP
         return np.concatenate([steps.reshape(-1), st.partials(st.B).reshape(-1)])
 
+    def spread_box_start(self, ctrl, inputs):
+        """SPREAD_BOX_START: this rank's chunks of a box-loss round (:class:`BoxChunkState`); nothing back."""
+        self.chunks = BoxChunkState(np.asarray(inputs, dtype=np.float64), self.chunks, self.cluster.rank,
+                                    self.cluster.size)
+
+    def spread_box_direction(self, ctrl, inputs):
+        """SPREAD_BOX_DIRECTION [this rank's v_eta, v_beta]: ``X = diag(v_eta) dB + diag(v_beta) dQ`` -> per chunk
+        ``V_c^T X_c``."""
+        st = self.chunks
+        st.v = np.asarray(inputs, dtype=np.float64).reshape(2, -1)
+        st.X = st.combine(st.v)
+        return st.partials(st.X)
+
+    def spread_box_finish(self, ctrl, inputs):
+        """SPREAD_BOX_FINISH [this rank's eta, beta]: ``B += eta dB + beta dQ`` (StepSolver.take_steps' arithmetic,
+        DenseSpace.add_two: the same bits as rank 0's B) -> per chunk ``V_c^T B_c``."""
+        st = self.chunks
+        st.B += st.combine(np.asarray(inputs, dtype=np.float64).reshape(2, -1))
+        return st.partials(st.B)
+
     def spread_w(self, ctrl, inputs):
         """SPREAD_W [Z = V^T B]: this rank's rows of ``W = Sigma B / lam``; CG's vectors are dropped (B, dP kept)."""
         st = self.chunks
@@ -268,13 +335,14 @@ class SpreadServer:
         self.spread_chunks = chunk_bounds(self.m)
         self.spread_min = spread_min_tasks()
         self.spread_local = None          # rank 0's own chunks when it computes all of them (spread_command)
+        self.spread_products = 0          # the box losses' spread products of the round in progress (benches read it)
 
     def spread_applies(self) -> bool:
         """The round's algebra goes by chunks (at every P, P = 1 included: the same bits): a learned Sigma as
         factors (a graph kernel's sparse Sigma has no V to chunk), the dense task arrays, the squared loss's free
-        momentum, m >= SPREAD_MIN_TASKS."""
-        return (isinstance(self.sigma_factors, SigmaFactors) and not self.space.sparse and self.momentum == "free"
-                and self.m >= self.spread_min)
+        momentum or the box losses' box momentum, m >= SPREAD_MIN_TASKS."""
+        return (isinstance(self.sigma_factors, SigmaFactors) and not self.space.sparse
+                and self.momentum in ("free", "box") and self.m >= self.spread_min)
 
     def spread_size(self) -> int:
         """How many ranks share the chunks: all of them, or rank 0 alone where the ranks share cores (the cluster's
@@ -292,7 +360,7 @@ class SpreadServer:
             self.spread_local = SpreadBlocks()
             self.spread_local.cluster = SimpleNamespace(rank=0, size=1)
         ctrl = SimpleNamespace(target=int(fields.get("target", 0)))
-        inputs = payload[0] if cmd == DMTRLCommand.SPREAD_START else payload
+        inputs = payload[0] if cmd.down is Down.SCATTER_VECTORS else payload
         return [getattr(self.spread_local, cmd.compute)(ctrl, inputs)]
 
     def spread_sigma_times(self, XT):
@@ -334,9 +402,12 @@ class SpreadServer:
         self.spread_sigma = factors
         return pieces
 
-    def spread_steps(self, dBT, scalars):
+    def spread_steps(self, dBT, scalars, dQT=None):
         """The squared loss's ``(eta, beta)`` (:meth:`StepSolver.steps_momentum_cg`'s CG, the same stopping rules)
-        with its products and ``W = B Sigma / lam`` spread; ``self.BT``, ``self.dPT`` and ``self.WT`` updated."""
+        with its products and ``W = B Sigma / lam`` spread; ``self.BT``, ``self.dPT`` and ``self.WT`` updated.
+        The box losses (``dQT``: box momentum's second direction): :meth:`spread_box_steps`."""
+        if self.momentum == "box":
+            return self.spread_box_steps(dBT, dQT, scalars)
         m, solver = self.m, self.solver
         _, g, blocks = solver.momentum_operator(self.step_inputs(), dBT, scalars)    # O(m d): g and M's blocks
         rd = self.sigma_factors.V.shape[1] * self.d
@@ -386,4 +457,72 @@ class SpreadServer:
         self.space.add(self.BT, self.dPT)
         self.spread_rows = (self.BT.copy(), self.dPT.copy())
         self.WT = WT.reshape(m, self.d)
+        return eta, beta
+
+    # -- the box losses: rank 0 drives the projected Newton-CG, the ranks compute its products --------------------
+    def spread_box_payloads(self, dBT, dQT, scalars):
+        """Every rank's SPREAD_BOX_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, dQ,
+        (B rows), BOX_SCALARS]``; V as :meth:`spread_payloads` sends it, B unless the ranks hold its bits."""
+        factors, size = self.sigma_factors, self.spread_size()
+        r = factors.V.shape[1]
+        fresh = self.spread_sigma is not factors
+        send_rows = self.spread_rows is None or not same_bits(self.spread_rows[0], self.BT)
+        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows), self.config.lam], dtype=np.float64)]
+        if fresh:
+            head.append(np.append(factors.s - factors.c, factors.c))
+        _, c2, _, c2q, cross = scalars.T[:5]
+        rows = np.column_stack([c2, cross, c2q, self.n])
+        pieces = []
+        for rank in range(size):
+            _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, size)
+            piece = list(head)
+            if fresh:
+                piece.append(factors.V[t0:t1].reshape(-1))
+            piece += [dBT[t0:t1].reshape(-1), dQT[t0:t1].reshape(-1)]
+            if send_rows:
+                piece.append(self.BT[t0:t1].reshape(-1))
+            piece.append(rows[t0:t1].T.reshape(-1))
+            pieces.append(np.concatenate(piece))
+        self.spread_sigma = factors
+        return pieces
+
+    def spread_by_rank(self, x):
+        """``x`` = [first half; second half] (2m) cut into each rank's ``[its tasks' first half, second half]``."""
+        m, size = self.m, self.spread_size()
+        pieces = []
+        for rank in range(size):
+            _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, size)
+            pieces.append(np.concatenate([x[t0:t1], x[m + t0:m + t1]]))
+        return pieces
+
+    def spread_box_times(self, v):
+        """``A v`` of the box step problem (StepSolver.momentum_operator's apply) by chunks: each rank its tasks'
+        ``V_c^T X_c`` (summed here in chunk order), then with ``Z = V^T X`` its tasks' rows of ``A v``.  16 m
+        bytes down and up, plus the chunks' partials and Z (r d numbers each) a product."""
+        rd, m = self.sigma_factors.V.shape[1] * self.d, self.m
+        Z = ordered_sum(self.spread_by_chunk(DMTRLCommand.SPREAD_BOX_DIRECTION, rd, self.spread_by_rank(v)))
+        pieces = self.spread_command(DMTRLCommand.SPREAD_PRODUCT, payload=Z, width=rd, target=2)
+        out = np.empty(2 * m)
+        for rank, piece in enumerate(pieces):
+            _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, self.spread_size())
+            n = t1 - t0
+            out[t0:t1], out[m + t0:m + t1] = piece[:n], piece[n:]
+        self.spread_products += 1
+        return out
+
+    def spread_box_steps(self, dBT, dQT, scalars):
+        """The box losses' ``(eta, beta)``: :meth:`StepSolver.steps_box_momentum` on rank 0 with every product of
+        A by chunks on the ranks (:meth:`spread_box_times`); then B updated on the chunks as rank 0 updates it, and
+        ``W = B Sigma / lam`` from them (SPREAD_W).  ``self.BT`` and ``self.WT`` updated."""
+        self.spread_command(DMTRLCommand.SPREAD_BOX_START, payload=self.spread_box_payloads(dBT, dQT, scalars))
+        self.spread_products = 0
+        inputs = self.step_inputs()._replace(apply=self.spread_box_times)
+        eta, beta, _ = self.solver.take_steps(inputs, dBT, dQT, scalars)       # rank 0's BT += eta dB + beta dQ
+        rd = self.sigma_factors.V.shape[1] * self.d
+        parts = self.spread_by_chunk(DMTRLCommand.SPREAD_BOX_FINISH, rd,
+                                     self.spread_by_rank(np.concatenate([eta, beta])))
+        WT = np.concatenate([np.asarray(p).reshape(-1) for p in
+                             self.spread_command(DMTRLCommand.SPREAD_W, payload=ordered_sum(parts), width=rd)])
+        self.spread_rows = (self.BT.copy(), None)
+        self.WT = WT.reshape(self.m, self.d)
         return eta, beta

@@ -153,6 +153,9 @@ class StepInputs(NamedTuple):
     step: np.ndarray
     beta: np.ndarray
     factors: object = None      # Sigma as :class:`.sigma.SigmaFactors` (a learned Sigma from FACTORED_MIN_TASKS)
+    # v -> A v of the two-direction quadratic computed elsewhere (the box losses' products by task chunks on every
+    # rank, dmtrl/spread.py): :meth:`StepSolver.momentum_operator` then hands it out instead of its own
+    apply: object = None
 
     @property
     def m(self):
@@ -305,6 +308,8 @@ class StepSolver:
         a12 = sdiag * space.dots(dBT, dPT) / lam + cross / n
         a22 = sdiag * space.dots(dPT, dPT) / lam + c2q / n
         m = inputs.m
+        if inputs.apply is not None:
+            return inputs.apply, g, (a11, a12, a22)
 
         def apply(v):
             x, y = v[:m], v[m:]
