@@ -21,7 +21,7 @@ rounds (the slowest rank's reading of its blocks, ``engine.load_blocks``; rank 0
 
     python bench/bench_tasks.py [--tasks 1000,10000] [--ranks 1,3] [--d 20] [--outer 3] [--max-rounds 100]
         [--factored-min-tasks N] [--batch-min-tasks N] [--cg-inexact-min-tasks N] [--spread-min-tasks N]
-        [--outer-tol T]
+        [--outer-tol T] [--loss squared|hinge|smoothed-hinge|logistic]
         [--gradient-batch-min-blocks N] [--gradient-compare] [--read N] [--json FILE] [--work DIR]
 
 ``--factored-min-tasks`` sets :data:`hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS` in every rank (0: a learned Sigma
@@ -64,9 +64,10 @@ from hpcmtl import store
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def make_tasks(path, m, d, seed=0, clusters=5, layout="auto"):
+def make_tasks(path, m, d, seed=0, clusters=5, layout="auto", loss="squared"):
     """m squared-loss tasks of 20-40 rows and d features, their weights in ``clusters`` groups plus noise
-    (``layout``: the task file's, :func:`hpcmtl.store.write_tasks`)."""
+    (``layout``: the task file's, :func:`hpcmtl.store.write_tasks`); the box losses: the same rows, labels the
+    sign of the squared loss's targets (+-1)."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(clusters, d))
     Xs, ys = [], []
@@ -75,7 +76,8 @@ def make_tasks(path, m, d, seed=0, clusters=5, layout="auto"):
         w = centers[t % clusters] + 0.3 * rng.normal(size=d)
         X = rng.normal(size=(n, d))
         Xs.append(X)
-        ys.append(X @ w + 0.5 * rng.normal(size=n))
+        y = X @ w + 0.5 * rng.normal(size=n)
+        ys.append(y if loss == "squared" else np.where(y > 0, 1.0, -1.0))
     store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)], force=True, layout=layout)
 
 
@@ -107,8 +109,11 @@ def timed_function(module, name, log):
     setattr(module, name, wrapper)
 
 
+# the rounds' worker halves on task supports (the box losses' momentum trial), timed beside trial and apply
+WORKER_TWINS = ("trial_on_support", "trial_momentum_on_support", "apply_on_support")
 # the spread algebra's computations on each rank (rank 0's included), dmtrl/spread.py
-SPREAD_PARTS = ("spread_start", "spread_direction", "spread_product", "spread_update", "spread_finish", "spread_w")
+SPREAD_PARTS = ("spread_start", "spread_direction", "spread_product", "spread_update", "spread_finish", "spread_w",
+                "spread_box_start", "spread_box_direction", "spread_box_finish")
 
 
 def child(args):
@@ -143,14 +148,32 @@ def child(args):
     spread_steps = srv.Server.spread_steps
 
     def spread_counted(self, *a, **k):      # the same count when the step's products are spread
+        before = {key: len(log.get(key, [])) for key in ("take_steps", "take_steps:cpu")}
         try:
             return spread_steps(self, *a, **k)
         finally:
-            log.setdefault("cg_products", []).append(getattr(self.solver, "cg_iterations", 0))
+            if self.momentum != "box":
+                log.setdefault("cg_products", []).append(getattr(self.solver, "cg_iterations", 0))
+            for key, start in before.items():      # the box losses' take_steps runs inside: counted once
+                log.setdefault("nested_" + key, []).append(-sum(log.get(key, [])[start:]))
     srv.Server.spread_steps = spread_counted
+    operator = steps.StepSolver.momentum_operator
+
+    def operator_counted(self, *a, **k):    # the box losses' step products a round (rank 0's or spread)
+        apply, g, blocks = operator(self, *a, **k)
+        count = log.setdefault("box_products", [])
+        if self.momentum == "box":
+            count.append(0)
+
+        def counted(v):
+            if count and self.momentum == "box":
+                count[-1] += 1
+            return apply(v)
+        return counted, g, blocks
+    steps.StepSolver.momentum_operator = operator_counted
     for name in SPREAD_PARTS:
         timed(worker.LocalBlocks, name, log)
-    for name in ("trial", "apply", "gradient_terms"):
+    for name in ("trial", "apply", "gradient_terms") + WORKER_TWINS:
         timed(worker.LocalBlocks, name, log)
     from hpcmtl import engine               # outside the rounds: reading the blocks, the intercepts' task means
     for name in ("load_blocks", "split_intercept"):
@@ -175,7 +198,7 @@ def child(args):
         worker.LocalBlocks.gradient_terms = both
     rounds = {"round": [], "server": [], "server_cpu": [], "bytes": [], "start": [], "outer": []}
     orig = srv.Server.round_steps
-    server_keys = ("take_steps", "spread_steps", "adapt_rho", "recompute_w")
+    server_keys = ("take_steps", "spread_steps", "adapt_rho", "recompute_w", "nested_take_steps")
 
     def round_steps(self, want_gap):         # one coupled round: its seconds, its server algebra, its bytes
         spent = sum(sum(log.get(k, [])) for k in server_keys)
@@ -211,7 +234,7 @@ def child(args):
                 pairs.append(last.pop("trial") + time.perf_counter() - t)
     worker.LocalBlocks.trial, worker.LocalBlocks.apply = trial_w, apply_w
     cl = hc.connect()
-    config = dmtrl.DMTRLConfig(loss="squared", lam=args.lam, outer=args.outer, outer_tol=args.outer_tol, tol=args.tol,
+    config = dmtrl.DMTRLConfig(loss=args.loss, lam=args.lam, outer=args.outer, outer_tol=args.outer_tol, tol=args.tol,
                                max_rounds=args.max_rounds)
     t0 = time.perf_counter()
     with store.TaskFile(args.data) as source:
@@ -231,7 +254,7 @@ def run_case(args, path, m, ranks, work):
     out = os.path.join(work, f"t-{m}-{ranks}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--data", path, "--out", out,
            "--outer", str(args.outer), "--max-rounds", str(args.max_rounds), "--lam", str(args.lam),
-           "--tol", str(args.tol)]
+           "--tol", str(args.tol), "--loss", args.loss]
     if args.factored_min_tasks is not None:
         cmd += ["--factored-min-tasks", str(args.factored_min_tasks)]
     if args.batch_min_tasks is not None:
@@ -262,8 +285,15 @@ def run_case(args, path, m, ranks, work):
     worker_round = np.sum(pairs, axis=0) if pairs else np.zeros(0)
     # its CPU seconds (what a loaded machine's wall clock blurs): the median trial's + the median apply's, summed
     # over the ranks that hold blocks
-    worker_cpu = np.array([sum(float(np.median(r_["log"][k])) for k in ("trial:cpu", "apply:cpu"))
-                           for r_ in per_rank if r_["log"].get("trial:cpu") and r_["log"].get("apply:cpu")])
+    # (on supports, the box losses: their twins, TRIAL_MOMENTUM_ON_SUPPORT / APPLY_ON_SUPPORT)
+    worker_cpu = []
+    for r_ in per_rank:
+        parts = [next((r_["log"][k + ":cpu"] for k in group if r_["log"].get(k + ":cpu")), None)
+                 for group in (("trial", "trial_on_support", "trial_momentum_on_support"),
+                               ("apply", "apply_on_support"))]
+        if all(parts):
+            worker_cpu.append(sum(float(np.median(p)) for p in parts))
+    worker_cpu = np.array(worker_cpu)
     worker_cpu = np.array([worker_cpu.sum()]) if worker_cpu.size else worker_cpu
     # a whole round: from one coupled round's start to the next's in the same W-step (the gap, the checks
     # between rounds, the safe point included)
@@ -280,7 +310,9 @@ def run_case(args, path, m, ranks, work):
            "local_round_median": statistics.median(s["log"]["round_local"]) if s["log"].get("round_local") else
            float("nan"),
            "omega_median": statistics.median(s["log"]["omega"]) if s["log"].get("omega") else float("nan"),
-           "cg_products": float(np.mean(s["log"]["cg_products"])) if s["log"].get("cg_products") else 0.0,
+           "cg_products": float(np.mean(s["log"]["cg_products"])) if s["log"].get("cg_products") else
+           # the box losses: A's products a coupled round (a round makes two box QPs and the triangle passes)
+           float(sum(s["log"].get("box_products", [])) / max(n, 1)),
            # the accelerated outer phase (--outer-tol > 0): GRADIENT_TERMS' calls, CPU seconds summed over the ranks
            "gradient_calls": len(s["log"].get("gradient_terms", [])) or max(len(r_["log"].get("gradient_terms", []))
                                                                             for r_ in per_rank),
@@ -379,6 +411,7 @@ def main():
     ap.add_argument("--max-rounds", type=int, default=100)
     ap.add_argument("--lam", type=float, default=1e-3)
     ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--loss", default="squared", choices=("squared", "hinge", "smoothed-hinge", "logistic"))
     ap.add_argument("--factored-min-tasks", type=int, default=None)
     ap.add_argument("--batch-min-tasks", type=int, default=None)
     ap.add_argument("--cg-inexact-min-tasks", type=int, default=None)
@@ -408,9 +441,10 @@ def main():
     print("     m  P  period s  round s  server s  (cpu s)  worker s  omega s  peak MB  bytes/round  CG/round  "
           "W-step rounds", flush=True)
     for m in [int(x) for x in args.tasks.split(",")]:
-        path = os.path.join(work, f"tasks-{m}-{args.d}.h5")
+        label = "" if args.loss == "squared" else "-" + args.loss
+        path = os.path.join(work, f"tasks-{m}-{args.d}{label}.h5")
         if not os.path.exists(path):
-            make_tasks(path, m, args.d)
+            make_tasks(path, m, args.d, loss=args.loss)
         for ranks in [int(x) for x in args.ranks.split(",")]:
             row = run_case(args, path, m, ranks, work)
             rows.append(row)

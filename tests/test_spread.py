@@ -118,17 +118,77 @@ def test_spread_rounds_train_the_server_path_s_model(m, d, chunk_min, monkeypatc
     assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
 
 
-def test_the_box_losses_and_a_dense_sigma_stay_on_rank_0(monkeypatch):
-    """The spread is the squared loss's with Sigma as factors only: a hinge run and a run below
-    FACTORED_MIN_TASKS never send SPREAD_START."""
+def test_the_box_losses_do_not_take_the_squared_step_and_a_dense_sigma_stays_on_rank_0(monkeypatch):
+    """Only the squared loss sends SPREAD_START (a hinge run spreads its own box commands), a 'line' aggregation
+    (no momentum) nothing, and a run below FACTORED_MIN_TASKS never spreads."""
     Xs, ys = squared_tasks(12, 5, 3)
-    monkeypatch.setattr(spread.SpreadBlocks, "spread_start", lambda *a: pytest.fail("spread at a box loss"))
+    monkeypatch.setattr(spread.SpreadBlocks, "spread_start", lambda *a: pytest.fail("squared spread at a box loss"))
     fit([X for X in Xs], [np.where(y > np.median(y), 1.0, -1.0) for y in ys], True, monkeypatch, loss="hinge",
         lam=0.05, tol=1e-6, outer=2, outer_tol=0)
+    monkeypatch.setattr(spread.SpreadBlocks, "spread_box_start", lambda *a: pytest.fail("spread under 'line'"))
+    fit([X for X in Xs], [np.where(y > np.median(y), 1.0, -1.0) for y in ys], True, monkeypatch, loss="hinge",
+        lam=0.05, tol=1e-6, outer=2, outer_tol=0, aggregation="line")
     monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 10 ** 9)
     monkeypatch.setattr(spread, "SPREAD_MIN_TASKS", 0)
     train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="squared", lam=0.05, tol=1e-6, outer=2,
                                                               outer_tol=0), warn=lambda msg: None)
+
+
+def box_tasks(loss, m, d, seed):
+    rng = np.random.default_rng(seed)
+    return random_tasks(seed=seed, m=m, d=d, sizes=tuple(int(s) for s in rng.integers(8, 15, m)), loss=loss)
+
+
+def box_fits(loss, m, spread_on_off, monkeypatch, chunked=False):
+    """The box loss's fits of ``m`` tasks (d = 6: d m above interior.MAX_WIDTH, so the W-steps run 'qp' rounds),
+    spread and not; ``chunked``: rank 0's path with Sigma's products by the spread's chunk arithmetic too."""
+    if chunked:
+        matmul = SigmaFactors.matmul
+        monkeypatch.setattr(SigmaFactors, "matmul", lambda self, X: spread.chunked_sigma_times(self, X)
+                            if np.ndim(X) == 2 else matmul(self, X))
+    Xs, ys = box_tasks(loss, m, 6, m)
+    kw = dict(loss=loss, lam=0.05, tol=1e-8, outer=3, outer_tol=0, max_rounds=3000)
+    return [fit(Xs, ys, on, monkeypatch, **kw) for on in spread_on_off]
+
+
+@pytest.mark.parametrize("chunk_min", [7, 64])
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "smoothed-hinge"])
+def test_spread_box_steps_take_rank_0_s_decisions_bit_for_bit(loss, chunk_min, monkeypatch):
+    """With rank 0's Sigma products by the same chunk arithmetic, the spread box rounds (rank 0's projected
+    Newton-CG, every product of A by chunks, B and W on the chunks) give rank 0's path bit for bit: the same active
+    sets, line searches and steps, so the spread changes nothing but where the products are computed."""
+    monkeypatch.setattr(spread, "CHUNK_MIN_TASKS", chunk_min)
+    products = []
+    times = spread.SpreadServer.spread_box_times
+    monkeypatch.setattr(spread.SpreadServer, "spread_box_times", lambda self, v: products.append(1) or times(self, v))
+    a, b = box_fits(loss, 200, (False, True), monkeypatch, chunked=True)
+    assert len(products) > 100                                   # the spread ran (hundreds of products)
+    assert all(a.wsteps["converged"]) and all(b.wsteps["converged"])      # every W-step certified
+    assert b.W.tobytes() == a.W.tobytes()
+    for key in ("round", "primal", "dual", "step"):
+        assert np.asarray(b.history[key]).tobytes() == np.asarray(a.history[key]).tobytes(), key
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic"])
+def test_spread_box_steps_agree_with_today_s_rank_0_path(loss, monkeypatch):
+    """Against rank 0's path as it is (Sigma's products in one BLAS call: other roundings), both certified.  The
+    logistic loss takes the same rounds, gaps to 1e-9 of the primal; the hinge loss's projected Newton-CG flips a
+    decision on a 1e-16 difference in its fourth round (the duals 2e-8 apart there, after 1e-16 in the third),
+    after which the two runs follow their own trajectories, each W-step certified (27 and 30 rounds)."""
+    a, b = box_fits(loss, 200, (False, True), monkeypatch)
+    assert all(a.wsteps["converged"]) and all(b.wsteps["converged"])      # every W-step certified
+    for res in (a, b):
+        h = res.history
+        assert np.all(np.asarray(h["primal"]) >= np.asarray(h["dual"]) - 1e-12 * np.abs(h["primal"]))
+        assert h["rel_gap"][-1] <= 1e-8
+    pa, pb = np.asarray(a.history["primal"]), np.asarray(b.history["primal"])
+    assert_allclose(b.history["dual"][:3], a.history["dual"][:3], rtol=1e-13)
+    # the last W-step's primal: its Sigma comes from W-steps certified at 1e-8 on other trajectories (2e-6 measured)
+    assert_allclose(pb[-1], pa[-1], rtol=1e-5)
+    if loss == "logistic":
+        assert np.array_equal(a.history["round"], b.history["round"])
+        assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-9 * np.abs(pa).max())
+        assert_allclose(b.W, a.W, rtol=0, atol=1e-6 * np.abs(a.W).max())
 
 
 def test_a_graph_kernel_held_sparse_is_not_spread(tmp_path):
@@ -143,8 +203,9 @@ def test_a_graph_kernel_held_sparse_is_not_spread(tmp_path):
     assert bool(res["model"]["converged"])
 
 
-def many_tasks_file(directory, m=512):
-    """``m`` related tasks of 6-9 rows and 5 features (as tests/test_rank_counts.py's many-tasks case)."""
+def many_tasks_file(directory, m=512, labels=False):
+    """``m`` related tasks of 6-9 rows and 5 features (as tests/test_rank_counts.py's many-tasks case); ``labels``:
+    the targets' signs (+-1, the box losses')."""
     rng = np.random.default_rng(35)
     centers = rng.normal(size=(4, 5))
     Xs, ys = [], []
@@ -152,7 +213,9 @@ def many_tasks_file(directory, m=512):
         X = rng.normal(size=(int(rng.integers(6, 10)), 5))
         ys.append(X @ (centers[t % 4] + 0.3 * rng.normal(size=5)) + 0.3 * rng.normal(size=X.shape[0]))
         Xs.append(X)
-    path = os.path.join(directory, "many.h5")
+    if labels:
+        ys = [np.where(y > 0, 1.0, -1.0) for y in ys]
+    path = os.path.join(directory, "many-labels.h5" if labels else "many.h5")
     store.write_tasks(path, Xs, ys, names=[f"t{i}" for i in range(m)])
     return path
 
