@@ -263,6 +263,36 @@ def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("loss", ["hinge", "logistic"])
+def test_box_spread_keeps_the_bits_on_a_rank_without_a_chunk_and_on_crowded_ranks(loss, tmp_path):
+    """The box losses' spread products: 512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then
+    has no chunk), and at P = 4 with sleeping waits (rank 0 computes every chunk itself): the same bits, and the
+    box commands really ran on the ranks (more bytes than rank 0 alone for the same rounds)."""
+    path = many_tasks_file(str(tmp_path), labels=True)
+    driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
+              "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
+    results = {}
+    for P, wait in ((1, "auto"), (2, "spin"), (4, "spin"), (4, "sleep")):
+        out = tmp_path / f"p{P}{wait}.h5"
+        cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", path,
+               "--out", str(out), "--loss", loss, "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
+               "--outer-tol", "0", "--quiet", "--force"]
+        env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
+        env["HPCMTL_MPI_WAIT"] = wait
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        results[P if wait != "sleep" else "local"] = store.read_result(out)
+    assert all(results[1]["wsteps"]["converged"])
+    spread_bytes, local_bytes = results[4]["history"]["bytes"][-1], results["local"]["history"]["bytes"][-1]
+    assert local_bytes < spread_bytes, (local_bytes, spread_bytes)
+    for P in (2, 4, "local"):
+        for key in ("W", "sigma_V", "sigma_s"):
+            assert results[P]["model"][key].tobytes() == results[1]["model"][key].tobytes(), (P, key)
+        for key in ("round", "primal", "dual", "step"):
+            assert results[P]["history"][key].tobytes() == results[1]["history"][key].tobytes(), (P, key)
+
+
+@pytest.mark.mpi
 def test_a_lam_grid_with_the_spread_is_the_lam_grid_without(tmp_path):
     """A lam grid by cross-validation (fold fits and the refit, each point's lam) at P = 2, the spread on and off,
     CG to its residual: the same choice, and scores and W within the fits' tolerance (each W-step stops at a gap of
