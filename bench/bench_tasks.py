@@ -38,6 +38,8 @@ it, and the CPU seconds of its GRADIENT_TERMS are printed, ``--gradient-batch-mi
 :data:`hpcmtl.dmtrl.joint.GRADIENT_BATCH_MIN_BLOCKS`: a huge number, one kernel call a block as before;
 ``--gradient-compare``: every GRADIENT_TERMS computed both ways in turn, checked equal, the median CPU seconds
 of each and their ratio printed).
+``--loss`` (default squared): hinge, smoothed-hinge or logistic train the same rows with the signs of their
+targets as labels; ``CG/round`` is then the box step's products of A a coupled round (rank 0's or spread).
 ``--read N`` instead times reading the first N tasks of each ``--tasks`` file (CPU seconds a task of
 ``TaskFile.read_block`` and ``task_means``: the load and the intercepts' means, outside the rounds) in the
 group layout and the packed one, and their ratio.
