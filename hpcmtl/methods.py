@@ -370,14 +370,15 @@ def read_sigma(path):
         if not isinstance(Sigma, np.ndarray) or Sigma.dtype.kind not in "biuf" or Sigma.ndim != 2:
             raise InputError(f"{path}: --sigma must be a 2-D array of real numbers (m x m)")
         return Sigma
-    from .covariance import as_dense, is_graph, model_sigma
+    from .covariance import model_sigma
+    from .dmtrl.sigma import fixed_form
     Sigma = model_sigma(store.read_result(path)["model"], path)
     if Sigma is None:
         raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
                          f"learns one, or a .npy file")
-    if is_graph(Sigma):           # a graph kernel of many tasks stays sparse (docs/many-tasks.md)
-        return Sigma
-    return as_dense(Sigma)        # a learned Sigma's factors: dense arithmetic (docs/many-tasks.md)
+    # a graph kernel of many tasks stays sparse; a learned Sigma's factors stay factors from FACTORED_MIN_TASKS
+    # tasks on, dense below (docs/many-tasks.md)
+    return fixed_form(Sigma)
 
 
 def online_config(args):
@@ -401,7 +402,12 @@ def online_config(args):
 def fixed_sigma(run):
     """A fixed task covariance from --sigma where the config's relationship is fixed."""
     if getattr(run.config, "relationship", None) == "fixed":
-        run.sigma = read_sigma(run.args.sigma)
+        from .dmtrl import check_sigma
+        sigma = read_sigma(run.args.sigma)
+        try:                      # checked here, on every rank, so that the one-line error names the file
+            run.sigma = check_sigma(sigma, run.source.n_tasks)
+        except InputError as exc:
+            raise InputError(f"{run.args.sigma}: {exc}") from None
 
 
 def graph_sigma(run):
