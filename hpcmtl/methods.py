@@ -118,8 +118,9 @@ def train_option_groups():
             param("--outer"),
             param("--outer-tol", type=float),          # its range is the config's check, as it always was
             (("--sigma",), dict(metavar="SIGMA", methods=("fixed", "ssdca", "mtrl-central"),
-                                help="the task covariance, from a result file (/model/Sigma) or a .npy file "
-                                     "(required for fixed)")),
+                                help="the task covariance, from a result file (/model/Sigma, or its factors: "
+                                     "kept from 512 tasks on), a .npy file, or a sparse precision Sigma^-1 in a "
+                                     "scipy.sparse .npz file (required for fixed)")),
         ]),
         ("lam (l1inf: the radius) chosen by validation (one job, warm-started)",
          DISTRIBUTED_SDCA + ("l1inf",), [
@@ -354,12 +355,25 @@ def parse_radii(text):
 
 
 def read_sigma(path):
-    """A task covariance from a result file (/model/Sigma) or a .npy file."""
+    """A task covariance from a result file (/model/Sigma), a .npy file, or a sparse precision ``Sigma^-1`` in a
+    scipy.sparse .npz file (:func:`hpcmtl.task_graph.precision_covariance`: held sparse)."""
     import numpy as np
 
     from . import store
     if path is None:
-        raise InputError("method 'fixed' needs --sigma RESULT.h5 or --sigma SIGMA.npy")
+        raise InputError("method 'fixed' needs --sigma RESULT.h5, --sigma SIGMA.npy or --sigma PRECISION.npz")
+    if path.endswith(".npz"):
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+        import zipfile
+
+        import scipy.sparse
+        from .task_graph import precision_covariance
+        try:
+            Q = scipy.sparse.load_npz(path)
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{path}: not a scipy.sparse .npz precision (scipy.sparse.save_npz): {exc}") from None
+        return precision_covariance(Q, what=path)
     if path.endswith(".npy"):
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
