@@ -11,7 +11,8 @@ through the Python API on one process (P = 1), each case in a child process of i
 
 * ``read s``: CPU seconds to read and check Sigma (dense: the m x m matrix and check_sigma's eigensolve);
 * ``round s``: the median CPU seconds of a coupled round (``Server.round_steps``: the workers' local steps, the step
-  problem, ``W = B Sigma / lam``), and of its server part alone (``StepSolver.take_steps`` + ``recompute_w``);
+  problem, ``W = B Sigma / lam``), and of its server part alone (``StepSolver.take_steps`` + ``recompute_w``, or
+  ``spread_steps`` by task chunks from ``spread.SPREAD_MIN_TASKS`` tasks on with factors);
 * ``peak MB``: the process's peak RSS, and above the data (its RSS once the tasks are generated);
 * the rounds run (``--max-rounds``, tol 1e-12: every round a coupled one) and the last relative gap.
 
@@ -38,7 +39,7 @@ def child(m, path, d, rank, max_rounds, lam, seed=35):
     from hpcmtl import store
     from hpcmtl.cluster import Cluster
     from hpcmtl.covariance import SigmaFactors, as_dense
-    from hpcmtl.dmtrl import DMTRLConfig, check_sigma, server, steps, train
+    from hpcmtl.dmtrl import DMTRLConfig, check_sigma, server, spread, steps, train
     from hpcmtl.dmtrl.sigma import omega_factors
     from hpcmtl.engine import one_blas_thread
     from hpcmtl.estimators import MemoryTasks
@@ -63,26 +64,33 @@ def child(m, path, d, rank, max_rounds, lam, seed=35):
             Sigma = check_sigma(Sigma, m)
         read = time.process_time() - start
 
-    rounds, serverside, recompute = [], [], []
+    rounds, server_part, inside = [], [], [0.0]
 
-    def wrap(owner, name, sink):
+    def wrap(owner, name, sink=None):
+        """Time ``owner.name``: a round's CPU into ``sink``; the server's algebra (sink None) summed over the round."""
         original = getattr(owner, name)
 
         def timed(self, *args, **kwargs):
+            if sink is not None:
+                inside[0] = 0.0
             start = time.process_time()
             out = original(self, *args, **kwargs)
-            sink.append(time.process_time() - start)
+            if sink is None:
+                inside[0] += time.process_time() - start
+            else:
+                sink.append(time.process_time() - start)
+                server_part.append(inside[0])
             return out
         setattr(owner, name, timed)
     wrap(server.Server, "round_steps", rounds)
-    wrap(steps.StepSolver, "take_steps", serverside)
-    wrap(server.Server, "recompute_w", recompute)
+    wrap(steps.StepSolver, "take_steps")           # the step problem on rank 0
+    wrap(spread.SpreadServer, "spread_steps")      # or by task chunks (from 4096 tasks: W included)
+    wrap(server.Server, "recompute_w")
     config = DMTRLConfig(loss="squared", lam=lam, relationship="fixed", tol=1e-12, max_rounds=max_rounds,
                          fit_intercept=False)
     start = time.process_time()
     r = train(Cluster.serial(), MemoryTasks(Xs, ys), config, sigma_fixed=Sigma, warn=lambda msg: None)
     total = time.process_time() - start
-    server_part = [a + b for a, b in zip(serverside, recompute[-len(serverside):])]
     print(json.dumps(dict(m=m, path=path, read_cpu=read, round_cpu=statistics.median(rounds) if rounds else None,
                           server_cpu=statistics.median(server_part) if server_part else None, train_cpu=total,
                           rounds=len(rounds), rel_gap=float(r.history["rel_gap"][-1]),
