@@ -612,6 +612,12 @@ def check_fixed_factors(resume):
         given = store.read_result(data[2])["model"]
         for _, key in FACTORS:
             assert ref["model"][key].tobytes() == given[key].tobytes(), key
+        # report (it reads Sigma as factors; its correlation plot is a learned Sigma's) and evaluate read the file
+        result = tmp_path / f"p{min(runs)}.h5"
+        r = run_hpcmtl(["report", result, "--out", tmp_path / "report"])
+        assert r.returncode == 0 and os.path.getsize(tmp_path / "report" / "gap.png") > 0, r.stderr
+        r = run_hpcmtl(["evaluate", result, args(data, "x")[5]])          # on its training file
+        assert r.returncode == 0 and "tasks" in r.stdout, r.stderr
         if resume:
             out = tmp_path / "r.h5"
             kill = int(ref["history"]["round"][-1]) // 2 + 1
