@@ -58,7 +58,7 @@ def data_signature(source) -> str:
 
 
 def sigma_signature(sigma) -> str | None:
-    if sigma is not None and hasattr(sigma, "signature_bytes"):       # a graph kernel held sparse: its arrays
+    if sigma is not None and hasattr(sigma, "signature_bytes"):       # a graph kernel or factors: their arrays
         return hashlib.sha256(sigma.signature_bytes()).hexdigest()
     return None if sigma is None else hashlib.sha256(np.ascontiguousarray(sigma, dtype=np.float64).tobytes()).hexdigest()
 

@@ -136,6 +136,11 @@ class SigmaFactors(NamedTuple):
         """The factors as file arrays (:meth:`from_arrays` reads them back bit for bit)."""
         return {"sigma_V": self.V, "sigma_s": self.s, "sigma_c": np.array(self.c)}
 
+    def signature_bytes(self):
+        """The bytes that identify this Sigma (a checkpoint's must-match key of a fixed Sigma): the factors,
+        O(m r), not the m x m matrix they stand for."""
+        return b"".join(np.ascontiguousarray(v, dtype=np.float64).tobytes() for v in (self.V, self.s, [self.c]))
+
     @classmethod
     def from_arrays(cls, arrays, path="checkpoint", where="state", m=None):
         """The factors of a checkpoint's (``where='state'``) or a result file's (``'model'``) arrays; None when

@@ -238,7 +238,10 @@ class DMTRL(_MultiTaskLinear):
     Parameters mirror :class:`hpcmtl.dmtrl.DMTRLConfig` (``aggregation='safe'``:
     paper 001's Lemma 6.7 rho; ``fit_intercept``: per-task intercepts, exact and
     unpenalized for the squared loss, liblinear's augmented feature of value
-    ``intercept_scaling`` otherwise).  Fitted attributes: ``W_`` (d x m), ``intercept_`` (m), ``Sigma_``
+    ``intercept_scaling`` otherwise).  ``sigma`` (``relationship='fixed'``): an m x m array, a learned fit's
+    ``Sigma_`` as :class:`hpcmtl.covariance.SigmaFactors` (kept as factors from ``FACTORED_MIN_TASKS`` tasks on,
+    its dense matrix below) or a :class:`hpcmtl.covariance.GraphSigma`.
+    Fitted attributes: ``W_`` (d x m), ``intercept_`` (m), ``Sigma_``
     (m x m; a learned Sigma of many tasks, from ``hpcmtl.dmtrl.sigma.FACTORED_MIN_TASKS`` = 512 on, its
     :class:`hpcmtl.covariance.SigmaFactors` ``(V, s, c)``: ``Sigma = V diag(s) V^T + c (I - V V^T)``, with
     ``.diag()``, ``.matmul(X)``, ``.rows(idx)``, ``.correlation(idx)`` and ``.dense()``), ``history_`` (dict of arrays), ``tasks_`` (task ids in column

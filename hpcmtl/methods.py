@@ -118,8 +118,9 @@ def train_option_groups():
             param("--outer"),
             param("--outer-tol", type=float),          # its range is the config's check, as it always was
             (("--sigma",), dict(metavar="SIGMA", methods=("fixed", "ssdca", "mtrl-central"),
-                                help="the task covariance, from a result file (/model/Sigma) or a .npy file "
-                                     "(required for fixed)")),
+                                help="the task covariance, from a result file (/model/Sigma, or its factors: "
+                                     "kept from 512 tasks on), a .npy file, or a sparse precision Sigma^-1 in a "
+                                     "scipy.sparse .npz file (required for fixed)")),
         ]),
         ("lam (l1inf: the radius) chosen by validation (one job, warm-started)",
          DISTRIBUTED_SDCA + ("l1inf",), [
@@ -354,12 +355,25 @@ def parse_radii(text):
 
 
 def read_sigma(path):
-    """A task covariance from a result file (/model/Sigma) or a .npy file."""
+    """A task covariance from a result file (/model/Sigma), a .npy file, or a sparse precision ``Sigma^-1`` in a
+    scipy.sparse .npz file (:func:`hpcmtl.task_graph.precision_covariance`: held sparse)."""
     import numpy as np
 
     from . import store
     if path is None:
-        raise InputError("method 'fixed' needs --sigma RESULT.h5 or --sigma SIGMA.npy")
+        raise InputError("method 'fixed' needs --sigma RESULT.h5, --sigma SIGMA.npy or --sigma PRECISION.npz")
+    if path.endswith(".npz"):
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+        import zipfile
+
+        import scipy.sparse
+        from .task_graph import precision_covariance
+        try:
+            Q = scipy.sparse.load_npz(path)
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{path}: not a scipy.sparse .npz precision (scipy.sparse.save_npz): {exc}") from None
+        return precision_covariance(Q, what=path)
     if path.endswith(".npy"):
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
@@ -370,14 +384,15 @@ def read_sigma(path):
         if not isinstance(Sigma, np.ndarray) or Sigma.dtype.kind not in "biuf" or Sigma.ndim != 2:
             raise InputError(f"{path}: --sigma must be a 2-D array of real numbers (m x m)")
         return Sigma
-    from .covariance import as_dense, is_graph, model_sigma
+    from .covariance import model_sigma
+    from .dmtrl.sigma import fixed_form
     Sigma = model_sigma(store.read_result(path)["model"], path)
     if Sigma is None:
         raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
                          f"learns one, or a .npy file")
-    if is_graph(Sigma):           # a graph kernel of many tasks stays sparse (docs/many-tasks.md)
-        return Sigma
-    return as_dense(Sigma)        # a learned Sigma's factors: dense arithmetic (docs/many-tasks.md)
+    # a graph kernel of many tasks stays sparse; a learned Sigma's factors stay factors from FACTORED_MIN_TASKS
+    # tasks on, dense below (docs/many-tasks.md)
+    return fixed_form(Sigma)
 
 
 def online_config(args):
@@ -401,7 +416,12 @@ def online_config(args):
 def fixed_sigma(run):
     """A fixed task covariance from --sigma where the config's relationship is fixed."""
     if getattr(run.config, "relationship", None) == "fixed":
-        run.sigma = read_sigma(run.args.sigma)
+        from .dmtrl import check_sigma
+        sigma = read_sigma(run.args.sigma)
+        try:                      # checked here, on every rank, so that the one-line error names the file
+            run.sigma = check_sigma(sigma, run.source.n_tasks)
+        except InputError as exc:
+            raise InputError(f"{run.args.sigma}: {exc}") from None
 
 
 def graph_sigma(run):

@@ -247,3 +247,66 @@ def export_gram(path, X, tasks, K, kernel="rbf", **kernel_params):
     G = product_gram(X, tasks, K, kernel, **kernel_params)
     np.save(path, G)
     return G
+
+
+# a user's sparse precision (`train fixed --sigma OMEGA.npz`): entries this close to symmetric, row sums this close
+# below zero, relative to the largest |entry| of the row or matrix, are rounding (taken as symmetric, as zero)
+PRECISION_RTOL = 1e-12
+
+
+def precision_covariance(Q, what="precision"):
+    """``Sigma = Q^-1`` for a user's sparse precision Q (m x m, scipy.sparse), held as a :class:`GraphSigma`
+    (unnormalized: ``K_hat = Q^-1`` itself), or a one-line InputError starting with ``what``.
+
+    GraphSigma holds ``Q = L + diag(alpha)``, a weighted graph Laplacian plus a diagonal ``alpha >= 0``, and relies
+    on it: ``Q^-1 >= 0`` entrywise (Q an M-matrix), so ``|Sigma| x = Sigma x`` (Lemma 6.7's rho, 'safe' and
+    'adaptive'); a result file and a checkpoint store it as the graph and alpha.  So exactly those Q are taken:
+    square, finite, symmetric, off-diagonal entries <= 0 (``A = -offdiag(Q)`` the weights), row sums >= 0
+    (``alpha = Q 1``), and positive definite: for such Q, when every connected component of the graph has a row of
+    positive sum (O(m + nnz), no factorization).  A symmetric positive definite Q with a positive off-diagonal
+    entry (``Q^-1`` may have negative entries) or a negative row sum is refused."""
+    if not scipy.sparse.issparse(Q) or Q.ndim != 2:
+        raise InputError(f"{what}: not a scipy.sparse matrix (write it with scipy.sparse.save_npz)")
+    if Q.shape[0] != Q.shape[1]:
+        raise InputError(f"{what}: the precision is {Q.shape[0]} x {Q.shape[1]}, not square")
+    Q = scipy.sparse.csr_matrix(Q, dtype=np.float64)
+    Q.sum_duplicates()
+    m = Q.shape[0]
+    if not np.all(np.isfinite(Q.data)):
+        raise InputError(f"{what}: the precision has entries that are not finite")
+    top = float(np.max(np.abs(Q.data))) if Q.nnz else 0.0
+    asym = abs(Q - Q.T)
+    if asym.nnz and asym.max() > PRECISION_RTOL * top:
+        i, j = (int(v[0]) for v in (asym > PRECISION_RTOL * top).nonzero())
+        raise InputError(f"{what}: the precision is not symmetric: entry ({i}, {j}) is {float(Q[i, j])!r}, "
+                         f"({j}, {i}) is {float(Q[j, i])!r}")
+    Q = (0.5 * (Q + Q.T)).tocsr()
+    diag = Q.diagonal()
+    if np.any(diag <= 0):
+        i = int(np.flatnonzero(diag <= 0)[0])
+        raise InputError(f"{what}: the precision is not positive definite: its diagonal entry {i} is "
+                         f"{float(diag[i])!r}")
+    off = Q - scipy.sparse.diags(diag)
+    off.eliminate_zeros()
+    if off.nnz and off.max() > 0:
+        i, j = (int(v[0]) for v in (off > 0).nonzero())
+        raise InputError(f"{what}: the precision has a positive off-diagonal entry ({i}, {j}) = {float(Q[i, j])!r}: "
+                         f"supported are graph precisions L + diag(alpha), off-diagonal entries <= 0 and row sums "
+                         f">= 0, whose inverse is >= 0 entrywise (docs/many-tasks.md)")
+    A = (-off).tocsr()
+    alpha = diag - np.asarray(A.sum(axis=1)).reshape(-1)            # Q's row sums
+    scale = np.maximum(diag, A.max(axis=1).toarray().reshape(-1))
+    if np.any(alpha < -PRECISION_RTOL * scale):
+        i = int(np.flatnonzero(alpha < -PRECISION_RTOL * scale)[0])
+        raise InputError(f"{what}: the precision's row {i} sums to {float(alpha[i])!r} < 0: supported are graph "
+                         f"precisions L + diag(alpha), off-diagonal entries <= 0 and row sums >= 0 "
+                         f"(docs/many-tasks.md)")
+    alpha = np.where(alpha > PRECISION_RTOL * scale, alpha, 0.0)     # a Laplacian's row: zero to rounding
+    n_comp, labels = scipy.sparse.csgraph.connected_components(A, directed=False)
+    positive = np.bincount(labels, weights=(alpha > 0).astype(np.float64), minlength=n_comp)
+    for c in np.flatnonzero(positive == 0)[:1]:
+        members = np.flatnonzero(labels == c)
+        shown = ", ".join(str(i) for i in members[:6]) + (", ..." if members.size > 6 else "")
+        raise InputError(f"{what}: the precision is not positive definite (singular): the rows of the connected "
+                         f"tasks {{{shown}}} sum to 0")
+    return GraphSigma(A, alpha, normalize=False, what=what)

@@ -182,6 +182,17 @@ def many_tasks(directory):
     return paths
 
 
+def many_tasks_fixed(directory):
+    """many_tasks and a learned result's file of its 512 tasks (Sigma's factors, rank 4) for `train fixed --sigma`."""
+    from hpcmtl.dmtrl.sigma import omega_factors
+    paths = many_tasks(directory)
+    rng = np.random.default_rng(36)
+    W = rng.normal(size=(512, 4)) @ rng.normal(size=(4, 5))
+    sigma = os.path.join(directory, "learned.h5")
+    store.write_result(sigma, W.T, omega_factors(W, 1e-3), {"round": np.arange(2)}, {}, 1, "test")
+    return paths + (sigma,)
+
+
 # -- command lines -------------------------------------------------------------------------------------------
 def aggregation_args(loss):
     def args(tr, out):
@@ -262,6 +273,14 @@ def sparse_graph_args(paths, out, *extra):
     """train graph over 512 tasks: from task_graph.SPARSE_GRAPH_MIN_TASKS on, the kernel is held sparse."""
     return ["train", "graph", "--graph", "grid 16x32", "--alpha", "0.05", "--train", paths[0], "--out", out,
             "--loss", "squared", "--lam", "1e-2", "--tol", "1e-8", "--quiet", "--force", *extra]
+
+
+def fixed_factors_args(loss):
+    """train fixed --sigma LEARNED.h5 over 512 tasks: from dmtrl.sigma.FACTORED_MIN_TASKS on, the factors are kept."""
+    def args(paths, out, *extra):
+        return ["train", "fixed", "--sigma", paths[2], "--train", paths[loss == "hinge"], "--out", out, "--loss", loss,
+                "--lam", "1e-2", "--tol", "1e-8", "--quiet", "--force", *extra]
+    return args
 
 
 def accelerated_args(tr, out, *extra):
@@ -584,6 +603,32 @@ def check_sparse_graph(runs, data, args, tmp_path):
     assert "Sigma" not in ck["arrays"] and ck["arrays"]["graph_alpha"].shape == (512,)
 
 
+def check_fixed_factors(resume):
+    def check(runs, data, args, tmp_path):
+        """The result file holds the given factors bit for bit (no m x m array); a resume is bitwise."""
+        ref = converged(runs)
+        assert_certified_ascent(ref["history"])
+        assert "Sigma" not in ref["model"]
+        given = store.read_result(data[2])["model"]
+        for _, key in FACTORS:
+            assert ref["model"][key].tobytes() == given[key].tobytes(), key
+        # report (it reads Sigma as factors; its correlation plot is a learned Sigma's) and evaluate read the file
+        result = tmp_path / f"p{min(runs)}.h5"
+        r = run_hpcmtl(["report", result, "--out", tmp_path / "report"])
+        assert r.returncode == 0 and os.path.getsize(tmp_path / "report" / "gap.png") > 0, r.stderr
+        r = run_hpcmtl(["evaluate", result, args(data, "x")[5]])          # on its training file
+        assert r.returncode == 0 and "tasks" in r.stdout, r.stderr
+        if resume:
+            out = tmp_path / "r.h5"
+            kill = int(ref["history"]["round"][-1]) // 2 + 1
+            res = assert_resume_is_bitwise(args(data, out, "--checkpoint-every", "2"), out, ref, kill,
+                                           kill - 2 + kill % 2)
+            ck = store.read_checkpoint(str(out) + ".checkpoint.h5")
+            assert "Sigma" not in ck["arrays"] and ck["arrays"]["sigma_V"].tobytes() == given["sigma_V"].tobytes()
+            assert res["model"]["sigma_V"].tobytes() == given["sigma_V"].tobytes()
+    return check
+
+
 CASES = {
     "dmtrl hinge": Case(synth_with_test, mpi_args, check_mpi, timeout=240,
                         compare=MODEL + (("history", "primal"),)),
@@ -608,6 +653,12 @@ CASES = {
                                               counts=(1, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "graph kernel held sparse, many tasks": Case(many_tasks, sparse_graph_args, check_sparse_graph, counts=(1, 2, 3),
                                                  compare=(("model", "W"),) + GRAPH + HISTORY),
+    "fixed factored Sigma, many tasks, squared": Case(many_tasks_fixed, fixed_factors_args("squared"),
+                                                      check_fixed_factors(True), counts=(1, 2, 3),
+                                                      compare=(("model", "W"),) + FACTORS + HISTORY),
+    "fixed factored Sigma, many tasks, hinge": Case(many_tasks_fixed, fixed_factors_args("hinge"),
+                                                    check_fixed_factors(False), counts=(1, 3),
+                                                    compare=(("model", "W"),) + FACTORS + HISTORY),
     "accelerated outer step": Case(SYNTH_AGGREGATION, accelerated_args, check_accelerated, counts=(1, 2, 3),
                                    compare=MODEL + HISTORY + (("wsteps", "joint_primal"), ("wsteps", "joint_dual"),
                                                               ("wsteps", "apg_iterations"))),

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import engine
 from ..checkpoint import BlockState, block_payloads
-from ..covariance import GraphSigma, SigmaFactors, as_dense, covariance_from_arrays, diagonal, is_factored
+from ..covariance import SigmaFactors, as_dense, covariance_from_arrays, diagonal, is_factored
 from ..engine import ServerBase, check_finite_rows
 from ..errors import InputError
 from ..losses import get_loss
@@ -49,8 +49,8 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         # self.Sigma: the m x m array, or, a learned Sigma of many tasks, its SigmaFactors (sigma.omega_factors)
         # and never the m x m array (10^4 tasks: 800 MB).  I / m is factored too (r = 0): the first W-step's
         # rounds then need no m x m matrix either
-        if config.relationship == "fixed":       # a graph kernel of many tasks stays sparse (GraphSigma)
-            self.Sigma = sigma_fixed if isinstance(sigma_fixed, GraphSigma) else np.array(sigma_fixed, dtype=np.float64)
+        if config.relationship == "fixed":       # a graph kernel of many tasks stays sparse, factors stay factors
+            self.Sigma = sigma_fixed if is_factored(sigma_fixed) else np.array(sigma_fixed, dtype=np.float64)
         elif self.m >= sigma_rules.FACTORED_MIN_TASKS:
             self.Sigma = SigmaFactors(np.zeros((self.m, 0)), np.zeros(0), 1.0 / self.m)
         else:

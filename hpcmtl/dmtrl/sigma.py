@@ -150,6 +150,34 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     return np.clip(s, 0.5, 1.0)
 
 
+def fixed_form(Sigma):
+    """How a fixed Sigma given as :class:`SigmaFactors` (a learned result's, ``train fixed --sigma RESULT.h5``) is
+    held: as its factors from :data:`FACTORED_MIN_TASKS` tasks on (the server's O(m d r) path, no m x m array),
+    as the dense matrix below (the arithmetic and bits of before, as a learned Sigma there).  Anything else as
+    given (a dense matrix stays dense at any m: the user's own array)."""
+    if isinstance(Sigma, SigmaFactors) and Sigma.m < FACTORED_MIN_TASKS:
+        return Sigma.dense()
+    return Sigma
+
+
+ORTHONORMAL_TOL = 1e-8      # |V^T V - I| at most this: a thin SVD's U is orthonormal to about m eps
+
+
+def check_factors(F: SigmaFactors, m) -> SigmaFactors:
+    """Factors given as a fixed Sigma: m tasks, finite, ``s > c > 0`` and V orthonormal, so that
+    ``V diag(s) V^T + c (I - V V^T)`` is symmetric positive definite (O(m r^2), no m x m array)."""
+    V, s, c = F
+    r = s.size
+    if V.ndim != 2 or V.shape != (m, r):
+        raise InputError(f"task covariance Sigma's factors (sigma_V {V.shape}) are for {V.shape[0]} tasks, "
+                         f"the data has {m} tasks")
+    if not (np.all(np.isfinite(V)) and np.all(np.isfinite(s)) and np.isfinite(c) and c > 0 and np.all(s > c)):
+        raise InputError("task covariance Sigma's factors must be finite with sigma_s > sigma_c > 0")
+    if r and np.abs(V.T @ V - np.eye(r)).max() > ORTHONORMAL_TOL:
+        raise InputError("task covariance Sigma's factors: the columns of sigma_V must be orthonormal")
+    return F
+
+
 # the arrays check_sigma returned, read-only (by id; the weak value tells a reused id from the array): a grid
 # gives its every fit the Sigma it checked once, and the m x m eigensolve of a check a fit was a quarter of a
 # fixed-Sigma path's CPU at 300 tasks (issue 39)
@@ -164,8 +192,11 @@ def check_sigma(Sigma, m):
         raise InputError("relationship 'fixed' needs a task covariance Sigma")
     if isinstance(Sigma, GraphSigma):         # positive definite by construction (task_graph.check_graph)
         if Sigma.m != m:
-            raise InputError(f"the task graph has {Sigma.m} tasks, the data has {m}")
+            raise InputError(f"the task graph (Sigma's sparse precision) has {Sigma.m} tasks, the data has {m}")
         return Sigma
+    Sigma = fixed_form(Sigma)
+    if isinstance(Sigma, SigmaFactors):
+        return check_factors(Sigma, m)
     if _CHECKED.get(id(Sigma)) is Sigma and not Sigma.flags.writeable and Sigma.shape == (m, m):
         return Sigma
     Sigma = np.asarray(Sigma, dtype=np.float64)
