@@ -736,3 +736,37 @@ def test_the_dual_phase_gives_way_while_the_w_steps_own_bounds_close_the_gap():
     primal = mtrl_objective(np.asarray(result.W), Xs, ys, lam, "hinge")
     assert primal == pytest.approx(steps["joint_primal"][-1], rel=1e-9)
     assert primal <= 0.6049098381 * (1 + 1e-9) and steps["joint_dual"][-1] >= primal * (1 - 2e-4)
+
+
+@pytest.mark.mpi
+def test_a_capped_dual_phase_resumes_bitwise_at_other_rank_counts(tmp_path):
+    """The cap reads the W-steps' own bounds and rounds (in the checkpoint's W-step records): the case above at 2
+    ranks, killed at 3 ranks in the fourth W-step (after the first capped phase) and resumed at 2, is the
+    uninterrupted run bitwise, its phases' lengths and the own bounds included."""
+    from hpcmtl import store
+    from conftest import run_hpcmtl
+    Xs, ys = hinge_tasks(6, 20, 200, 0)
+    data, out, killed = tmp_path / "tasks.h5", tmp_path / "ref.h5", tmp_path / "r.h5"
+    store.write_tasks(str(data), Xs, ys)
+
+    def args(out, *extra):
+        return ["train", "dmtrl", "--train", data, "--out", out, "--loss", "hinge", "--lam", "1e-3", "--no-intercept",
+                "--quiet", "--force", *extra]
+    r = run_hpcmtl(args(out), n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(str(out))
+    steps = ref["wsteps"]
+    assert len(steps["outer"]) == 4 and 0 < steps["apg_iterations"][2] < 400
+    kill = int(steps["round"][2]) + 2
+    run_args = args(killed, "--checkpoint-every", "1")
+    r = run_hpcmtl(run_args, n_ranks=3, timeout=300, env={"HPCMTL_FAULT": f"1:{kill}:kill"})
+    assert r.returncode != 0 and not os.path.exists(killed)
+    ck = store.read_checkpoint(str(killed) + ".checkpoint.h5")
+    assert steps["round"][2] <= ck["counters"]["round"] < kill
+    assert [w["wstep_dual"] for w in ck["counters"]["wsteps"][:3]] == list(steps["wstep_dual"][:3])
+    r = run_hpcmtl(run_args + ["--resume"], n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(str(killed))
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in ("joint_primal", "joint_dual", "wstep_dual", "apg_iterations"):
+        assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key
