@@ -557,6 +557,8 @@ def test_the_hinge_dual_phase_ends_at_the_first_point_that_certifies_outer_tol(m
 
     real = joint.dual_phase
     monkeypatch.setattr(joint, "dual_phase", recording)
+    # the phase uncapped (here the W-steps' own bounds close the gap too: capped, the fourth W-step certifies)
+    monkeypatch.setattr(joint, "CLOSING_WSTEPS", 0)
     Xs, ys = low_rank_tasks(m=6, d=10, n=60, loss="hinge")            # the second W-step's phase certifies
     config = DMTRLConfig(loss="hinge", lam=lam, tol=1e-8, outer=8, outer_tol=tol, fit_intercept=False)
     result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
@@ -679,3 +681,92 @@ def test_a_reuters_subset_certifies_in_half_the_w_steps_with_the_extrapolations(
     assert result.converged and steps["joint_rel_gap"][-1] <= 2e-4
     assert len(steps["outer"]) <= 8 and steps["extrapolation"].any()
     assert np.all(np.diff(steps["joint_primal"]) <= 1e-9 * steps["joint_primal"][0])
+
+
+@pytest.mark.parametrize("gaps,rounds,expect", [
+    ((4.63e-3, 1.755e-3), (20, 25), True),       # MNIST's W-steps 4-5: 0.38x, --outer-tol in about 1.8 more
+    ((1.39e-2, 4.63e-3), (20, 25), True),        # 0.33x: 2.5 more
+    ((1.0e-2, 9.0e-3), (20, 25), False),         # 0.9x: 22 more, the phase keeps its budget
+    ((1.0e-3, 2.0e-3), (20, 25), False),         # the own gap grew
+    ((1.0e-2, 4.0e-4), (20, 21), True),          # within one W-step: one W-step's worth
+    ((1.57e-3, 7.96e-4, 2.76e-4), (140, 163, 186), True),    # Reuters, 500 rows: 0.51x (the slower), not 0.35x
+    ((1.0e-2, 1.0e-2, 1.0e-3), (20, 25, 30), False),         # the ratio before: 1
+])
+def test_the_closing_budget_is_what_the_w_steps_would_take(gaps, rounds, expect):
+    """While the W-steps' own bounds close the joint gap geometrically (ratio q a W-step, the slower of the last two,
+    reaching --outer-tol ``t`` in ``k = log(t / g) / log(q)`` more), the hinge's dual phase may take
+    PHASE_STEPS_PER_ROUND steps for each round of those k W-steps (at this W-step's rounds), at least one W-step's
+    worth; None past CLOSING_WSTEPS, without an earlier own bound or while the gap does not shrink."""
+    from hpcmtl.dmtrl.joint import CLOSING_WSTEPS, PHASE_STEPS_PER_ROUND, closing_budget
+    primal, tol = 1.5 if gaps[0] > 1e-2 or len(gaps) == 2 else 0.183, 2e-4
+    wsteps = [{"joint_primal": primal, "wstep_dual": primal - g, "round": r} for g, r in zip(gaps[:-1], rounds)]
+    wsteps.append({"round": rounds[-1]})
+    got = closing_budget(wsteps, primal, primal - gaps[-1], tol)
+    if not expect:
+        assert got is None
+        return
+    q = max(b / a for a, b in zip(gaps[:-1], gaps[1:]))
+    k = np.log(tol * primal / gaps[-1]) / np.log(q)
+    assert q < 1 and k <= CLOSING_WSTEPS
+    assert got == int(np.ceil(PHASE_STEPS_PER_ROUND * (rounds[-1] - rounds[-2]) * max(k, 1.0)))
+    assert closing_budget(wsteps[-1:], primal, primal - gaps[-1], tol) is None    # no earlier own bound
+
+
+def hinge_tasks(m, d, n, seed, shared=0.7):
+    """m hinge tasks of full task rank (a shared direction plus each task's own): the alternation converges fast."""
+    rng = np.random.default_rng(seed)
+    W = shared * rng.normal(size=d)[:, None] + rng.normal(size=(d, m))
+    Xs = [rng.normal(size=(n, d)) for _ in range(m)]
+    return Xs, [np.where(X @ W[:, i] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0) for i, X in enumerate(Xs)]
+
+
+def test_the_dual_phase_gives_way_while_the_w_steps_own_bounds_close_the_gap():
+    """Six hinge tasks of full task rank, lam 1e-3: each W-step's own alpha closes the joint gap by itself (its
+    bound misses only what the Sigma of the W before it misses), so the dual phases after the third and fourth
+    W-steps are capped at what the W-steps would cost (closing_budget: 135 and 275 steps) and the run certifies in
+    four W-steps; uncapped, the third W-step's phase ran its whole budget (800 steps) without certifying and the
+    fourth W-step certified (measured).  P from the returned W (NumPy) is the recorded P, as low as then."""
+    lam = 1e-3
+    Xs, ys = hinge_tasks(6, 20, 200, 0)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="hinge", lam=lam, fit_intercept=False))
+    steps = result.wsteps
+    assert result.converged and steps["joint_rel_gap"][-1] <= 2e-4
+    assert steps["apg_iterations"][0] == 200 and np.sum(steps["apg_iterations"][1:]) < 500
+    assert np.all(steps["wstep_dual"] <= steps["joint_dual"]) and np.all(steps["wstep_dual"] > 0)
+    primal = mtrl_objective(np.asarray(result.W), Xs, ys, lam, "hinge")
+    assert primal == pytest.approx(steps["joint_primal"][-1], rel=1e-9)
+    assert primal <= 0.6049098381 * (1 + 1e-9) and steps["joint_dual"][-1] >= primal * (1 - 2e-4)
+
+
+@pytest.mark.mpi
+def test_a_capped_dual_phase_resumes_bitwise_at_other_rank_counts(tmp_path):
+    """The cap reads the W-steps' own bounds and rounds (in the checkpoint's W-step records): the case above at 2
+    ranks, killed at 3 ranks in the fourth W-step (after the first capped phase) and resumed at 2, is the
+    uninterrupted run bitwise, its phases' lengths and the own bounds included."""
+    from hpcmtl import store
+    from conftest import run_hpcmtl
+    Xs, ys = hinge_tasks(6, 20, 200, 0)
+    data, out, killed = tmp_path / "tasks.h5", tmp_path / "ref.h5", tmp_path / "r.h5"
+    store.write_tasks(str(data), Xs, ys)
+
+    def args(out, *extra):
+        return ["train", "dmtrl", "--train", data, "--out", out, "--loss", "hinge", "--lam", "1e-3", "--no-intercept",
+                "--quiet", "--force", *extra]
+    r = run_hpcmtl(args(out), n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(str(out))
+    steps = ref["wsteps"]
+    assert len(steps["outer"]) == 4 and 0 < steps["apg_iterations"][2] < 400
+    kill = int(steps["round"][2]) + 2
+    run_args = args(killed, "--checkpoint-every", "1")
+    r = run_hpcmtl(run_args, n_ranks=3, timeout=300, env={"HPCMTL_FAULT": f"1:{kill}:kill"})
+    assert r.returncode != 0 and not os.path.exists(killed)
+    ck = store.read_checkpoint(str(killed) + ".checkpoint.h5")
+    assert steps["round"][2] <= ck["counters"]["round"] < kill
+    assert [w["wstep_dual"] for w in ck["counters"]["wsteps"][:3]] == list(steps["wstep_dual"][:3])
+    r = run_hpcmtl(run_args + ["--resume"], n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(str(killed))
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in ("joint_primal", "joint_dual", "wstep_dual", "apg_iterations"):
+        assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key

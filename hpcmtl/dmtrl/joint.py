@@ -56,6 +56,12 @@ APG_TARGET = 0.5
 # floor's majorizer excess) is lowest, unless no bound lowers P by DUAL_MOVE_SHARE of the joint gap and the last
 # W-step did not either: then the W the dual recovers with the lowest P (hpcmtl.dmtrl.dual_phase)
 DUAL_MOVE_SHARE = 0.03
+# the hinge's dual phase while the W-steps' own bounds close the joint gap by themselves: when the gap of the W-step's
+# own alpha shrank from the W-step before's by a ratio q such that, shrinking on at q, it would reach --outer-tol
+# within CLOSING_WSTEPS more W-steps, the phase gets at most PHASE_STEPS_PER_ROUND steps for each round those
+# W-steps would take (at this W-step's rounds each) and makes no recovered-W move (:func:`closing_budget`)
+CLOSING_WSTEPS = 4
+PHASE_STEPS_PER_ROUND = 3
 # after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
 # halves it again when the quadratic model fails)
 STEP_TRIAL_AFTER = 10
@@ -392,6 +398,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     K = len(wts)
     out = choose(loss_name, steps, norms, sums[:, :K], sums[:, K:], box_max, n, BT, lam)
     best = out.pop("best")
+    out["wstep_dual"] = out["joint_dual"]         # the W-step's own alpha's bound (closing_budget reads it)
     out["extrapolation"] = ts[best - prox_count] if best >= prox_count else 0.0
     chosen = wts[best] if best > 0 else None
     # every earlier W-step's dual bound still bounds P*: the certificate keeps the best one
@@ -435,10 +442,13 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         # the budget grows with the W-steps taken (a phase skipped above still counts: the phases after them
         # start from alphas as good as the W-steps' P, and need the budget of their place in the run)
         phases = len(earlier)
+        budget = min(APG_FIRST * 2 ** phases, APG_MOST)
+        capped = closing_budget(outer_state.wsteps, out["joint_primal"], out["wstep_dual"], outer_tol)
+        if capped is not None and capped < budget:
+            budget, out["dual_capped"] = capped, 1
         # its target is --outer-tol itself: the phase's bounds certify the W-step just ended (the loop then ends on
         # it), unlike the accelerated phase's, whose W needs another W-step and so room below --outer-tol
-        phase = dual_phase(lam, n, dual, out["joint_primal"], min(APG_FIRST * 2 ** phases, APG_MOST), outer_tol,
-                           outer_state.apg_step, stop)
+        phase = dual_phase(lam, n, dual, out["joint_primal"], budget, outer_tol, outer_state.apg_step, stop)
         outer_state.apg_step = phase["step"]
         out["apg_iterations"] = phase["iterations"]
         if phase["dual"] > max(bounds + [out["joint_dual"]]):
@@ -462,7 +472,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         if reverted:
             pick = 0                              # the W before the move, chosen above
         elif (not bound[pick] < out["joint_primal"] - DUAL_MOVE_SHARE * gap and 0 <= progress < DUAL_MOVE_SHARE * gap
-                and not failed and (steps_left is None or steps_left >= 2)):
+                and not failed and not out.get("dual_capped") and (steps_left is None or steps_left >= 2)):
             # no candidate's bound promises a step worth taking and the last W-step lowered P by next to nothing:
             # the alternation has stalled (the floor pins W's task subspace), so the W the dual recovers with the
             # lowest P goes on, bound or not: its Sigma is supported where the dual says the optimum's is, and
@@ -505,6 +515,34 @@ def still_dropping(earlier, primal, dual, outer_tol):
         return False
     drop = earlier[-1]["joint_primal"] - primal
     return bool(np.isfinite(drop) and drop > outer_tol * abs(primal) and drop >= DUAL_MOVE_SHARE * (primal - dual))
+
+
+def closing_budget(wsteps, primal, own, outer_tol):
+    """The hinge's dual phase budget while the W-steps' own bounds close the joint gap, else None.
+
+    ``wsteps``: the outer loop's records, the W-step just ended last (its ``round`` the run's count so far);
+    ``primal``, ``own``: its P and the bound of its own alpha.  The W-step's alpha maximizes the dual at the Sigma
+    of the W before it, and its joint dual misses ``(||B||_2^2 - tr(B Sigma B^T)) / (2 lam)``, which shrinks with
+    the alternation's own steps (MNIST domains, lam 1e-3: the own gap falls 0.26-0.56x a W-step, 4.6e-3 to
+    2.5e-4 in four W-steps of 2-6 rounds, where a phase from the first of them took 870 steps).  With ``g`` this
+    gap, ``q`` the larger of its last two ratios to the W-step before's (the slower: the ratio grows as the
+    alternation converges) and ``t = --outer-tol |P|``, the W-steps would certify in ``k = log(t / g) / log(q)``
+    more; when ``k <= CLOSING_WSTEPS`` the phase is worth at most what they cost: PHASE_STEPS_PER_ROUND steps a
+    round, ``k`` (at least 1) times this W-step's rounds (a phase step is one pass over the rows and the m x m
+    algebra, a round at least one pass and the aggregation's solve)."""
+    earlier = [w for w in wsteps if "joint_primal" in w]
+    gaps = [w["joint_primal"] - w["wstep_dual"] for w in earlier[-2:] if "wstep_dual" in w] + [primal - own]
+    target = outer_tol * abs(primal)
+    if len(gaps) < 2 or not (np.all(np.isfinite(gaps)) and min(gaps) > 0 and target > 0):
+        return None
+    q = max(b / a for a, b in zip(gaps[:-1], gaps[1:]))
+    if not q < 1.0:
+        return None
+    k = max(np.log(target / gaps[-1]) / np.log(q), 0.0)
+    if k > CLOSING_WSTEPS:
+        return None
+    rounds = wsteps[-1].get("round", 0) - earlier[-1].get("round", 0) if wsteps[-1] is not earlier[-1] else 1
+    return int(np.ceil(PHASE_STEPS_PER_ROUND * max(rounds, 1) * max(k, 1.0)))
 
 
 def majorizer_excess(singular, m, lam, floor):

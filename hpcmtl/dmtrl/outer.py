@@ -29,9 +29,10 @@ class OuterState:
 
     KEYS = ("outer", "round", "rel_gap", "converged")
     JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal",
-                  "apg_iterations", "extrapolation")
-    # absent from the W-steps of a checkpoint written before the accelerated phase / the extrapolations: 0 there
-    LATER_KEYS = ("apg_iterations", "extrapolation")
+                  "apg_iterations", "extrapolation", "wstep_dual")
+    # absent from the W-steps of a checkpoint written before the accelerated phase / the extrapolations / the W-step's
+    # own bound (wstep_dual): 0 there
+    LATER_KEYS = ("apg_iterations", "extrapolation", "wstep_dual")
 
     def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None, apg_step=None):
         self.outer = outer                   # the current outer step (0-based: W-step outer + 1 is running)
