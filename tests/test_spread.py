@@ -228,28 +228,28 @@ def test_a_bad_spread_setting_is_one_line_on_every_rank(tmp_path):
     assert "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(r) and "not a whole number" in one_error_line(r)
 
 
-@pytest.mark.mpi
-def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
-    """512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then has no chunk), and at P = 4 with
-    sleeping waits (rank 0 computes every chunk itself): the same bits, and the spread's setting refused alike on
-    every rank of P = 3."""
-    path = many_tasks_file(str(tmp_path))
+def spread_runs(path, loss, runs, tmp_path, timeout):
+    """`train dmtrl` of 512 tasks in 3 chunks of 200 (the last 112), spread from 512 tasks, at each (P, wait) of
+    ``runs``: the result files by P (the sleeping run under "local")."""
     driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
               "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
     results = {}
-    # P = 4 twice: ranks that spin share the chunks, ranks that sleep (as on crowded cores) leave them all to rank 0
-    for P, wait in ((1, "auto"), (2, "auto"), (4, "spin"), (4, "sleep")):
+    for P, wait in runs:
         out = tmp_path / f"p{P}{wait}.h5"
         cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", path,
-               "--out", str(out), "--loss", "squared", "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
+               "--out", str(out), "--loss", loss, "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
                "--outer-tol", "0", "--quiet", "--force"]
         env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
         env["HPCMTL_MPI_WAIT"] = wait
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         assert r.returncode == 0, r.stderr
         results[P if wait != "sleep" else "local"] = store.read_result(out)
-    assert spread.rank_chunks(np.array([0, 200, 400, 512]), 0, 4)[:2] == (0, 0)
-    # rank 0 alone moves no chunk rows: less traffic for the same rounds
+    return results
+
+
+def assert_same_spread_bits(results):
+    """Every run has P = 1's bits, and the spinning P = 4 run moved more than the sleeping one (rank 0 alone moves
+    no chunk rows: less traffic for the same rounds), so the chunks really ran on the ranks."""
     spread_bytes, local_bytes = results[4]["history"]["bytes"][-1], results["local"]["history"]["bytes"][-1]
     assert local_bytes < spread_bytes, (local_bytes, spread_bytes)
     for P in (2, 4, "local"):
@@ -257,6 +257,18 @@ def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
             assert results[P]["model"][key].tobytes() == results[1]["model"][key].tobytes(), (P, key)
         for key in ("round", "primal", "dual", "step"):
             assert results[P]["history"][key].tobytes() == results[1]["history"][key].tobytes(), (P, key)
+
+
+@pytest.mark.mpi
+def test_a_rank_without_a_chunk_keeps_the_bits(tmp_path):
+    """512 tasks in 3 chunks of 200 (the last 112) at P = 1, 2 and 4 (rank 0 then has no chunk), and at P = 4 with
+    sleeping waits (rank 0 computes every chunk itself): the same bits, and the spread's setting refused alike on
+    every rank of P = 3."""
+    path = many_tasks_file(str(tmp_path))
+    # P = 4 twice: ranks that spin share the chunks, ranks that sleep (as on crowded cores) leave them all to rank 0
+    results = spread_runs(path, "squared", ((1, "auto"), (2, "auto"), (4, "spin"), (4, "sleep")), tmp_path, 300)
+    assert spread.rank_chunks(np.array([0, 200, 400, 512]), 0, 4)[:2] == (0, 0)
+    assert_same_spread_bits(results)
     bad = run_hpcmtl(["train", "dmtrl", "--train", path, "--out", tmp_path / "x.h5", "--loss", "squared", "--lam",
                       "1e-2", "--quiet"], n_ranks=3, env={spread.SPREAD_VARIABLE: "1e4"})
     assert bad.returncode == 2 and "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(bad)
@@ -269,27 +281,9 @@ def test_box_spread_keeps_the_bits_on_a_rank_without_a_chunk_and_on_crowded_rank
     has no chunk), and at P = 4 with sleeping waits (rank 0 computes every chunk itself): the same bits, and the
     box commands really ran on the ranks (more bytes than rank 0 alone for the same rounds)."""
     path = many_tasks_file(str(tmp_path), labels=True)
-    driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
-              "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
-    results = {}
-    for P, wait in ((1, "auto"), (2, "spin"), (4, "spin"), (4, "sleep")):
-        out = tmp_path / f"p{P}{wait}.h5"
-        cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", path,
-               "--out", str(out), "--loss", loss, "--lam", "1e-2", "--tol", "1e-6", "--outer", "3",
-               "--outer-tol", "0", "--quiet", "--force"]
-        env = {k: v for k, v in os.environ.items() if k != spread.SPREAD_VARIABLE}
-        env["HPCMTL_MPI_WAIT"] = wait
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        assert r.returncode == 0, r.stderr
-        results[P if wait != "sleep" else "local"] = store.read_result(out)
+    results = spread_runs(path, loss, ((1, "auto"), (2, "spin"), (4, "spin"), (4, "sleep")), tmp_path, 600)
     assert all(results[1]["wsteps"]["converged"])
-    spread_bytes, local_bytes = results[4]["history"]["bytes"][-1], results["local"]["history"]["bytes"][-1]
-    assert local_bytes < spread_bytes, (local_bytes, spread_bytes)
-    for P in (2, 4, "local"):
-        for key in ("W", "sigma_V", "sigma_s"):
-            assert results[P]["model"][key].tobytes() == results[1]["model"][key].tobytes(), (P, key)
-        for key in ("round", "primal", "dual", "step"):
-            assert results[P]["history"][key].tobytes() == results[1]["history"][key].tobytes(), (P, key)
+    assert_same_spread_bits(results)
 
 
 @pytest.mark.mpi

@@ -144,24 +144,8 @@ class ChunkState:
     """One rank's chunks of a round: their rows of dB, dP, B, V and CG's vectors as (2, n) arrays."""
 
     def __init__(self, piece, cached, rank, size):
-        self.rank, self.size = rank, size
-        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
-        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])   # lam: rank 0's (a grid's point, not the config's)
-        pos = 6
-        if has_factors:                                   # a new Sigma: K, c and the chunks' rows of V
-            self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
-            pos += r + 1
-        else:
-            self.K, self.c = cached.K, cached.c
-        bounds = chunk_bounds(m)
-        self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, self.rank, self.size)
-        self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
-        n = t1 - t0
-        if has_factors:
-            self.V = piece[pos:pos + n * r].reshape(n, r).copy()
-            pos += n * r
-        else:
-            self.V = cached.V
+        pos, n, has_rows = self.read_header(piece, cached, rank, size)
+        d = self.d
         self.dB = piece[pos:pos + n * d].reshape(n, d).copy()
         pos += n * d
         if has_rows:                      # B and dP as rank 0 holds them (else as the last round left them here)
@@ -180,6 +164,29 @@ class ChunkState:
         self.p = self.z.copy()
         self.X = self.combine(self.p)
         self.Ap = None
+
+    def read_header(self, piece, cached, rank, size):
+        """The piece's sizes, lam, Sigma's K and c and this rank's chunks' rows of V (the cached ones while Sigma is
+        the same): where the rows that follow start, this rank's task count and whether rank 0 sent B."""
+        self.rank, self.size = rank, size
+        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
+        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])   # lam: rank 0's (a grid's point, not the config's)
+        pos = 6
+        if has_factors:                                   # a new Sigma: K, c and the chunks' rows of V
+            self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
+            pos += r + 1
+        else:
+            self.K, self.c = cached.K, cached.c
+        bounds = chunk_bounds(m)
+        self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, rank, size)
+        self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
+        n = t1 - t0
+        if has_factors:
+            self.V = piece[pos:pos + n * r].reshape(n, r).copy()
+            pos += n * r
+        else:
+            self.V = cached.V
+        return pos, n, bool(has_rows)
 
     def solve(self, r):
         """The block-Jacobi preconditioner (elementwise: the server path's numbers for these tasks)."""
@@ -206,24 +213,8 @@ class BoxChunkState(ChunkState):
     it as the second direction), B, V; rank 0 sends the vectors whose products it wants (``v``)."""
 
     def __init__(self, piece, cached, rank, size):      # (no CG state: rank 0 runs the projected Newton-CG)
-        self.rank, self.size = rank, size
-        m, d, r, has_factors, has_rows = (int(v) for v in piece[:5])
-        self.m, self.d, self.r, self.lam = m, d, r, float(piece[5])
-        pos = 6
-        if has_factors:
-            self.K, self.c = piece[pos:pos + r].copy(), float(piece[pos + r])
-            pos += r + 1
-        else:
-            self.K, self.c = cached.K, cached.c
-        bounds = chunk_bounds(m)
-        self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, rank, size)
-        self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
-        n = t1 - t0
-        if has_factors:
-            self.V = piece[pos:pos + n * r].reshape(n, r).copy()
-            pos += n * r
-        else:
-            self.V = cached.V
+        pos, n, has_rows = self.read_header(piece, cached, rank, size)
+        d = self.d
         rows = piece[pos:pos + 2 * n * d].reshape(2, n, d)
         self.dB, self.dP = rows[0].copy(), rows[1].copy()
         pos += 2 * n * d
@@ -378,27 +369,30 @@ class SpreadServer:
         """Every rank's SPREAD_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, (dP, B rows),
         TASK_SCALARS]``.  V goes when Sigma changed; B and dP unless they are, bit for bit, what the last spread round
         left on the ranks (anything else that set them since, a resume, local rounds, is seen)."""
-        factors, size = self.sigma_factors, self.spread_size()
-        r = factors.V.shape[1]
-        fresh = self.spread_sigma is not factors
         kept = self.spread_rows
         send_rows = kept is None or not (same_bits(kept[0], self.BT) and same_bits(kept[1], dPT))
-        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows), self.config.lam], dtype=np.float64)]
-        if fresh:
-            head.append(np.append(factors.s - factors.c, factors.c))
         _, c2, _, c2q, cross = scalars.T[:5]
         rows = np.column_stack([g[:self.m], g[self.m:], *blocks, c2, cross, c2q, self.n])
+
+        def task_rows(t0, t1):
+            return ([dBT[t0:t1]] + ([dPT[t0:t1], self.BT[t0:t1]] if send_rows else []) + [rows[t0:t1].T])
+        return self.chunk_pieces(send_rows, task_rows)
+
+    def chunk_pieces(self, send_rows, task_rows):
+        """Every rank's piece of a round's start: the header ``[m, d, r, has_factors, has_rows, lam]``, K and c and
+        its chunks' rows of V when Sigma changed since the last spread round, then ``task_rows(t0, t1)`` of its
+        chunks' tasks (what :meth:`ChunkState.read_header` reads)."""
+        factors, size = self.sigma_factors, self.spread_size()
+        fresh = self.spread_sigma is not factors
+        head = [np.array([self.m, self.d, factors.V.shape[1], int(fresh), int(send_rows), self.config.lam],
+                         dtype=np.float64)]
+        if fresh:
+            head.append(np.append(factors.s - factors.c, factors.c))
         pieces = []
         for rank in range(size):
             _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, size)
-            piece = list(head)
-            if fresh:
-                piece.append(factors.V[t0:t1].reshape(-1))
-            piece.append(dBT[t0:t1].reshape(-1))
-            if send_rows:
-                piece += [dPT[t0:t1].reshape(-1), self.BT[t0:t1].reshape(-1)]
-            piece.append(rows[t0:t1].T.reshape(-1))
-            pieces.append(np.concatenate(piece))
+            piece = head + ([factors.V[t0:t1]] if fresh else []) + task_rows(t0, t1)
+            pieces.append(np.concatenate([np.asarray(x).reshape(-1) for x in piece]))
         self.spread_sigma = factors
         return pieces
 
@@ -463,28 +457,13 @@ class SpreadServer:
     def spread_box_payloads(self, dBT, dQT, scalars):
         """Every rank's SPREAD_BOX_START piece: ``[m, d, r, has_factors, has_rows, lam, (K, c, V rows), dB, dQ,
         (B rows), BOX_SCALARS]``; V as :meth:`spread_payloads` sends it, B unless the ranks hold its bits."""
-        factors, size = self.sigma_factors, self.spread_size()
-        r = factors.V.shape[1]
-        fresh = self.spread_sigma is not factors
         send_rows = self.spread_rows is None or not same_bits(self.spread_rows[0], self.BT)
-        head = [np.array([self.m, self.d, r, int(fresh), int(send_rows), self.config.lam], dtype=np.float64)]
-        if fresh:
-            head.append(np.append(factors.s - factors.c, factors.c))
         _, c2, _, c2q, cross = scalars.T[:5]
         rows = np.column_stack([c2, cross, c2q, self.n])
-        pieces = []
-        for rank in range(size):
-            _, _, t0, t1 = rank_chunks(self.spread_chunks, rank, size)
-            piece = list(head)
-            if fresh:
-                piece.append(factors.V[t0:t1].reshape(-1))
-            piece += [dBT[t0:t1].reshape(-1), dQT[t0:t1].reshape(-1)]
-            if send_rows:
-                piece.append(self.BT[t0:t1].reshape(-1))
-            piece.append(rows[t0:t1].T.reshape(-1))
-            pieces.append(np.concatenate(piece))
-        self.spread_sigma = factors
-        return pieces
+
+        def task_rows(t0, t1):
+            return [dBT[t0:t1], dQT[t0:t1]] + ([self.BT[t0:t1]] if send_rows else []) + [rows[t0:t1].T]
+        return self.chunk_pieces(send_rows, task_rows)
 
     def spread_by_rank(self, x):
         """``x`` = [first half; second half] (2m) cut into each rank's ``[its tasks' first half, second half]``."""
