@@ -16,7 +16,7 @@ from hpcmtl.dmtrl.sigma import SigmaFactors, omega_factors
 from hpcmtl.errors import InputError
 from hpcmtl.estimators import MemoryTasks
 
-from conftest import random_tasks, run_hpcmtl
+from conftest import assert_fits_agree, random_tasks, run_hpcmtl
 
 LOSSES = ["hinge", "smoothed-hinge", "squared", "logistic"]
 
@@ -57,21 +57,10 @@ def test_factored_and_dense_fixed_paths_train_the_same_model(loss, m, d, sparse,
     assert a.converged and b.converged
     for x, y in zip(b.Sigma, F):                   # the given factors, bit for bit
         assert np.array_equal(x, y)
-    if "hinge" in loss and d * m > 1024:
-        for r in (a, b):                     # each certified: P - D <= tol P, so the primals agree to 2 tol
-            assert r.history["gap"][-1] <= 1e-8 * r.history["primal"][-1]
-        assert abs(a.history["primal"][-1] - b.history["primal"][-1]) <= 2e-8 * a.history["primal"][-1]
-        # P is (lam / lambda_max(Sigma))-strongly convex in W: ||W - W*|| <= sqrt(2 gap lambda_max / lam) each
-        bound = sum(np.sqrt(2 * r.history["gap"][-1] * F.s.max() / kw["lam"]) for r in (a, b))
-        assert 0 < np.linalg.norm(b.W - a.W) <= bound
-        return
-    assert np.array_equal(a.history["round"], b.history["round"])
-    # logistic: W is flat for the objective in some directions (tests/test_many_tasks.py), its rounds agree to 1e-10
-    scale = np.abs(a.W).max() * (1e-8 if loss == "logistic" else 1e-10)
-    assert_allclose(b.W, a.W, rtol=0, atol=scale)
-    for key in ("primal", "dual"):
-        assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
-    assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
+    box_qps_part = "hinge" in loss and d * m > 1024
+    if box_qps_part:
+        assert np.linalg.norm(b.W - a.W) > 0         # two solvers' answers, not one run twice
+    assert_fits_agree(a, b, loss, kw["lam"], F.s.max(), box_qps_part)
 
 
 @pytest.mark.parametrize("loss", ["squared", "hinge"])
