@@ -217,6 +217,14 @@ def read_path_compatible(path, config, source, key: dict) -> dict:
     return ck
 
 
+def signed_as_dense(ck, sigma) -> bool:
+    """A fixed Sigma given as factors, and a checkpoint written while such a Sigma was held as its dense matrix
+    (hpcmtl a08afef and before: `train fixed --sigma` of a learned result of 512 tasks or more) whose signature is
+    that matrix's: the same Sigma (the run resumes on the checkpoint's dense Sigma, its arithmetic as written)."""
+    return (hasattr(sigma, "dense") and hasattr(sigma, "V") and "Sigma" in ck["arrays"]
+            and "sigma_V" not in ck["arrays"] and ck["counters"].get("sigma_signature") == sigma_signature(sigma.dense()))
+
+
 def check_same_run(path, ck, config, source, sigma=None, sigma_too=True):
     """Refuse a checkpoint whose must-match settings, training data or fixed Sigma differ from this run's."""
     mismatch = config_mismatch(ck, config.to_dict())
@@ -225,7 +233,8 @@ def check_same_run(path, ck, config, source, sigma=None, sigma_too=True):
     if ck["counters"].get("data_signature") != data_signature(source):
         raise InputError(f"{path}: cannot resume: the checkpoint was written for other training data "
                          f"({ck['counters'].get('train')}), not {source.path}")
-    if sigma_too and ck["counters"].get("sigma_signature") != sigma_signature(sigma):
+    if (sigma_too and ck["counters"].get("sigma_signature") != sigma_signature(sigma)
+            and not signed_as_dense(ck, sigma)):
         raise InputError(f"{path}: cannot resume: the fixed task covariance differs from the checkpoint's")
     saved, now_read = ck.get("fingerprints"), getattr(source, "content_fingerprints", None)
     if now_read and not saved:      # nothing to compare with: the data may have changed, so refuse

@@ -269,6 +269,10 @@ def precision_covariance(Q, what="precision"):
         raise InputError(f"{what}: not a scipy.sparse matrix (write it with scipy.sparse.save_npz)")
     if Q.shape[0] != Q.shape[1]:
         raise InputError(f"{what}: the precision is {Q.shape[0]} x {Q.shape[1]}, not square")
+    if Q.shape[0] == 0:                  # (the row maxima below have nothing to reduce: a traceback, not a line)
+        raise InputError(f"{what}: the precision is 0 x 0: no tasks")
+    if Q.dtype.kind not in "biuf":       # a complex Q would be cast to its real part, silently another matrix
+        raise InputError(f"{what}: the precision's entries are {Q.dtype}, not real numbers")
     Q = scipy.sparse.csr_matrix(Q, dtype=np.float64)
     Q.sum_duplicates()
     m = Q.shape[0]

@@ -1,6 +1,7 @@
 """A fixed Sigma held as factors (issue 35 item 1, docs/many-tasks.md): ``train fixed --sigma RESULT.h5`` of a
 learned result of many tasks keeps :class:`hpcmtl.covariance.SigmaFactors` from
 ``dmtrl.sigma.FACTORED_MIN_TASKS`` tasks on, against the dense fixed path on the same matrix."""
+import os
 import subprocess
 import sys
 
@@ -143,6 +144,40 @@ def test_train_fixed_names_the_sigma_file_of_the_wrong_task_count(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"hpcmtl: error: {sigma}: task covariance Sigma's factors")
     assert "600 tasks, the data has 5 tasks" in lines[0]
+
+
+def test_a_checkpoint_of_the_dense_fixed_sigma_of_before_resumes_on_the_factors_file(tmp_path):
+    """hpcmtl a08afef held a learned result's factors given to `train fixed --sigma` as their dense matrix at any m
+    and signed its checkpoints with that matrix (the same checkpoint `--sigma DENSE.npy` writes today): `--resume`
+    with the same result file is the same Sigma, resumed on the checkpoint's dense Sigma to the uninterrupted dense
+    run's bits; another result file is still refused."""
+    m = 512
+    Xs, ys = tasks(m, 4, 3)
+    tr, F = tmp_path / "tr.h5", learned_like(m, 3, 2)
+    store.write_tasks(tr, Xs, ys)
+    learned, dense = tmp_path / "learned.h5", tmp_path / "dense.npy"
+    store.write_result(learned, np.zeros((4, m)), F, {"round": np.arange(2)}, {}, 1, "test")
+    np.save(dense, F.dense())
+    other = tmp_path / "other.h5"
+    store.write_result(other, np.zeros((4, m)), learned_like(m, 3, 3), {"round": np.arange(2)}, {}, 1, "test")
+
+    def args(sigma, out, *extra):
+        return ["train", "fixed", "--sigma", sigma, "--train", tr, "--out", out, "--loss", "squared", "--lam", "1e-2",
+                "--tol", "1e-8", "--quiet", "--force", *extra]
+    r = run_hpcmtl(args(dense, tmp_path / "ref.h5"))
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(tmp_path / "ref.h5")
+    assert len(ref["history"]["round"]) > 4
+    out = tmp_path / "o.h5"
+    killed = run_hpcmtl(args(dense, out, "--checkpoint-every", "2"), env={"HPCMTL_FAULT": "0:4"})
+    assert killed.returncode != 0 and os.path.exists(str(out) + ".checkpoint.h5")
+    r = run_hpcmtl(args(other, out, "--resume"))
+    assert r.returncode == 2 and "the fixed task covariance differs from the checkpoint's" in r.stderr, r.stderr
+    r = run_hpcmtl(args(learned, out, "--resume"))
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(out)
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    assert res["history"]["primal"].tobytes() == ref["history"]["primal"].tobytes()
 
 
 TEN_THOUSAND = r"""

@@ -147,6 +147,11 @@ BAD = {
     "negative row sum": (negative_row_sum, r"row 0 sums to -1.0 < 0: supported are graph precisions"),
     "wrong m": (lambda: grid_precision(), r"the task graph \(Sigma's sparse precision\) has 20 tasks, the data has 5"),
     "not sparse": (None, r"not a scipy.sparse .npz precision"),
+    # no tasks: the row maxima had nothing to reduce (a ValueError traceback, exit 1)
+    "empty": (lambda: sp.csr_matrix((0, 0)), r"the precision is 0 x 0: no tasks"),
+    # a Hermitian positive definite Q: it was cast to its real part (the identity here) and trained on, silently
+    "complex": (lambda: sp.csr_matrix(np.eye(20) + 0.5j * (np.eye(20, k=1) - np.eye(20, k=-1))),
+                r"the precision's entries are complex128, not real numbers"),
 }
 
 
