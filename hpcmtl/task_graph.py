@@ -284,7 +284,7 @@ def precision_covariance(Q, what="precision"):
         i, j = (int(v[0]) for v in (asym > PRECISION_RTOL * top).nonzero())
         raise InputError(f"{what}: the precision is not symmetric: entry ({i}, {j}) is {float(Q[i, j])!r}, "
                          f"({j}, {i}) is {float(Q[j, i])!r}")
-    Q = (0.5 * (Q + Q.T)).tocsr()
+    Q = (0.5 * Q + 0.5 * Q.T).tocsr()        # halves first: entries near the largest float do not overflow
     diag = Q.diagonal()
     if np.any(diag <= 0):
         i = int(np.flatnonzero(diag <= 0)[0])

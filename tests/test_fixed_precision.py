@@ -145,7 +145,7 @@ BAD = {
     "positive off-diagonal": (positive_off_diagonal, r"a positive off-diagonal entry \(0, 2\) = 0.05: supported are "
                                                      r"graph precisions"),
     "negative row sum": (negative_row_sum, r"row 0 sums to -1.0 < 0: supported are graph precisions"),
-    "wrong m": (lambda: grid_precision(), r"the task graph \(Sigma's sparse precision\) has 20 tasks, the data has 5"),
+    "wrong m": (lambda: grid_precision(), r"the sparse task covariance \(a graph kernel or a precision\) has 20 tasks, the data has 5"),
     "not sparse": (None, r"not a scipy.sparse .npz precision"),
     # no tasks: the row maxima had nothing to reduce (a ValueError traceback, exit 1)
     "empty": (lambda: sp.csr_matrix((0, 0)), r"the precision is 0 x 0: no tasks"),
@@ -182,3 +182,13 @@ def test_a_bad_precision_is_one_line_naming_the_file(case, tmp_path):
 def test_precision_covariance_refuses_what_is_not_a_sparse_matrix():
     with pytest.raises(InputError, match="P: not a scipy.sparse matrix"):
         precision_covariance(np.eye(3), what="P")
+
+
+def test_a_precision_near_the_largest_float_is_symmetrized_without_overflow():
+    """``(Q + Q^T) / 2`` overflowed to inf for entries near 1e308, and the file was refused as "not positive
+    definite (singular)", which it is not: the halves are added instead."""
+    from hpcmtl.task_graph import precision_covariance
+    Q = sp.csr_matrix(np.array([[1e308, -1e308], [-1e308, 1.5e308]]))
+    G = precision_covariance(Q)
+    assert G.m == 2 and np.all(np.isfinite(G.precision.data))
+    assert_allclose(G.precision.toarray(), Q.toarray(), rtol=1e-15)

@@ -770,3 +770,20 @@ def test_a_capped_dual_phase_resumes_bitwise_at_other_rank_counts(tmp_path):
     assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
     for key in ("joint_primal", "joint_dual", "wstep_dual", "apg_iterations"):
         assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key
+
+
+def test_a_w_step_of_an_older_checkpoint_records_no_own_bound():
+    """W-steps restored from a checkpoint written before /wsteps/wstep_dual existed never computed their own
+    bound: NaN there (0 was a bound nobody computed), and closing_budget, which skips a bound that is not
+    finite, gives no cap from them."""
+    from hpcmtl.dmtrl.joint import closing_budget
+    from hpcmtl.dmtrl.outer import OuterState
+    old = {"outer": 0, "round": 5, "rel_gap": 1e-7, "converged": 1, "joint_primal": 2.0, "joint_dual": 1.9,
+           "joint_rel_gap": 0.05, "dual_scale": 1.0, "prox_step": 0.0, "prox_primal": 2.0}
+    new = dict(old, outer=1, round=9, joint_primal=1.95, joint_dual=1.94, apg_iterations=0, extrapolation=0,
+               wstep_dual=1.94)
+    arrays = OuterState(wsteps=[old, new]).wstep_arrays()
+    assert np.isnan(arrays["wstep_dual"][0]) and arrays["wstep_dual"][1] == 1.94
+    assert arrays["apg_iterations"][0] == 0 and arrays["extrapolation"][0] == 0
+    restored = [dict(old, wstep_dual=float(arrays["wstep_dual"][0])), new]
+    assert closing_budget(restored, 1.9401, 1.9400, 2e-4) is None

@@ -30,8 +30,8 @@ class OuterState:
     KEYS = ("outer", "round", "rel_gap", "converged")
     JOINT_KEYS = ("joint_primal", "joint_dual", "joint_rel_gap", "dual_scale", "prox_step", "prox_primal",
                   "apg_iterations", "extrapolation", "wstep_dual")
-    # absent from the W-steps of a checkpoint written before the accelerated phase / the extrapolations / the W-step's
-    # own bound (wstep_dual): 0 there
+    # absent from the W-steps of a checkpoint written before the accelerated phase / the extrapolations (0 there:
+    # none ran) / the W-step's own bound (NaN there: never computed; closing_budget skips a bound that is not finite)
     LATER_KEYS = ("apg_iterations", "extrapolation", "wstep_dual")
 
     def __init__(self, outer=0, previous=None, wsteps=None, prox_center=None, floor=None, apg_step=None):
@@ -50,7 +50,8 @@ class OuterState:
         out = {k: np.asarray([w[k] for w in self.wsteps], dtype=np.float64 if k == "rel_gap" else np.int64)
                for k in self.KEYS}
         if self.wsteps and all(k in w for w in self.wsteps for k in self.JOINT_KEYS if k not in self.LATER_KEYS):
-            out.update({k: np.asarray([w.get(k, 0) for w in self.wsteps], dtype=np.float64) for k in self.JOINT_KEYS})
+            out.update({k: np.asarray([w.get(k, np.nan if k == "wstep_dual" else 0) for w in self.wsteps],
+                                     dtype=np.float64) for k in self.JOINT_KEYS})
         return out
 
 

@@ -192,7 +192,8 @@ def check_sigma(Sigma, m):
         raise InputError("relationship 'fixed' needs a task covariance Sigma")
     if isinstance(Sigma, GraphSigma):         # positive definite by construction (task_graph.check_graph)
         if Sigma.m != m:
-            raise InputError(f"the task graph (Sigma's sparse precision) has {Sigma.m} tasks, the data has {m}")
+            raise InputError(f"the sparse task covariance (a graph kernel or a precision) has {Sigma.m} tasks, "
+                             f"the data has {m}")
         return Sigma
     Sigma = fixed_form(Sigma)
     if isinstance(Sigma, SigmaFactors):
