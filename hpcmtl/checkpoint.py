@@ -210,7 +210,11 @@ def read_path_compatible(path, config, source, key: dict) -> dict:
     saved = ck["grid"]["info"].get("key", {})
     for name in sorted(set(saved) | set(key)):
         if saved.get(name) != key.get(name):
-            what = {"split_digest": "the validation split (its fold ids)", "sigmas": "a grid point's fixed Sigma"}
+            what = {"split_digest": "the validation split (its fold ids)",
+                    # hpcmtl a08afef and before held a learned result's factors (512 tasks or more) as their dense
+                    # matrix and signed that; a grid resumed on it would train its later points on another form
+                    "sigmas": "a grid point's fixed Sigma, or its form: a checkpoint written before learned "
+                              "factors were kept held them as a dense matrix; start again without --resume"}
             raise InputError(f"{path}: cannot resume: the grid's '{name}' differs"
                              + (f" ({what[name]})" if name in what else
                                 f": {saved.get(name)!r} in the checkpoint but {key.get(name)!r} now"))
