@@ -362,9 +362,9 @@ def read_sigma(path):
     from . import store
     if path is None:
         raise InputError("method 'fixed' needs --sigma RESULT.h5, --sigma SIGMA.npy or --sigma PRECISION.npz")
+    if path.endswith((".npy", ".npz")) and not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
     if path.endswith(".npz"):
-        if not os.path.exists(path):
-            raise InputError(f"{path}: no such file")
         import zipfile
 
         import scipy.sparse
@@ -375,8 +375,6 @@ def read_sigma(path):
             raise InputError(f"{path}: not a scipy.sparse .npz precision (scipy.sparse.save_npz): {exc}") from None
         return precision_covariance(Q, what=path)
     if path.endswith(".npy"):
-        if not os.path.exists(path):
-            raise InputError(f"{path}: no such file")
         try:
             Sigma = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:      # a pickle, a truncated or garbage file
@@ -389,7 +387,7 @@ def read_sigma(path):
     Sigma = model_sigma(store.read_result(path)["model"], path)
     if Sigma is None:
         raise InputError(f"{path}: has no task covariance (model/Sigma): give --sigma a result of a method that "
-                         f"learns one, or a .npy file")
+                         f"learns one, a .npy file or a sparse precision .npz")
     # a graph kernel of many tasks stays sparse; a learned Sigma's factors stay factors from FACTORED_MIN_TASKS
     # tasks on, dense below (docs/many-tasks.md)
     return fixed_form(Sigma)

@@ -252,6 +252,9 @@ def export_gram(path, X, tasks, K, kernel="rbf", **kernel_params):
 # a user's sparse precision (`train fixed --sigma OMEGA.npz`): entries this close to symmetric, row sums this close
 # below zero, relative to the largest |entry| of the row or matrix, are rounding (taken as symmetric, as zero)
 PRECISION_RTOL = 1e-12
+# what a refused precision's error says is taken (GraphSigma's form, see precision_covariance)
+SUPPORTED_PRECISIONS = ("supported are graph precisions L + diag(alpha), off-diagonal entries <= 0 and row sums "
+                        ">= 0, whose inverse is >= 0 entrywise (docs/many-tasks.md)")
 
 
 def precision_covariance(Q, what="precision"):
@@ -295,16 +298,13 @@ def precision_covariance(Q, what="precision"):
     if off.nnz and off.max() > 0:
         i, j = (int(v[0]) for v in (off > 0).nonzero())
         raise InputError(f"{what}: the precision has a positive off-diagonal entry ({i}, {j}) = {float(Q[i, j])!r}: "
-                         f"supported are graph precisions L + diag(alpha), off-diagonal entries <= 0 and row sums "
-                         f">= 0, whose inverse is >= 0 entrywise (docs/many-tasks.md)")
+                         f"{SUPPORTED_PRECISIONS}")
     A = (-off).tocsr()
     alpha = diag - np.asarray(A.sum(axis=1)).reshape(-1)            # Q's row sums
     scale = np.maximum(diag, A.max(axis=1).toarray().reshape(-1))
     if np.any(alpha < -PRECISION_RTOL * scale):
         i = int(np.flatnonzero(alpha < -PRECISION_RTOL * scale)[0])
-        raise InputError(f"{what}: the precision's row {i} sums to {float(alpha[i])!r} < 0: supported are graph "
-                         f"precisions L + diag(alpha), off-diagonal entries <= 0 and row sums >= 0 "
-                         f"(docs/many-tasks.md)")
+        raise InputError(f"{what}: the precision's row {i} sums to {float(alpha[i])!r} < 0: {SUPPORTED_PRECISIONS}")
     alpha = np.where(alpha > PRECISION_RTOL * scale, alpha, 0.0)     # a Laplacian's row: zero to rounding
     n_comp, labels = scipy.sparse.csgraph.connected_components(A, directed=False)
     positive = np.bincount(labels, weights=(alpha > 0).astype(np.float64), minlength=n_comp)
