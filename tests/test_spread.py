@@ -12,11 +12,12 @@ from numpy.testing import assert_allclose
 from hpcmtl import store
 from hpcmtl.cluster import Cluster
 from hpcmtl.covariance import SigmaFactors
-from hpcmtl.dmtrl import DMTRLConfig, spread, train
+from hpcmtl.dmtrl import DMTRLConfig, spread, spread_precond, steps, train
 from hpcmtl.dmtrl import sigma as sigma_rules
 from hpcmtl.estimators import MemoryTasks
 
 from conftest import mpiexec_path, one_error_line, random_tasks, run_hpcmtl
+from test_spread_precond import Ranks
 
 
 @pytest.mark.parametrize("m", [1, 5, 63, 64, 65, 130, 4096, 10001])
@@ -139,13 +140,32 @@ def box_tasks(loss, m, d, seed):
     return random_tasks(seed=seed, m=m, d=d, sizes=tuple(int(s) for s in rng.integers(8, 15, m)), loss=loss)
 
 
+def chunked_capacitance(capacitance):
+    """StepSolver.capacitance with rank 0's path's preconditioner by the spread's chunk arithmetic (one rank's
+    worker half run here, tests/test_spread_precond.py); the spread rounds keep their own."""
+    def chunked(self, inputs, directions, extra):
+        if inputs.capacitance is not None or steps.QP_PRECONDITIONER != "capacitance":
+            return capacitance(self, inputs, directions, extra)
+        dB = inputs.space.dense(directions[0])
+        m = dB.shape[0]
+        scalars = np.zeros((m, 6))          # extra is already per task size: divided by n = 1, the same bits
+        for column, value in zip((1, 4, 3), extra):
+            scalars[:, column] = value
+        dQ = inputs.space.dense(directions[1]) if len(directions) == 2 else np.zeros_like(dB)
+        ranks = Ranks(1, inputs.factors, dB, dQ, scalars, np.ones(m), self.config.lam)
+        return spread_precond.SpreadCapacitance(ranks, len(directions))
+    return chunked
+
+
 def box_fits(loss, m, spread_on_off, monkeypatch, chunked=False):
     """The box loss's fits of ``m`` tasks (d = 6: d m above interior.MAX_WIDTH, so the W-steps run 'qp' rounds),
-    spread and not; ``chunked``: rank 0's path with Sigma's products by the spread's chunk arithmetic too."""
+    spread and not; ``chunked``: rank 0's path with Sigma's products and the box QPs' preconditioner by the
+    spread's chunk arithmetic too."""
     if chunked:
         matmul = SigmaFactors.matmul
         monkeypatch.setattr(SigmaFactors, "matmul", lambda self, X: spread.chunked_sigma_times(self, X)
                             if np.ndim(X) == 2 else matmul(self, X))
+        monkeypatch.setattr(steps.StepSolver, "capacitance", chunked_capacitance(steps.StepSolver.capacitance))
     Xs, ys = box_tasks(loss, m, 6, m)
     kw = dict(loss=loss, lam=0.05, tol=1e-8, outer=3, outer_tol=0, max_rounds=3000)
     return [fit(Xs, ys, on, monkeypatch, **kw) for on in spread_on_off]
@@ -154,9 +174,10 @@ def box_fits(loss, m, spread_on_off, monkeypatch, chunked=False):
 @pytest.mark.parametrize("chunk_min", [7, 64])
 @pytest.mark.parametrize("loss", ["hinge", "logistic", "smoothed-hinge"])
 def test_spread_box_steps_take_rank_0_s_decisions_bit_for_bit(loss, chunk_min, monkeypatch):
-    """With rank 0's Sigma products by the same chunk arithmetic, the spread box rounds (rank 0's projected
-    Newton-CG, every product of A by chunks, B and W on the chunks) give rank 0's path bit for bit: the same active
-    sets, line searches and steps, so the spread changes nothing but where the products are computed."""
+    """With rank 0's Sigma products and box QP preconditioner by the same chunk arithmetic, the spread box rounds
+    (rank 0's projected Newton-CG, every product of A and every preconditioner solve by chunks, B and W on the
+    chunks) give rank 0's path bit for bit: the same active sets, line searches and steps, so the spread changes
+    nothing but where the products and solves are computed."""
     monkeypatch.setattr(spread, "CHUNK_MIN_TASKS", chunk_min)
     products = []
     times = spread.SpreadServer.spread_box_times

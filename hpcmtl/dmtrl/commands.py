@@ -107,6 +107,13 @@ class DMTRLCommand(Command):
     SPREAD_BOX_DIRECTION = 57, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_box_direction"
     # per rank its tasks' [eta, beta]: B += eta dB + beta dQ -> per chunk V_c^T B_c (then SPREAD_W)
     SPREAD_BOX_FINISH = 58, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_box_finish"
+    # the box QPs' capacitance preconditioner on the chunks (dmtrl/spread_precond.py; target: 1 eta alone, 2 eta and
+    # beta): per rank [fresh, its tasks' free codes] -> per rank [lo, hi, upper triangle] of its changed tree nodes
+    SPREAD_BOX_FREE = 59, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, ("target",), "spread_box_free"
+    # a solve's first half: per rank its tasks' rows of r -> per chunk Z_c^T Dg_c^-1 r_c
+    SPREAD_BOX_SOLVE = 60, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, ("target",), "spread_box_solve"
+    # its second half: [has_factor, s = C^-1 Z^T u] -> per rank its tasks' rows of the solve
+    SPREAD_BOX_SOLVE_ROWS = 61, Down.BCAST, Up.GATHER_VECTORS, ("width", "target"), "spread_box_solve_rows"
 
 
 ON_SUPPORT = {DMTRLCommand.SDCA: DMTRLCommand.SDCA_ON_SUPPORT, DMTRLCommand.SET_W: DMTRLCommand.SET_W_ON_SUPPORT,

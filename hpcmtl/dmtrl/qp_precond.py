@@ -44,10 +44,16 @@ def low_rank_terms(Sigma, lam, d):
         c = float(e[0])
         above = e - c > 1e-12 * abs(float(e[-1]))
         V, s = V[:, above], e[above]
-    order = np.argsort(-(s - c), kind="stable")
+    return terms_of(V, s - c, c, lam, d)
+
+
+def terms_of(V, excess, c, lam, d):
+    """:func:`low_rank_terms` of the rows ``V`` (some tasks' rows of Sigma's V: every number is its task's own),
+    ``excess = s - c``: what a rank computes for its chunks of tasks (dmtrl/spread_precond.py)."""
+    order = np.argsort(-excess, kind="stable")
     keep = order[:max(0, CAPACITY_MAX // max(d, 1))]
     drop = order[keep.size:]
-    sp = np.maximum(s - c, 0.0)
+    sp = np.maximum(excess, 0.0)
     rest = c + (V[:, drop] * V[:, drop]) @ sp[drop] if drop.size else np.full(V.shape[0], c)
     return V[:, keep] * np.sqrt(sp[keep] / lam), rest
 
@@ -145,43 +151,42 @@ class CapacitancePreconditioner:
                     self.G += Z1.T @ (e11[:, None] * Z1)
         self.code, self.inv = code, new
 
+    def code_of(self, free):
+        """Each task's free coordinates from the free mask (N coordinates): bit 0 eta, bit 1 beta."""
+        m = self.m
+        return free[:m].astype(np.int8) + (2 * free[m:].astype(np.int8) if len(self.D) == 2 else 0)
+
     def for_free(self, free):
         """The solve ``r -> M_FF^-1 r`` (zero off F) for the free mask ``free`` (N coordinates)."""
-        m = self.m
-        code = free[:m].astype(np.int8) + (2 * free[m:].astype(np.int8) if len(self.D) == 2 else 0)
+        code = self.code_of(free)
         self.update(code)
-        i11, i12, i22 = self.inv
-        K = self.k * self.d
-        factor = None
-        if K:
-            C = self.G + np.eye(K)
-            C = 0.5 * (C + C.T)
-            try:
-                factor = scipy.linalg.cho_factor(C, lower=True, check_finite=False)
-            except np.linalg.LinAlgError:
-                factor = None                # rounding made C indefinite: Dg's blocks alone (block Jacobi)
-        two = len(self.D) == 2
-
-        def dg_inv(r):
-            if two:
-                x, y = r[:m], r[m:]
-                return np.concatenate([i11 * x + i12 * y, i12 * x + i22 * y])
-            return i11 * r
-
-        n1, n2 = self.null if two else (None, None)
-        if two:
-            both = code == 3
-            n1, n2 = np.where(both, n1, 0.0), np.where(both, n2, 0.0)
+        factor = capacitance_factor(self.G) if self.k * self.d else None
 
         def solve(r):
-            u = dg_inv(r)
+            u = self.dg_inv(r)
             if factor is not None:
-                u = u - dg_inv(self.z_times(scipy.linalg.cho_solve(factor, self.z_t(u), check_finite=False)))
-            if two:                     # (I - n n^T) on the lifted tasks: M^-1 there is I / trace, symmetric
-                along = n1 * u[:m] + n2 * u[m:]
-                u = np.concatenate([u[:m] - n1 * along, u[m:] - n2 * along])
-            return u
+                u = u - self.dg_inv(self.z_times(scipy.linalg.cho_solve(factor, self.z_t(u), check_finite=False)))
+            return self.unlift(u)
         return solve
+
+    def dg_inv(self, r):
+        """``Dg_F^-1 r`` on the free set of the last :meth:`update` (per task, its 2 x 2 block's inverse)."""
+        i11, i12, i22 = self.inv
+        if len(self.D) == 2:
+            m = self.m
+            x, y = r[:m], r[m:]
+            return np.concatenate([i11 * x + i12 * y, i12 * x + i22 * y])
+        return i11 * r
+
+    def unlift(self, u):
+        """``(I - n n^T) u`` on the tasks whose block :func:`block_inverse` lifted (both coordinates free): M^-1
+        there is I / trace, symmetric (one direction: u as it is)."""
+        if len(self.D) != 2:
+            return u
+        m, both = self.m, self.code == 3
+        n1, n2 = np.where(both, self.null[0], 0.0), np.where(both, self.null[1], 0.0)
+        along = n1 * u[:m] + n2 * u[m:]
+        return np.concatenate([u[:m] - n1 * along, u[m:] - n2 * along])
 
     def z_t(self, u):
         """``Z^T u`` (k d): ``sum_i U_i (x) (u_i D_i)`` over the directions, O(N k d)."""
@@ -196,3 +201,14 @@ class CapacitancePreconditioner:
         P = self.U @ t.reshape(self.k, self.d)
         parts = [np.einsum("ij,ij->i", P, D) for D in self.D]
         return np.concatenate(parts) if len(parts) == 2 else parts[0]
+
+
+def capacitance_factor(G):
+    """The Cholesky factor of ``C = I + G`` (symmetrized), or None when rounding made C indefinite (the solve is
+    then Dg's blocks alone: block Jacobi)."""
+    C = G + np.eye(G.shape[0])
+    C = 0.5 * (C + C.T)
+    try:
+        return scipy.linalg.cho_factor(C, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None

@@ -24,13 +24,13 @@ from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
-from .spread import SpreadServer
+from .spread_precond import SpreadPrecondServer
 from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 
 class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, JointServer,
-             SpreadServer, ServerBase):
+             SpreadPrecondServer, ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,

@@ -320,6 +320,8 @@ class SpreadBlocks:
 class SpreadServer:
     """The spread round's server half (a :class:`Server` mixin)."""
 
+    local_chunks = SpreadBlocks           # the worker half rank 0 runs itself when it computes every chunk
+
     def init_spread(self):
         self.spread_sigma = None          # the Sigma whose V rows the ranks hold (sent again when it changes)
         self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
@@ -348,7 +350,7 @@ class SpreadServer:
         if self.spread_size() == self.cluster.size:
             return self.command(cmd, payload=payload, **fields)
         if self.spread_local is None:
-            self.spread_local = SpreadBlocks()
+            self.spread_local = self.local_chunks()
             self.spread_local.cluster = SimpleNamespace(rank=0, size=1)
         ctrl = SimpleNamespace(target=int(fields.get("target", 0)))
         inputs = payload[0] if cmd.down is Down.SCATTER_VECTORS else payload
@@ -489,13 +491,17 @@ class SpreadServer:
         self.spread_products += 1
         return out
 
+    def spread_box_inputs(self):
+        """The round's :class:`StepInputs` with A's products by chunks."""
+        return self.step_inputs()._replace(apply=self.spread_box_times)
+
     def spread_box_steps(self, dBT, dQT, scalars):
         """The box losses' ``(eta, beta)``: :meth:`StepSolver.steps_box_momentum` on rank 0 with every product of
         A by chunks on the ranks (:meth:`spread_box_times`); then B updated on the chunks as rank 0 updates it, and
         ``W = B Sigma / lam`` from them (SPREAD_W).  ``self.BT`` and ``self.WT`` updated."""
         self.spread_command(DMTRLCommand.SPREAD_BOX_START, payload=self.spread_box_payloads(dBT, dQT, scalars))
         self.spread_products = 0
-        inputs = self.step_inputs()._replace(apply=self.spread_box_times)
+        inputs = self.spread_box_inputs()
         eta, beta, _ = self.solver.take_steps(inputs, dBT, dQT, scalars)       # rank 0's BT += eta dB + beta dQ
         rd = self.sigma_factors.V.shape[1] * self.d
         parts = self.spread_by_chunk(DMTRLCommand.SPREAD_BOX_FINISH, rd,

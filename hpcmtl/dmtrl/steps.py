@@ -156,6 +156,9 @@ class StepInputs(NamedTuple):
     # v -> A v of the two-direction quadratic computed elsewhere (the box losses' products by task chunks on every
     # rank, dmtrl/spread.py): :meth:`StepSolver.momentum_operator` then hands it out instead of its own
     apply: object = None
+    # directions -> the box QPs' capacitance preconditioner computed elsewhere (by task chunks on every rank,
+    # dmtrl/spread_precond.py): :meth:`StepSolver.capacitance` then hands it out instead of its own
+    capacitance: object = None
 
     @property
     def m(self):
@@ -388,6 +391,8 @@ class StepSolver:
         eigendecomposition: m^3, once) are kept while Sigma is the same object (a W-step's rounds)."""
         if QP_PRECONDITIONER != "capacitance" or (inputs.factors is not None and not hasattr(inputs.factors, "V")):
             return None          # (a graph kernel held sparse has no low-rank part: Jacobi)
+        if inputs.capacitance is not None:
+            return inputs.capacitance(len(directions))
         Sigma = inputs.factors if inputs.factors is not None else inputs.Sigma
         rows = [inputs.space.dense(x) for x in directions]
         d = rows[0].shape[1]
