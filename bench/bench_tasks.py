@@ -115,7 +115,8 @@ def timed_function(module, name, log):
 WORKER_TWINS = ("trial_on_support", "trial_momentum_on_support", "apply_on_support")
 # the spread algebra's computations on each rank (rank 0's included), dmtrl/spread.py
 SPREAD_PARTS = ("spread_start", "spread_direction", "spread_product", "spread_update", "spread_finish", "spread_w",
-                "spread_box_start", "spread_box_direction", "spread_box_finish")
+                "spread_box_start", "spread_box_direction", "spread_box_finish", "spread_box_free", "spread_box_solve",
+                "spread_box_solve_rows")
 
 
 def child(args):

@@ -123,14 +123,19 @@ def test_unchanged_chunks_send_nothing_and_no_terms_is_block_jacobi(monkeypatch)
     ranks = Ranks(4, F, dB, dQ, scalars, n, lam)
     pre = spread_precond.SpreadCapacitance(ranks, 2)
     free = np.ones(2 * m, dtype=bool)
-    pre.for_free(free)
+    pre.for_free(free)(np.ones(2 * m))
     K = r * d
     triangle = 2 + K * (K + 1) // 2
-    assert ranks.sent == 4 * triangle                             # fresh: every rank its one node (two chunks)
+    r_ = np.ones(2 * m)
+    partials = 8 * K                                             # the first solve's half rides along: K a chunk
+    assert ranks.sent == 4 * triangle + partials                  # fresh: every rank its one node (two chunks)
     ranks.sent = 0
     free[5] = False
-    pre.for_free(free)
-    assert ranks.sent == triangle
+    pre.for_free(free)(r_)
+    assert ranks.sent == triangle + partials
+    ranks.sent = 0
+    pre.solve(r_)                                                 # a later solve on the same free set: no FREE
+    assert ranks.sent == 0
     monkeypatch.setattr(qp_precond, "CAPACITY_MAX", d - 1)
     monkeypatch.setattr(spread_precond, "CAPACITY_MAX", d - 1)
     ranks = Ranks(3, F, dB, dQ, scalars, n, lam)

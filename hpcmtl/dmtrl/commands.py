@@ -108,7 +108,8 @@ class DMTRLCommand(Command):
     # per rank its tasks' [eta, beta]: B += eta dB + beta dQ -> per chunk V_c^T B_c (then SPREAD_W)
     SPREAD_BOX_FINISH = 58, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, (), "spread_box_finish"
     # the box QPs' capacitance preconditioner on the chunks (dmtrl/spread_precond.py; target: 1 eta alone, 2 eta and
-    # beta): per rank [fresh, its tasks' free codes] -> per rank [lo, hi, upper triangle] of its changed tree nodes
+    # beta), with a new free set's first solve: per rank [fresh, its tasks' free codes, its rows of r] -> per rank
+    # [per chunk Z_c^T Dg_c^-1 r_c, then [lo, hi, upper triangle of G] of each changed tree node]
     SPREAD_BOX_FREE = 59, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, ("target",), "spread_box_free"
     # a solve's first half: per rank its tasks' rows of r -> per chunk Z_c^T Dg_c^-1 r_c
     SPREAD_BOX_SOLVE = 60, Down.SCATTER_VECTORS, Up.GATHER_VECTORS, ("target",), "spread_box_solve"

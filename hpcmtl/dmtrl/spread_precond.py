@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
+from scipy.linalg.blas import dgemm
 
 from .commands import DMTRLCommand
-from .qp_precond import CAPACITY_MAX, CapacitancePreconditioner, capacitance_factor, terms_of
+from .qp_precond import CAPACITY_MAX, CHUNK_ROWS, CapacitancePreconditioner, capacitance_factor, terms_of
 from .spread import SpreadBlocks, SpreadServer, chunk_bounds, ordered_sum, rank_chunks
 
 
@@ -57,6 +58,39 @@ def kept_columns(r: int, d: int) -> int:
     return min(r, max(0, CAPACITY_MAX // max(d, 1))) * d
 
 
+class ChunkCapacitance(CapacitancePreconditioner):
+    """One chunk's :class:`CapacitancePreconditioner`, its ``G_c`` moved by one BLAS call a piece of changed tasks
+    that adds ``Y^T X`` into G in place (``Y = [Z1; Z2]``, ``X = [e11 Z1 + e12 Z2; e12 Z1 + e22 Z2]``): a chunk
+    changes by a few tasks a Newton iteration, where the r d x r d temporaries and sums of the rank-0 update's
+    four products cost 16x this call (one BLAS thread, r d = 441, 5 tasks)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.G = np.zeros_like(self.G, order="F")       # dgemm's output, updated in place
+
+    def update(self, code):
+        new = self.block_inverses(code)
+        changed = np.flatnonzero(code != self.code)
+        if self.k * self.d:
+            for start in range(0, changed.size, CHUNK_ROWS):
+                t = changed[start:start + CHUNK_ROWS]
+                e11, e12, e22 = (n[t] - o[t] for n, o in zip(new, self.inv))
+                Z1 = self.rows(0, t)
+                if len(self.D) == 2:
+                    Z2 = self.rows(1, t)
+                    Y, X = np.vstack([Z1, Z2]), np.vstack([e11[:, None] * Z1 + e12[:, None] * Z2,
+                                                           e12[:, None] * Z1 + e22[:, None] * Z2])
+                else:
+                    Y, X = Z1, e11[:, None] * Z1
+                dgemm(1.0, Y, X, beta=1.0, c=self.G, trans_a=1, overwrite_c=1)
+        self.code, self.inv = code, new
+
+
+def upper_mask(K: int) -> np.ndarray:
+    """G's upper triangle, diagonal included (row by row: the order its entries travel in)."""
+    return np.triu(np.ones((K, K), dtype=bool))
+
+
 class RankCapacitance:
     """One rank's chunks of a box QP's preconditioner (``directions`` 1: eta alone, 2: eta and beta): one
     :class:`CapacitancePreconditioner` a chunk, and the sums of the tree's nodes inside this rank's range."""
@@ -72,7 +106,7 @@ class RankCapacitance:
             U, rest = terms_of(st.V[lo:hi], st.K, st.c, st.lam, st.d)
             rows = [st.dB[lo:hi]] + ([st.dP[lo:hi]] if self.two else [])
             extra = ((st.c2[lo:hi] / n, st.cross[lo:hi] / n, st.c2q[lo:hi] / n) if self.two else (st.c2[lo:hi] / n,))
-            self.parts.append(CapacitancePreconditioner(U, rest, rows, st.lam, extra))
+            self.parts.append(ChunkCapacitance(U, rest, rows, st.lam, extra))
         self.sums = {}                     # the tree's nodes inside this rank's range, kept while their chunks stay
         self.fresh = True
         self.u = None
@@ -91,7 +125,7 @@ class RankCapacitance:
         self.fresh = False
         out = []
         K = self.parts[0].G.shape[0] if self.parts else 0
-        upper = np.triu_indices(K)
+        upper = upper_mask(K)
         for lo, hi in tree_nodes(0, self.n_chunks, self.c0, self.c1):
             if any(lo <= j < hi for j in changed):
                 out += [np.array([lo, hi], dtype=np.float64), self.node(lo, hi, changed)[upper]]
@@ -138,14 +172,17 @@ class SpreadPrecondBlocks(SpreadBlocks):
     :class:`RankCapacitance` of each box QP of the round in progress (by its direction count)."""
 
     def spread_box_free(self, ctrl, inputs):
-        """SPREAD_BOX_FREE [fresh, this rank's tasks' free codes] -> the changed tree nodes (RankCapacitance.free)."""
+        """SPREAD_BOX_FREE [fresh, this rank's tasks' free codes, its rows of r] -> per chunk ``Z_c^T Dg_c^-1 r_c``
+        on the new free set (the first solve's half), then the changed tree nodes (RankCapacitance.free)."""
         st = self.chunks
         inputs = np.asarray(inputs, dtype=np.float64)
         if not hasattr(st, "precond"):
             st.precond = {}
         if inputs[0] > 0 or ctrl.target not in st.precond:
             st.precond[ctrl.target] = RankCapacitance(st, ctrl.target)
-        return st.precond[ctrl.target].free(inputs[1:])
+        rc, n = st.precond[ctrl.target], len(st.c2)
+        nodes = rc.free(inputs[1:1 + n])
+        return np.concatenate([rc.solve_up(inputs[1 + n:], st.bounds), nodes])
 
     def spread_box_solve(self, ctrl, inputs):
         """SPREAD_BOX_SOLVE [this rank's rows of r] -> per chunk ``Z_c^T Dg_c^-1 r_c``."""
@@ -166,34 +203,50 @@ class SpreadCapacitance:
         self.K = kept_columns(server.sigma_factors.V.shape[1], server.d)
         self.known = {}
         self.fresh = True
+        self.code = self.factor = None     # the free codes the next solve sends first; I + G's Cholesky factor
 
     def for_free(self, free):
-        server, m = self.server, self.server.m
-        code = free[:m].astype(np.float64) + (2.0 * free[m:] if self.directions == 2 else 0.0)
+        """The solve on the free set ``free``: the capacitance moves to it with the first solve's first half (one
+        command, SPREAD_BOX_FREE: CG's first solve follows at once)."""
+        m = self.server.m
+        self.code = free[:m].astype(np.float64) + (2.0 * free[m:] if self.directions == 2 else 0.0)
+        return self.solve
+
+    def moved(self, rows):
+        """SPREAD_BOX_FREE with the first solve's rows: the chunks' partials ``Z_c^T u_c`` (chunks x K); the
+        changed tree nodes kept, ``I + G`` factored (None: no terms kept, or indefinite)."""
+        server, size = self.server, self.server.spread_size()
         pieces = []
-        for rank in range(server.spread_size()):
-            _, _, t0, t1 = rank_chunks(server.spread_chunks, rank, server.spread_size())
-            pieces.append(np.concatenate([[float(self.fresh)], code[t0:t1]]))
-        self.fresh = False
-        size = 2 + self.K * (self.K + 1) // 2
-        for piece in server.spread_command(DMTRLCommand.SPREAD_BOX_FREE, payload=pieces, target=self.directions):
-            for node in np.asarray(piece, dtype=np.float64).reshape(-1, size):
+        for rank in range(size):
+            _, _, t0, t1 = rank_chunks(server.spread_chunks, rank, size)
+            pieces.append(np.concatenate([[float(self.fresh)], self.code[t0:t1], rows[rank]]))
+        self.fresh, self.code = False, None
+        width = 2 + self.K * (self.K + 1) // 2
+        parts = []
+        for rank, piece in enumerate(server.spread_command(DMTRLCommand.SPREAD_BOX_FREE, payload=pieces,
+                                                            target=self.directions)):
+            c0, c1, _, _ = rank_chunks(server.spread_chunks, rank, size)
+            piece = np.asarray(piece, dtype=np.float64)
+            parts.append(piece[:(c1 - c0) * self.K].reshape(c1 - c0, self.K))
+            for node in piece[(c1 - c0) * self.K:].reshape(-1, width):
                 self.known[(int(node[0]), int(node[1]))] = node[2:]
-        factor = None
+        self.factor = None
         if self.K:
             G = np.zeros((self.K, self.K))
-            G[np.triu_indices(self.K)] = tree_sum(0, len(server.spread_chunks) - 1, self.known)
+            G[upper_mask(self.K)] = tree_sum(0, len(server.spread_chunks) - 1, self.known)
             G = G + np.triu(G, 1).T
-            factor = capacitance_factor(G)
+            self.factor = capacitance_factor(G)
+        return np.concatenate(parts)
 
-        def solve(r):
-            return self.solve(r, factor)
-        return solve
-
-    def solve(self, r, factor):
+    def solve(self, r):
+        """``r -> M_FF^-1 r`` (two commands; the first after :meth:`for_free` also moves the capacitance)."""
         server, m = self.server, self.server.m
         rows = server.spread_by_rank(r) if self.directions == 2 else self.by_rank(r)
-        parts = server.spread_by_chunk(DMTRLCommand.SPREAD_BOX_SOLVE, self.K, rows, target=self.directions)
+        if self.code is not None:
+            parts = self.moved(rows)
+        else:
+            parts = server.spread_by_chunk(DMTRLCommand.SPREAD_BOX_SOLVE, self.K, rows, target=self.directions)
+        factor = self.factor
         s = (scipy.linalg.cho_solve(factor, ordered_sum(parts), check_finite=False) if factor is not None
              else np.zeros(self.K))
         pieces = server.spread_command(DMTRLCommand.SPREAD_BOX_SOLVE_ROWS, payload=np.append(float(factor is not None),
