@@ -119,9 +119,9 @@ class RankCapacitance:
         for j, part in enumerate(self.parts):
             code = codes[pos:pos + part.m].astype(np.int8)
             pos += part.m
-            if self.fresh or np.any(code != part.code):
+            if self.fresh or np.any(code != part.code):      # (an unchanged chunk keeps its G and inverses)
                 changed.add(self.c0 + j)
-            part.update(code)
+                part.update(code)
         self.fresh = False
         out = []
         K = self.parts[0].G.shape[0] if self.parts else 0
@@ -138,8 +138,11 @@ class RankCapacitance:
         if (lo, hi) in self.sums and not any(lo <= j < hi for j in changed):
             return self.sums[(lo, hi)]
         mid = (lo + hi) // 2
-        self.sums[(lo, hi)] = total = self.node(lo, mid, changed) + self.node(mid, hi, changed)
-        return total
+        left, right = self.node(lo, mid, changed), self.node(mid, hi, changed)
+        total = self.sums.get((lo, hi))
+        if total is None:                 # kept and added into in place (no new r d x r d array a Newton iteration)
+            self.sums[(lo, hi)] = total = np.empty_like(left, order="F")
+        return np.add(left, right, out=total)
 
     def chunk_rows(self, rows, j, lo, hi):
         """Chunk j's part of a rank's rows (``[first halves; second halves]`` with two directions)."""
