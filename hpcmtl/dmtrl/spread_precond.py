@@ -172,17 +172,16 @@ class RankCapacitance:
 
 class SpreadPrecondBlocks(SpreadBlocks):
     """The spread preconditioner's worker half (every rank, rank 0 too): ``self.chunks.precond`` holds this rank's
-    :class:`RankCapacitance` of each box QP of the round in progress (by its direction count)."""
+    :class:`RankCapacitance` of the box QP in progress (by its direction count)."""
 
     def spread_box_free(self, ctrl, inputs):
         """SPREAD_BOX_FREE [fresh, this rank's tasks' free codes, its rows of r] -> per chunk ``Z_c^T Dg_c^-1 r_c``
         on the new free set (the first solve's half), then the changed tree nodes (RankCapacitance.free)."""
         st = self.chunks
         inputs = np.asarray(inputs, dtype=np.float64)
-        if not hasattr(st, "precond"):
-            st.precond = {}
-        if inputs[0] > 0 or ctrl.target not in st.precond:
-            st.precond[ctrl.target] = RankCapacitance(st, ctrl.target)
+        if inputs[0] > 0 or ctrl.target not in getattr(st, "precond", {}):
+            # a new QP's preconditioner: the last QP's (its chunks' G and tree sums) is not asked again
+            st.precond = {ctrl.target: RankCapacitance(st, ctrl.target)}
         rc, n = st.precond[ctrl.target], len(st.c2)
         nodes = rc.free(inputs[1:1 + n])
         return np.concatenate([rc.solve_up(inputs[1 + n:], st.bounds), nodes])
