@@ -31,6 +31,10 @@ def test_the_tree_s_nodes_of_every_rank_range_cover_it_and_sum_alike(n):
         assert spread_precond.tree_sum(0, n, known).tobytes() == whole.tobytes()
 
 
+class Chunks(spread.SpreadBlocks, spread_precond.SpreadPrecondBlocks):
+    """One rank's worker halves of the spread box round."""
+
+
 class Ranks(spread.SpreadServer):
     """Rank 0's spread server half with P ranks' worker halves run here in turn (what the commands do)."""
 
@@ -40,7 +44,7 @@ class Ranks(spread.SpreadServer):
         self.sigma_factors, self.n, self.BT = F, n, np.zeros_like(dB)
         self.P = P
         self.init_spread()
-        self.ranks = [spread_precond.SpreadPrecondBlocks() for _ in range(P)]
+        self.ranks = [Chunks() for _ in range(P)]
         for rank, blocks in enumerate(self.ranks):
             blocks.cluster = SimpleNamespace(rank=rank, size=P)
         pieces = self.spread_box_payloads(dB, dQ, scalars)

@@ -24,14 +24,21 @@ from .momentum import MomentumServer
 from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
-from .spread_precond import SpreadPrecondServer
+from .spread import SpreadBlocks, SpreadServer
+from .spread_precond import SpreadPrecondBlocks, SpreadPrecondServer
 from .steps import StepInputs, StepSolver
 from .supports import SupportServer
 
 
+class LocalChunks(SpreadBlocks, SpreadPrecondBlocks):
+    """The spread's worker halves that rank 0 runs itself when it computes every chunk (crowded ranks)."""
+
+
 class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, MarginServer, JointServer,
-             SpreadPrecondServer, ServerBase):
+             SpreadPrecondServer, SpreadServer, ServerBase):
     """Holds B, Sigma, W and drives the rounds; runs on rank 0 only."""
+
+    local_chunks = LocalChunks
 
     def __init__(self, cluster, source, config: DMTRLConfig, sigma_fixed=None, progress=None,
                  checkpointer=None, test=False, warn=None):

@@ -178,6 +178,7 @@ class ChunkState:
         else:
             self.K, self.c = cached.K, cached.c
         bounds = chunk_bounds(m)
+        self.n_chunks = len(bounds) - 1
         self.chunk0, self.chunk1, t0, t1 = rank_chunks(bounds, rank, size)
         self.bounds = bounds[self.chunk0:self.chunk1 + 1] - t0
         n = t1 - t0
@@ -359,6 +360,16 @@ class SpreadServer:
     def spread_sigma_times(self, XT):
         """``Sigma X`` by chunks on rank 0 alone: W outside the rounds, the bits the spread rounds give."""
         return chunked_sigma_times(self.sigma_factors, XT)
+
+    def spread_ranges(self):
+        """Each computing rank's ``(first chunk, end chunk, first task, end task)``, in rank order."""
+        size = self.spread_size()
+        return [rank_chunks(self.spread_chunks, rank, size) for rank in range(size)]
+
+    @staticmethod
+    def chunk_sum(parts):
+        """The chunks' partials added in chunk order (:func:`ordered_sum`)."""
+        return ordered_sum(parts)
 
     def spread_by_chunk(self, cmd, columns, payload, **fields):
         """``cmd``'s per-rank answers as one row of ``columns`` numbers a chunk (ranks own contiguous chunks in

@@ -30,7 +30,6 @@ from scipy.linalg.blas import dgemm
 
 from .commands import DMTRLCommand
 from .qp_precond import CAPACITY_MAX, CHUNK_ROWS, CapacitancePreconditioner, capacitance_factor, terms_of
-from .spread import SpreadBlocks, SpreadServer, chunk_bounds, ordered_sum, rank_chunks
 
 
 def tree_nodes(lo: int, hi: int, a: int, b: int):
@@ -97,7 +96,7 @@ class RankCapacitance:
 
     def __init__(self, st, directions):
         self.two = directions == 2
-        self.n_chunks = len(chunk_bounds(st.m)) - 1
+        self.n_chunks = st.n_chunks
         self.c0, self.c1 = st.chunk0, st.chunk1
         self.parts = []
         for j in range(len(st.bounds) - 1):
@@ -170,8 +169,9 @@ class RankCapacitance:
         return np.concatenate([u[:u.size // 2] for u in out] + [u[u.size // 2:] for u in out])
 
 
-class SpreadPrecondBlocks(SpreadBlocks):
-    """The spread preconditioner's worker half (every rank, rank 0 too): ``self.chunks.precond`` holds this rank's
+class SpreadPrecondBlocks:
+    """The spread preconditioner's worker half (a mixin beside :class:`.spread.SpreadBlocks`, every rank, rank 0
+    too: it reads the box round's chunks, ``self.chunks``): ``self.chunks.precond`` holds this rank's
     :class:`RankCapacitance` of the box QP in progress (by its direction count)."""
 
     def spread_box_free(self, ctrl, inputs):
@@ -217,17 +217,14 @@ class SpreadCapacitance:
     def moved(self, rows):
         """SPREAD_BOX_FREE with the first solve's rows: the chunks' partials ``Z_c^T u_c`` (chunks x K); the
         changed tree nodes kept, ``I + G`` factored (None: no terms kept, or indefinite)."""
-        server, size = self.server, self.server.spread_size()
-        pieces = []
-        for rank in range(size):
-            _, _, t0, t1 = rank_chunks(server.spread_chunks, rank, size)
-            pieces.append(np.concatenate([[float(self.fresh)], self.code[t0:t1], rows[rank]]))
+        server, ranges = self.server, self.server.spread_ranges()
+        pieces = [np.concatenate([[float(self.fresh)], self.code[t0:t1], part])
+                  for (_, _, t0, t1), part in zip(ranges, rows)]
         self.fresh, self.code = False, None
         width = 2 + self.K * (self.K + 1) // 2
         parts = []
-        for rank, piece in enumerate(server.spread_command(DMTRLCommand.SPREAD_BOX_FREE, payload=pieces,
-                                                            target=self.directions)):
-            c0, c1, _, _ = rank_chunks(server.spread_chunks, rank, size)
+        for (c0, c1, _, _), piece in zip(ranges, server.spread_command(DMTRLCommand.SPREAD_BOX_FREE, payload=pieces,
+                                                                        target=self.directions)):
             piece = np.asarray(piece, dtype=np.float64)
             parts.append(piece[:(c1 - c0) * self.K].reshape(c1 - c0, self.K))
             for node in piece[(c1 - c0) * self.K:].reshape(-1, width):
@@ -249,13 +246,12 @@ class SpreadCapacitance:
         else:
             parts = server.spread_by_chunk(DMTRLCommand.SPREAD_BOX_SOLVE, self.K, rows, target=self.directions)
         factor = self.factor
-        s = (scipy.linalg.cho_solve(factor, ordered_sum(parts), check_finite=False) if factor is not None
+        s = (scipy.linalg.cho_solve(factor, server.chunk_sum(parts), check_finite=False) if factor is not None
              else np.zeros(self.K))
         pieces = server.spread_command(DMTRLCommand.SPREAD_BOX_SOLVE_ROWS, payload=np.append(float(factor is not None),
                                        s), width=1 + self.K, target=self.directions)
         out = np.empty(r.size)
-        for rank, piece in enumerate(pieces):
-            _, _, t0, t1 = rank_chunks(server.spread_chunks, rank, server.spread_size())
+        for (_, _, t0, t1), piece in zip(server.spread_ranges(), pieces):
             n = t1 - t0
             out[t0:t1] = piece[:n]
             if self.directions == 2:
@@ -263,15 +259,12 @@ class SpreadCapacitance:
         return out
 
     def by_rank(self, x):
-        server = self.server
-        return [x[t0:t1] for _, _, t0, t1 in (rank_chunks(server.spread_chunks, rank, server.spread_size())
-                                               for rank in range(server.spread_size()))]
+        return [x[t0:t1] for _, _, t0, t1 in self.server.spread_ranges()]
 
 
-class SpreadPrecondServer(SpreadServer):
-    """The server's spread rounds with the box QPs' preconditioner on the chunks too."""
-
-    local_chunks = SpreadPrecondBlocks
+class SpreadPrecondServer:
+    """The server's spread rounds with the box QPs' preconditioner on the chunks too (a mixin before
+    :class:`.spread.SpreadServer`, whose box round asks for its inputs here)."""
 
     def spread_box_inputs(self):
         return super().spread_box_inputs()._replace(

@@ -22,6 +22,7 @@ from .joint import JointBlocks, JointCommand
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
+from .spread import SpreadBlocks
 from .spread_precond import SpreadPrecondBlocks
 from .steps import QP_ITERATIONS, box_qp, conjugate_along, conjugate_terms, coupled_passes
 from .supports import SupportBlocks
@@ -73,7 +74,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
-                  DualPhaseBlocks, BatchedBlocks, SpreadPrecondBlocks, LocalBase):
+                  DualPhaseBlocks, BatchedBlocks, SpreadBlocks, SpreadPrecondBlocks, LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
