@@ -12,8 +12,9 @@ reduction; the chunks' rows of dB, dP and B go down once a round, eta, beta and 
 (docs/many-tasks.md, "Server algebra spread over ranks").
 
 The box losses (hinge, smoothed hinge, logistic under 'qp' / 'adaptive': box momentum) spread the products of
-their step problem the same way: rank 0 runs the projected Newton-CG (its active sets, line searches, the
-capacitance preconditioner: O(m) vectors and O((r d)^2) matrices), and each product ``A v`` is two commands,
+their step problem the same way: rank 0 runs the projected Newton-CG (its active sets, line searches: O(m)
+vectors; its capacitance preconditioner's update and solves run on the chunks too, dmtrl/spread_precond.py, rank
+0 keeping the Cholesky), and each product ``A v`` is two commands,
 the chunks' ``V_c^T X_c`` up and ``Z = V^T X`` down, then the ranks' rows of ``A v`` up
 (:meth:`SpreadServer.spread_box_times`).  ``A v`` has the same bits at every rank count, so rank 0 takes the
 same decisions at every P; B is updated and ``W = B Sigma / lam`` computed on the chunks as for the squared loss.
