@@ -648,7 +648,8 @@ CASES = {
     # (P = 3, 4 on this machine's 2 cores: rank 0 computes every chunk), killed at P = 3 and resumed at P = 2
     "spread box step, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_spread,
                                                counts=(1, 2, 3, 4), compare=(("model", "W"),) + FACTORS + HISTORY,
-                                               env={"HPCMTL_SPREAD_MIN_TASKS": "512"}),
+                                               env={"HPCMTL_SPREAD_MIN_TASKS": "512",
+                                                    "HPCMTL_SPREAD_PRECOND_MIN_TASKS": "512"}),
     "factored Sigma, many tasks, hinge": Case(many_tasks, many_tasks_args("hinge"), check_factored(False),
                                               counts=(1, 3), compare=(("model", "W"),) + FACTORS + HISTORY),
     "graph kernel held sparse, many tasks": Case(many_tasks, sparse_graph_args, check_sparse_graph, counts=(1, 2, 3),

@@ -89,7 +89,9 @@ def squared_tasks(m, d, seed):
 def fit(Xs, ys, spread_on, monkeypatch, **kw):
     monkeypatch.setattr(sigma_rules, "FACTORED_MIN_TASKS", 0)
     monkeypatch.setattr(spread, "SPREAD_MIN_TASKS", 0 if spread_on else 10 ** 9)
+    monkeypatch.setattr(spread, "PRECOND_MIN_TASKS", 0 if spread_on else 10 ** 9)
     monkeypatch.delenv(spread.SPREAD_VARIABLE, raising=False)
+    monkeypatch.delenv(spread.PRECOND_VARIABLE, raising=False)
     return train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(**kw), warn=lambda msg: None)
 
 
@@ -247,13 +249,41 @@ def test_a_bad_spread_setting_is_one_line_on_every_rank(tmp_path):
                     "--quiet"], env={spread.SPREAD_VARIABLE: "lots"})
     assert r.returncode == 2
     assert "HPCMTL_SPREAD_MIN_TASKS" in one_error_line(r) and "not a whole number" in one_error_line(r)
+    r = run_hpcmtl(["train", "dmtrl", "--train", path, "--out", tmp_path / "o.h5", "--loss", "squared", "--lam", "0.1",
+                    "--quiet"], env={spread.PRECOND_VARIABLE: "4k"})
+    assert r.returncode == 2 and not (tmp_path / "o.h5").exists()
+    assert "HPCMTL_SPREAD_PRECOND_MIN_TASKS='4k'" in one_error_line(r) and "not a whole number" in one_error_line(r)
+
+
+@pytest.mark.parametrize("precond_min", [0, 200, 201])
+def test_the_box_preconditioner_goes_by_chunks_from_its_own_task_count(precond_min, monkeypatch):
+    """With the spread on, the box QPs' products always go by chunks, and their preconditioner from
+    PRECOND_MIN_TASKS tasks on (m = 200 here: 'qp' rounds, as box_fits'): below it rank 0's own (no
+    SPREAD_BOX_FREE sent), from it the chunks'."""
+    Xs, ys = box_tasks("hinge", 200, 6, 200)
+    free, products = [], []
+    monkeypatch.setattr(spread_precond.SpreadPrecondBlocks, "spread_box_free",
+                        lambda self, *a, inner=spread_precond.SpreadPrecondBlocks.spread_box_free:
+                        free.append(1) or inner(self, *a))
+    monkeypatch.setattr(spread.SpreadBlocks, "spread_box_direction",
+                        lambda self, *a, inner=spread.SpreadBlocks.spread_box_direction:
+                        products.append(1) or inner(self, *a))
+    fit(Xs, ys, True, monkeypatch, loss="hinge", lam=0.05, tol=1e-6, outer=2, outer_tol=0)
+    assert products and free
+    monkeypatch.setattr(spread, "PRECOND_MIN_TASKS", precond_min)
+    free.clear()
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="hinge", lam=0.05, tol=1e-6, outer=2,
+                                                                       outer_tol=0), warn=lambda msg: None)
+    assert all(result.wsteps["converged"])
+    assert bool(free) == (precond_min <= 200)
 
 
 def spread_runs(path, loss, runs, tmp_path, timeout):
     """`train dmtrl` of 512 tasks in 3 chunks of 200 (the last 112), spread from 512 tasks, at each (P, wait) of
     ``runs``: the result files by P (the sleeping run under "local")."""
     driver = ("import sys; from hpcmtl.dmtrl import spread; spread.CHUNK_MIN_TASKS = 200; "
-              "spread.SPREAD_MIN_TASKS = 512; from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
+              "spread.SPREAD_MIN_TASKS = 512; spread.PRECOND_MIN_TASKS = 512; "
+              "from hpcmtl.cli import main; sys.exit(main(sys.argv[1:]))")
     results = {}
     for P, wait in runs:
         out = tmp_path / f"p{P}{wait}.h5"

@@ -43,6 +43,13 @@ from .steps import block_jacobi
 # measurements behind the number: docs/many-tasks.md
 SPREAD_MIN_TASKS = 4096
 SPREAD_VARIABLE = "HPCMTL_SPREAD_MIN_TASKS"
+# from this many tasks (and the spread on) the box QPs' capacitance preconditioner goes by chunks too
+# (dmtrl/spread_precond.py); below it rank 0 keeps its own.  The chunks' capacitances cost every changed chunk its
+# own r d x r d update and the tree's sums over it, where rank 0's moves one matrix by all the changes: more
+# arithmetic and memory in all, a win only where the ranks' share outweighs that (many tasks, a rank a core).
+# HPCMTL_SPREAD_PRECOND_MIN_TASKS overrides it, read by every rank alike.  Measurements: docs/many-tasks.md
+PRECOND_MIN_TASKS = 32768
+PRECOND_VARIABLE = "HPCMTL_SPREAD_PRECOND_MIN_TASKS"
 # a chunk holds at least CHUNK_MIN_TASKS tasks (a chunk's partial costs a BLAS call and r d numbers of traffic),
 # and there are at most MAX_CHUNKS chunks (the partials rank 0 receives each reduction: MAX_CHUNKS r d numbers)
 CHUNK_MIN_TASKS = 64
@@ -53,15 +60,16 @@ TASK_SCALARS = ("g1", "g2", "a11", "a12", "a22", "c2", "cross", "c2q", "n")
 BOX_SCALARS = ("c2", "cross", "c2q", "n")
 
 
-def spread_min_tasks() -> int:
-    """:data:`SPREAD_MIN_TASKS`, or the environment's ``HPCMTL_SPREAD_MIN_TASKS`` (the same on every rank)."""
-    raw = os.environ.get(SPREAD_VARIABLE)
+def spread_min_tasks(variable: str = SPREAD_VARIABLE) -> int:
+    """:data:`SPREAD_MIN_TASKS` (``variable`` PRECOND_VARIABLE: :data:`PRECOND_MIN_TASKS`), or the environment's
+    ``variable`` (the same on every rank)."""
+    raw = os.environ.get(variable)
     if raw is None or not raw.strip():
-        return SPREAD_MIN_TASKS
+        return PRECOND_MIN_TASKS if variable == PRECOND_VARIABLE else SPREAD_MIN_TASKS
     try:
         return int(raw)
     except ValueError:
-        raise InputError(f"environment variable {SPREAD_VARIABLE}={raw!r}: not a whole number of tasks") from None
+        raise InputError(f"environment variable {variable}={raw!r}: not a whole number of tasks") from None
 
 
 # ---------------------------------------------------------------------------
@@ -240,6 +248,7 @@ class SpreadBlocks:
         """Every rank reads the spread's setting (HPCMTL_SPREAD_MIN_TASKS) as it builds its local state, so a bad
         value is the same one-line error on every rank before the first round."""
         spread_min_tasks()
+        spread_min_tasks(PRECOND_VARIABLE)
 
     def spread_start(self, ctrl, inputs):
         """SPREAD_START: this rank's rows -> per chunk ``[r.z, V_c^T X_c of p = M g]`` (CG's start)."""
@@ -329,6 +338,7 @@ class SpreadServer:
         self.spread_rows = None           # (B, dP) as the last spread round left them on the ranks' chunks
         self.spread_chunks = chunk_bounds(self.m)
         self.spread_min = spread_min_tasks()
+        self.spread_precond_min = spread_min_tasks(PRECOND_VARIABLE)     # dmtrl/spread_precond.py asks it
         self.spread_local = None          # rank 0's own chunks when it computes all of them (spread_command)
         self.spread_products = 0          # the box losses' spread products of the round in progress (benches read it)
 

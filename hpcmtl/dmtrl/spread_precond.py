@@ -18,7 +18,8 @@ its tasks (the chunks of dmtrl/spread.py: the same arithmetic, a chunk's numbers
   added in chunk order; ``SPREAD_BOX_SOLVE_ROWS`` (Bcast ``s = C^-1 Z^T u``) -> each rank its rows of
   ``Dg^-1 (r - Z s)``, the lifted tasks' null directions removed.
 
-Rank 0 keeps the Newton-CG, its active sets and line searches (O(m) vector work a product, cheap beside the
+From ``spread.PRECOND_MIN_TASKS`` tasks on (below it rank 0's one G moved by all the changes costs less than the
+chunks' own updates and sums: docs/many-tasks.md).  Rank 0 keeps the Newton-CG, its active sets and line searches (O(m) vector work a product, cheap beside the
 rest) and only its ``precond`` changes: the solves are the rank-0 path's arithmetic on chunks (other roundings
 of the same numbers), so the spread path is bitwise the same at every P, not the rank-0 path's bits.
 """
@@ -267,5 +268,7 @@ class SpreadPrecondServer:
     :class:`.spread.SpreadServer`, whose box round asks for its inputs here)."""
 
     def spread_box_inputs(self):
-        return super().spread_box_inputs()._replace(
-            capacitance=lambda directions: SpreadCapacitance(self, directions))
+        inputs = super().spread_box_inputs()
+        if self.m < self.spread_precond_min:        # rank 0's own preconditioner (spread.PRECOND_MIN_TASKS)
+            return inputs
+        return inputs._replace(capacitance=lambda directions: SpreadCapacitance(self, directions))
