@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine import Command, Down, Up
+from ..taskdata import float64_chunks
 from .dual_phase import DUAL_STALL, FIRST_STEP, MU_EVERY, START, STEP_TRIAL_AFTER, TRIAL
 
 # the prox-linear phase runs where the m x m problem in S and m numbers a row are cheap (more tasks: dual_phase)
@@ -66,11 +67,13 @@ class SpectralPhaseBlocks:
         VT = flat[:-2].reshape(m, -1)
         self.spectral_q = []
         for blk, f in zip(self.blocks, self.columns):
-            V = VT if f is None else VT[:, f]
-            q = np.empty((blk.n_rows, m))
-            for col in range(m):
-                q[:, col] = blk.y * blk.decision(np.ascontiguousarray(V[col]))
-            self.spectral_q.append(q)
+            V = np.ascontiguousarray((VT if f is None else VT[:, f]).T)          # the block's columns x m
+            # all m columns in one pass over the rows (m matvecs would read them m times)
+            q = np.concatenate([np.asarray(C @ V).reshape(-1, m) for C in float64_chunks(blk.X)] or
+                               [np.zeros((0, m))])
+            if blk.mu is not None:                                           # implicitly centered rows
+                q -= np.array([blk.z_shift(V[:, col]) for col in range(m)])[None, :]
+            self.spectral_q.append(q * blk.y[:, None])
 
     def spectral_eval(self, ctrl, flat):
         m = ctrl.m
