@@ -254,7 +254,8 @@ def test_store_modules_import_only_the_store_modules_below_them():
 
 # hpcmtl/dmtrl/: the cores (worker, server, the package's __init__) plug the features in; a feature imports only
 # the pieces below it, never a core or another feature, and the pieces import no feature
-DMTRL_PIECES = {"commands", "config", "sigma", "steps", "qp_precond", "outer", "dual_phase"}   # dual_phase: the joint outer step's hinge part
+DMTRL_PIECES = {"commands", "config", "sigma", "steps", "qp_precond", "outer", "dual_phase",
+                "spectral_phase"}   # dual_phase, spectral_phase: the joint outer step's hinge part
 DMTRL_FEATURES = {"supports", "momentum", "local_rounds", "interior_rounds", "margin", "joint", "batched", "spread",
                   "spread_precond"}
 DMTRL_CORES = {"worker", "server", "__init__"}

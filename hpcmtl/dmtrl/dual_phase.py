@@ -1,4 +1,6 @@
-"""The hinge loss's outer step: accelerated ascent on a smoothed joint dual (issue 36).
+"""The hinge loss's outer step: accelerated ascent on a smoothed joint dual (issue 36), for more tasks than
+:data:`hpcmtl.dmtrl.spectral_phase.MAX_TASKS` (fewer take the prox-linear phase there, which keeps the spectral norm
+exact: this phase's steps shrink with mu where the top eigenvalues of V^T V tie).
 
 The smooth losses reach the learned-Sigma optimum by an accelerated proximal-gradient phase on P(W)
 (:func:`hpcmtl.dmtrl.joint.accelerated_phase`); the hinge loss has no gradient, and its W-steps alone stall

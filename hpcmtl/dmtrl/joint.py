@@ -34,6 +34,7 @@ from .. import _joint_terms, _sdca
 from ..engine import Command, Down, Up, check_finite_rows
 from ..losses import get_loss
 from .dual_phase import DualCommand, dual_phase
+from .spectral_phase import MAX_TASKS, SpectralCommand, spectral_phase
 
 # the prox step t: STEP_SPREAD candidates on each side of the last chosen t (or of the first guess), a factor
 # STEP_FACTOR apart; t = 0 (W itself) is always a candidate
@@ -373,7 +374,7 @@ class JointBlocks:
 
 
 def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, gradient=None, outer_tol=0.0,
-               stop=None, dual=None, steps_left=None):
+               stop=None, dual=None, steps_left=None, spectral=None):
     """The joint certificate at W and the W of the next Omega-step: ``(fields, W^T or None)``.
 
     ``evaluate(wts)`` returns the per-task sums of :func:`block_joint_terms` (m x (K + S)) at the candidates
@@ -385,6 +386,8 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
     :func:`.dual_phase.dual_phase`, which runs instead while the joint gap is above ``outer_tol``: its dual
     bounds join the certificate and its W_mu is the next Omega-step's (the covariance its dual points to).
     ``steps_left``: the W-steps --outer still allows after this one (a move that may raise P needs two).
+    ``spectral`` (the hinge loss at most MAX_TASKS tasks): ``(project, evaluate)`` of SPECTRAL_PROJECT and
+    SPECTRAL_EVAL: the phase is then :func:`.spectral_phase.spectral_phase` (prox-linear), the same in every other way.
     Shared by the server and the centralized baselines.
     """
     center = outer_state.prox_center or first_step(WT, BT)
@@ -448,7 +451,11 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
             budget, out["dual_capped"] = capped, 1
         # its target is --outer-tol itself: the phase's bounds certify the W-step just ended (the loop then ends on
         # it), unlike the accelerated phase's, whose W needs another W-step and so room below --outer-tol
-        phase = dual_phase(lam, n, dual, out["joint_primal"], budget, outer_tol, outer_state.apg_step, stop)
+        if spectral is not None:
+            phase = spectral_phase(lam, n, dual, *spectral, out["joint_primal"], budget, outer_tol, outer_state.apg_step,
+                                   stop)
+        else:
+            phase = dual_phase(lam, n, dual, out["joint_primal"], budget, outer_tol, outer_state.apg_step, stop)
         outer_state.apg_step = phase["step"]
         out["apg_iterations"] = phase["iterations"]
         if phase["dual"] > max(bounds + [out["joint_dual"]]):
@@ -612,12 +619,25 @@ class JointServer:
             check_finite_rows(rows, self.round, self.names, "dual phase's V or sum", self.outer)
             return rows
 
+        def project(VT, theta, accept):
+            flat = np.concatenate([VT.ravel(), [theta, float(accept)]])
+            self.command(SpectralCommand.SPECTRAL_PROJECT, payload=flat, width=flat.size, m=self.m)
+
+        def spectral_eval(S, tau):
+            flat = np.concatenate([S.ravel(), [tau, self.config.lam]])
+            raw = self.command(SpectralCommand.SPECTRAL_EVAL, payload=flat, width=flat.size, m=self.m)
+            rows = self.per_task(raw)
+            check_finite_rows(rows, self.round, self.names, "prox-linear phase's sums", self.outer)
+            return rows
+
         smooth = get_loss(self.config.loss).smooth
+        hinge = self.config.loss == "hinge"
         out, self.next_wt = joint_step(self.outer_state, self.config.loss, self.config.lam, self.config.eig_floor,
                                        self.n, self.dense_wt(), self.space.dense(self.BT), evaluate,
                                        gradient if smooth else None, self.config.outer_tol,
-                                       self.signal_pending, dual if self.config.loss == "hinge" else None,
-                                       self.config.outer - self.outer_state.outer - 1)
+                                       self.signal_pending, dual if hinge else None,
+                                       self.config.outer - self.outer_state.outer - 1,
+                                       (project, spectral_eval) if hinge and self.m <= MAX_TASKS else None)
         if hasattr(self.progress, "outer_step"):
             self.progress.outer_step(self.outer, out)
         return out

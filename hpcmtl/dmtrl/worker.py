@@ -19,6 +19,7 @@ from .config import DMTRLConfig, uses_exact_box_solver, uses_exact_solver
 from .interior_rounds import InteriorBlocks
 from .dual_phase import DualCommand, DualPhaseBlocks
 from .joint import JointBlocks, JointCommand
+from .spectral_phase import SpectralCommand, SpectralPhaseBlocks
 from .local_rounds import LocalRoundBlocks
 from .margin import MarginBlocks
 from .momentum import MomentumBlocks, box_direction
@@ -74,7 +75,7 @@ def box_local_step(blk, a, w, c, loss, gamma=1.0):
 
 
 class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlocks, MarginBlocks, JointBlocks,
-                  DualPhaseBlocks, BatchedBlocks, SpreadBlocks, SpreadPrecondBlocks, LocalBase):
+                  DualPhaseBlocks, SpectralPhaseBlocks, BatchedBlocks, SpreadBlocks, SpreadPrecondBlocks, LocalBase):
     """A rank's task blocks with their dual variables and current w columns.
 
     Each method named by a :class:`DMTRLCommand` is the worker-side computation of
@@ -90,7 +91,7 @@ class LocalBlocks(SupportBlocks, MomentumBlocks, LocalRoundBlocks, InteriorBlock
     (None: the block keeps all d columns).
     """
 
-    COMMANDS = (EngineCommand, DMTRLCommand, JointCommand, DualCommand)
+    COMMANDS = (EngineCommand, DMTRLCommand, JointCommand, DualCommand, SpectralCommand)
 
     def __init__(self, cluster, blocks, config: DMTRLConfig, test_blocks=None, consume=False):
         """``consume``: the caller hands ``blocks`` over (its list then holds this rank's blocks as computed
