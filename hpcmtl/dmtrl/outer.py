@@ -180,6 +180,19 @@ class GapHistory:
     def __init__(self):
         self.rows = {k: [] for k in self.COLUMNS}
         self.halving_seen = (None, 0, (np.inf, 0))    # (outer, rows read, halving state): since_halved's cache
+        self.first_seen = (None, 0)                   # (outer, its first row): first_row's cache
+
+    def first_row(self, outer):
+        """The index of W-step ``outer``'s first recorded row (the row count when it has none yet), found once a
+        W-step (a W-step's rows are the last ones while it runs)."""
+        cached, first = self.first_seen
+        outers = self.rows["outer"]
+        if cached != outer or first > len(outers) or (first < len(outers) and outers[first] != outer):
+            first = len(outers)
+            while first > 0 and outers[first - 1] == outer:
+                first -= 1
+            self.first_seen = (outer, first)
+        return first
 
     def since_halved(self, outer, rel_gap=None):
         """:func:`rounds_since_halved` of W-step ``outer``'s recorded rows (and ``rel_gap`` after them), read
@@ -224,6 +237,7 @@ class GapHistory:
         for k in self.COLUMNS:
             self.rows[k] = list(arrays.get(f"history_{k}", np.full(n, np.nan)))
         self.halving_seen = (None, 0, (np.inf, 0))
+        self.first_seen = (None, 0)
 
 
 def next_halving(state, rel_gap):

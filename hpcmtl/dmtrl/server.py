@@ -21,8 +21,7 @@ from .joint import JointServer
 from .local_rounds import LocalRoundServer
 from .margin import MarginServer
 from .momentum import MomentumServer
-from .outer import (GapHistory, OuterState, budget_window, outer_loop, primal_dual_of, round_budget,
-                    stalled_since)
+from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, round_budget, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
 from .spread import SpreadServer
@@ -260,10 +259,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         if self.wstep_round < cfg.max_rounds:
             return cfg.max_rounds
         rows = self.history.rows
-        start = end = len(rows["outer"])
-        window = budget_window(cfg.max_rounds, cfg.gap_every)
-        while start > 0 and end - start <= window and rows["outer"][start - 1] == self.outer:
-            start -= 1
+        start = self.history.first_row(self.outer)
         return round_budget(rows["round"][start:], rows["rel_gap"][start:], self.wstep_round, cfg.tol, cfg.max_rounds,
                             cfg.gap_every)
 

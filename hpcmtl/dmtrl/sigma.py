@@ -131,7 +131,7 @@ RHO_LOW = 0.25
 
 
 def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
-    """The 'qp' aggregation's per-task rho_i under a task covariance: ``max(1/2, s_i)``, 1 when Sigma is diagonal.
+    """The 'qp' aggregation's per-task rho_i under a task covariance: ``max(RHO_LOW, s_i)``, 1 when Sigma is diagonal.
 
     ``s_i = 1 / (sigma_ii (Sigma^-1)_ii)`` in (0, 1] is the curvature of task i's
     direction when the other tasks' b follow optimally (the Schur complement) relative
