@@ -46,7 +46,7 @@ def test_a_stalled_or_rising_gap_stops_at_max_rounds():
 def test_the_rate_is_the_smallest_gaps_through_the_hinges_ups_and_downs():
     """The hinge's gap moves 2x up and down from round to round; the smallest gap so far falls 0.99x a round, and
     the budget is within 6 rounds of the smooth gap's (917: the smallest gap may be two rounds old), also when the
-    last gap jumps 3x up (the last gaps' own rate would then be 0.9932x a round: 363 rounds more)."""
+    last gap jumps 3x up (the last gaps' own rate would then be 0.9932x a round: 775 rounds more)."""
     k, g = geometric(1e-2, 0.99, 500)
     noisy = g * np.where(k % 2 == 0, 1.0, 2.0)
     smooth = round_budget(k, g, 500, 1e-6, 500)
