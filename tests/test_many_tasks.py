@@ -9,7 +9,7 @@ from numpy.testing import assert_allclose
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
 from hpcmtl.dmtrl import sigma as sigma_rules
-from hpcmtl.dmtrl.sigma import SigmaFactors, coupled_rho, omega_factors
+from hpcmtl.dmtrl.sigma import RHO_LOW, SigmaFactors, coupled_rho, omega_factors
 from hpcmtl.dmtrl.steps import StepInputs, StepSolver, box_qp, box_qp_operator
 from hpcmtl.errors import InputError
 from hpcmtl.estimators import MemoryTasks
@@ -52,7 +52,7 @@ def test_factored_omega_step_is_the_dense_one(m, d, rank):
     ev, U = np.linalg.eigh(ref)                  # Sigma^-1 from its eigenvectors (an explicit inv loses cond * eps)
     inv_diag = (U * U) @ (1.0 / ev)
     assert_allclose(f.inverse_diag(), inv_diag, rtol=1e-7)
-    assert_allclose(coupled_rho(f), np.clip(1.0 / (np.diag(ref) * inv_diag), 0.5, 1.0), rtol=1e-7)
+    assert_allclose(coupled_rho(f), np.clip(1.0 / (np.diag(ref) * inv_diag), RHO_LOW, 1.0), rtol=1e-7)
     assert_allclose(coupled_rho(f), coupled_rho(ref), rtol=1e-6)
 
 
