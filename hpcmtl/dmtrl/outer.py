@@ -266,17 +266,19 @@ def stalled_since(rounds, rel_gaps):
     return int(rounds[len(rounds) - 1 - since])
 
 
-# a W-step's round budget past --max-rounds (round_budget): the gap's rate over its last BUDGET_WINDOW_SHARE of
-# --max-rounds recorded rounds (at least STALLED_ROWS rows) projects the round it reaches --tol at; the W-step goes on
-# to that round while it is at most BUDGET_MOST times --max-rounds, and stops as soon as the projection passes that
+# a W-step's round budget past --max-rounds (round_budget): the rate of its smallest gap over its last
+# BUDGET_WINDOW_SHARE of --max-rounds recorded rounds (at least STALLED_ROWS rows) projects the round it reaches --tol
+# at; the W-step goes on to that round while it is at most BUDGET_MOST times --max-rounds, and stops as soon as the
+# projection passes that
 BUDGET_WINDOW_SHARE = 0.25
 BUDGET_MOST = 4
 
 
 def round_budget(rounds, rel_gaps, done, tol, max_rounds, gap_every=1):
     """The rounds a W-step may take: ``max_rounds``, or, once it has taken them (``done``), the round at which the
-    rate of its recorded relative gaps ``rel_gaps`` (at global ``rounds``, the W-step's own, oldest first) over
-    the last window projects ``tol``, when that is at most ``BUDGET_MOST * max_rounds``.
+    rate of the smallest of its recorded relative gaps ``rel_gaps`` (at global ``rounds``, the W-step's own, oldest
+    first) over the last :func:`budget_window` rows projects ``tol``, when that is at most ``BUDGET_MOST *
+    max_rounds``.
 
     A W-step's rounds grow with Sigma's conditioning (the late W-steps of a learned Sigma: a coupled dual whose
     per-task blocks the others nearly explain converges linearly at a rate that falls with the eigenvalue floor), so
