@@ -193,7 +193,9 @@ def test_factored_and_dense_paths_train_the_same_model(loss, m, d, sparse, monke
     scale = np.abs(a.W).max() * (1e-8 if loss == "logistic" else 1e-10)
     assert_allclose(b.W, a.W, rtol=0, atol=scale)
     assert isinstance(b.Sigma, SigmaFactors) and isinstance(a.Sigma, np.ndarray)     # never m x m when factored
-    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=1e-10 * np.abs(a.Sigma).max())
+    # Sigma is the Omega-step of W: logistic's to W's 1e-8 (2e-9 measured at m 5, d 12 with the least qp rho 1/4)
+    sigma_rel = 1e-8 if loss == "logistic" else 1e-10
+    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=sigma_rel * np.abs(a.Sigma).max())
     for key in ("primal", "dual"):
         assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
     assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())
