@@ -10,6 +10,7 @@ from hpcmtl.cluster import Cluster
 from hpcmtl import dmtrl
 from hpcmtl import _sdca
 from hpcmtl.dmtrl import margin as dmtrl_margin, steps as dmtrl_steps
+from hpcmtl.dmtrl.sigma import RHO_LOW
 from hpcmtl.dmtrl import (AGGREGATIONS, DMTRLConfig, box_qp, conjugate_along, coupled_passes, coupled_rho,
                          task_rho_bounds, train)
 from hpcmtl.estimators import MemoryTasks
@@ -112,9 +113,9 @@ def test_dual_never_decreases_and_the_gap_is_a_certificate(loss, aggregation):
         assert np.all(np.diff(dual) >= -1e-13 * scale), (loss, aggregation, np.min(np.diff(dual)))
     assert np.all(h["primal"] - h["dual"] >= -1e-12 * np.abs(h["primal"]))
     assert np.all(np.isfinite(h["primal"])) and np.all(np.isfinite(h["dual"]))
-    if aggregation == "qp":       # dmtrl.coupled_rho: 1 under the diagonal Sigma = I / m, in [1/2, 1] after it
+    if aggregation == "qp":       # dmtrl.coupled_rho: 1 under the diagonal Sigma = I / m, in [1/4, 1] after it
         assert np.all(h["rho"][h["outer"] == 0] == 1)
-        assert np.all((h["rho"] >= 0.5) & (h["rho"] <= 1))
+        assert np.all((h["rho"] >= RHO_LOW) & (h["rho"] <= 1))
     elif aggregation != "safe":
         assert np.all(h["rho"] >= 1)
         if loss != "squared" or aggregation == "line":   # the squared loss's dual has no box: any step is feasible

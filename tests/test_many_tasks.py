@@ -9,7 +9,7 @@ from numpy.testing import assert_allclose
 from hpcmtl.cluster import Cluster
 from hpcmtl.dmtrl import DMTRLConfig, omega_step, train
 from hpcmtl.dmtrl import sigma as sigma_rules
-from hpcmtl.dmtrl.sigma import SigmaFactors, coupled_rho, omega_factors
+from hpcmtl.dmtrl.sigma import RHO_LOW, SigmaFactors, coupled_rho, omega_factors
 from hpcmtl.dmtrl.steps import StepInputs, StepSolver, box_qp, box_qp_operator
 from hpcmtl.errors import InputError
 from hpcmtl.estimators import MemoryTasks
@@ -52,7 +52,7 @@ def test_factored_omega_step_is_the_dense_one(m, d, rank):
     ev, U = np.linalg.eigh(ref)                  # Sigma^-1 from its eigenvectors (an explicit inv loses cond * eps)
     inv_diag = (U * U) @ (1.0 / ev)
     assert_allclose(f.inverse_diag(), inv_diag, rtol=1e-7)
-    assert_allclose(coupled_rho(f), np.clip(1.0 / (np.diag(ref) * inv_diag), 0.5, 1.0), rtol=1e-7)
+    assert_allclose(coupled_rho(f), np.clip(1.0 / (np.diag(ref) * inv_diag), RHO_LOW, 1.0), rtol=1e-7)
     assert_allclose(coupled_rho(f), coupled_rho(ref), rtol=1e-6)
 
 
@@ -193,7 +193,9 @@ def test_factored_and_dense_paths_train_the_same_model(loss, m, d, sparse, monke
     scale = np.abs(a.W).max() * (1e-8 if loss == "logistic" else 1e-10)
     assert_allclose(b.W, a.W, rtol=0, atol=scale)
     assert isinstance(b.Sigma, SigmaFactors) and isinstance(a.Sigma, np.ndarray)     # never m x m when factored
-    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=1e-10 * np.abs(a.Sigma).max())
+    # Sigma is the Omega-step of W: logistic's to W's 1e-8 (2e-9 measured at m 5, d 12 with the least qp rho 1/4)
+    sigma_rel = 1e-8 if loss == "logistic" else 1e-10
+    assert_allclose(b.Sigma.dense(), a.Sigma, rtol=0, atol=sigma_rel * np.abs(a.Sigma).max())
     for key in ("primal", "dual"):
         assert_allclose(b.history[key], a.history[key], rtol=1e-10, atol=1e-12)
     assert_allclose(b.history["gap"], a.history["gap"], rtol=0, atol=1e-10 * np.abs(a.history["primal"]).max())

@@ -32,7 +32,7 @@ class DMTRLConfig:
     lam: float = 1e-3
     gamma: float = 1.0              # smoothed-hinge parameter
     tol: float = 1e-6               # relative duality gap of each W-step
-    max_rounds: int = 500           # rounds per W-step
+    max_rounds: int = 500           # rounds per W-step, then a budget that follows the gap (outer.round_budget)
     outer: int = 30                 # maximum W-steps (learned Sigma)
     outer_tol: float = 2e-4         # joint relative duality gap of the learned-Sigma problem (dmtrl.joint)
     local_iters: float = 1.0        # H as a multiple of each block's rows

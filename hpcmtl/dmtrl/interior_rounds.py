@@ -159,7 +159,7 @@ class InteriorServer:
         row, certified, accepted = None, False, False
         halved, smallest, since = np.inf, np.inf, 0      # x's gap at its last halving, its smallest; rounds since
         for _ in range(interior.MAX_ROUNDS):
-            if self.wstep_round >= cfg.max_rounds:
+            if self.wstep_round >= self.round_budget():
                 break
             self.wstep_round += 1
             self.round += 1
@@ -177,7 +177,7 @@ class InteriorServer:
             if primal_x <= primal_best:                # the best w seen (weak duality: any w against alpha's D)
                 primal_best, best_WT = primal_x, WxT
             certified = primal_best - dual_a <= cfg.tol * max(abs(primal_best), 1e-300)
-            if certified or self.wstep_round % cfg.gap_every == 0 or self.wstep_round == cfg.max_rounds:
+            if certified or self.wstep_round % cfg.gap_every == 0 or self.wstep_round >= cfg.max_rounds:
                 row = self.record(primal_best, dual_a)
             if certified:
                 break
@@ -209,7 +209,7 @@ class InteriorServer:
                                                    + a_primal * a_dual * c[:, 3]), n_total)
         self.command(DMTRLCommand.INTERIOR_END, payload=np.array([float(accepted)]), width=1)
         self.recompute_w()
-        if certified or self.wstep_round >= cfg.max_rounds:
+        if certified or self.wstep_round >= self.round_budget():
             self.WT = best_WT               # the w of the last row's P (alpha's own, or an iterate's with a smaller P)
         self.mirrors_stale()                # the workers' mirror of B (box momentum on supports) is stale
         self.push_w(False)

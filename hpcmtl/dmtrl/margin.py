@@ -266,7 +266,7 @@ class MarginServer:
         history, so a resumed run decides alike."""
         if not self.margin_correction_possible():
             return False
-        if self.wstep_round >= self.config.max_rounds:
+        if self.wstep_round >= self.round_budget():
             return True
         rel_gap = (primal - dual) / max(abs(primal), 1e-300)
         if rel_gap <= MARGIN_NEAR * self.config.tol:

@@ -180,6 +180,19 @@ class GapHistory:
     def __init__(self):
         self.rows = {k: [] for k in self.COLUMNS}
         self.halving_seen = (None, 0, (np.inf, 0))    # (outer, rows read, halving state): since_halved's cache
+        self.first_seen = (None, 0)                   # (outer, its first row): first_row's cache
+
+    def first_row(self, outer):
+        """The index of W-step ``outer``'s first recorded row (the row count when it has none yet), found once a
+        W-step (a W-step's rows are the last ones while it runs)."""
+        cached, first = self.first_seen
+        outers = self.rows["outer"]
+        if cached != outer or first > len(outers) or (first < len(outers) and outers[first] != outer):
+            first = len(outers)
+            while first > 0 and outers[first - 1] == outer:
+                first -= 1
+            self.first_seen = (outer, first)
+        return first
 
     def since_halved(self, outer, rel_gap=None):
         """:func:`rounds_since_halved` of W-step ``outer``'s recorded rows (and ``rel_gap`` after them), read
@@ -224,6 +237,7 @@ class GapHistory:
         for k in self.COLUMNS:
             self.rows[k] = list(arrays.get(f"history_{k}", np.full(n, np.nan)))
         self.halving_seen = (None, 0, (np.inf, 0))
+        self.first_seen = (None, 0)
 
 
 def next_halving(state, rel_gap):
@@ -250,3 +264,44 @@ def stalled_since(rounds, rel_gaps):
     if since < max(STALLED_ROWS, len(rel_gaps) // 2):
         return None
     return int(rounds[len(rounds) - 1 - since])
+
+
+# a W-step's round budget past --max-rounds (round_budget): the rate of its smallest gap over its last
+# BUDGET_WINDOW_SHARE of --max-rounds recorded rounds (at least STALLED_ROWS rows) projects the round it reaches --tol
+# at; the W-step goes on to that round while it is at most BUDGET_MOST times --max-rounds, and stops as soon as the
+# projection passes that
+BUDGET_WINDOW_SHARE = 0.25
+BUDGET_MOST = 4
+
+
+def round_budget(rounds, rel_gaps, done, tol, max_rounds, gap_every=1):
+    """The rounds a W-step may take: ``max_rounds``, or, once it has taken them (``done``), the round at which the
+    rate of the smallest of its recorded relative gaps ``rel_gaps`` (at global ``rounds``, the W-step's own, oldest
+    first) over the last :func:`budget_window` rows projects ``tol``, when that is at most ``BUDGET_MOST *
+    max_rounds``.
+
+    A W-step's rounds grow with Sigma's conditioning (the late W-steps of a learned Sigma: a coupled dual whose
+    per-task blocks the others nearly explain converges linearly at a rate that falls with the eigenvalue floor), so
+    a fixed budget cuts W-steps that are converging steadily; the budget follows the gap's own progress instead, and
+    a W-step whose rate would not reach ``tol`` within the cap (a stall, or a crawl) stops at ``max_rounds`` as
+    before.  The projection is read from the recorded rows alone, so a resumed run decides alike at any rank count.
+    """
+    if done < max_rounds:
+        return max_rounds
+    window = budget_window(max_rounds, gap_every)
+    if len(rel_gaps) <= window:
+        return max_rounds
+    # the hinge's gap moves up and down by 2x within tens of rounds (the primal of each alpha): the rate is the
+    # smallest gap's, now against a window before
+    now, then = float(np.min(rel_gaps)), float(np.min(rel_gaps[:len(rel_gaps) - window]))
+    span = int(rounds[-1]) - int(rounds[-1 - window])
+    if not (tol > 0 and 0 < now < then and span > 0 and now > tol):
+        return max_rounds
+    per_round = np.log(now / then) / span               # < 0: the gap's log falls this much a round
+    end = done + int(np.ceil(np.log(tol / now) / per_round))
+    return end if end <= BUDGET_MOST * max_rounds else max_rounds
+
+
+def budget_window(max_rounds, gap_every=1):
+    """The recorded rows :func:`round_budget` reads the gap's rate over."""
+    return max(STALLED_ROWS, int(BUDGET_WINDOW_SHARE * max_rounds) // max(gap_every, 1))

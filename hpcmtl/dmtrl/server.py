@@ -21,7 +21,7 @@ from .joint import JointServer
 from .local_rounds import LocalRoundServer
 from .margin import MarginServer
 from .momentum import MomentumServer
-from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, stalled_since
+from .outer import GapHistory, OuterState, outer_loop, primal_dual_of, round_budget, stalled_since
 from . import sigma as sigma_rules
 from .sigma import coupled_rho, omega_factors, omega_from_gram, safe_rho
 from .spread import SpreadBlocks, SpreadServer
@@ -240,7 +240,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         while True:
             if self.interior_point_due():
                 row, converged = self.interior_rounds()
-                if converged or self.wstep_round >= self.config.max_rounds:
+                if converged or self.wstep_round >= self.round_budget():
                     break
             local = self.local_rounds_possible()
             if local:
@@ -248,7 +248,7 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
             row, converged = self.w_step_rounds(local)
             if local:
                 self.leave_local()
-            if converged or self.wstep_round >= self.config.max_rounds or not self.interior_point_due():
+            if converged or self.wstep_round >= self.round_budget() or not self.interior_point_due():
                 break
         if not converged and row is not None:
             rows = self.history.rows
@@ -259,14 +259,26 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.apply_correction()
         return row, converged
 
+    def round_budget(self):
+        """The current W-step's rounds: --max-rounds, or past it as far as its gap's recent rate projects --tol
+        (:func:`.outer.round_budget`, from this W-step's recorded rows)."""
+        cfg = self.config
+        if self.wstep_round < cfg.max_rounds:
+            return cfg.max_rounds
+        rows = self.history.rows
+        start = self.history.first_row(self.outer)
+        return round_budget(rows["round"][start:], rows["rel_gap"][start:], self.wstep_round, cfg.tol, cfg.max_rounds,
+                            cfg.gap_every)
+
     def w_step_rounds(self, local):
         cfg = self.config
         rows = self.history.rows
         row = {k: v[-1] for k, v in rows.items()} if rows["round"] else None
-        while self.wstep_round < cfg.max_rounds:
+        while self.wstep_round < self.round_budget():
             self.wstep_round += 1
             self.round += 1
-            want_gap = self.wstep_round % cfg.gap_every == 0 or self.wstep_round == cfg.max_rounds
+            # every round past --max-rounds is recorded: the budget follows the gap (round_budget)
+            want_gap = self.wstep_round % cfg.gap_every == 0 or self.wstep_round >= cfg.max_rounds
             if local:
                 terms = self.round_local(want_gap)
             else:

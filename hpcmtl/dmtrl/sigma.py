@@ -124,8 +124,14 @@ def abs_times(Sigma, s):
     return np.concatenate([np.abs(Sigma[i:i + ABS_ROWS]) @ s for i in range(0, m, ABS_ROWS)])
 
 
+# the 'qp' rho's least value: a task the others explain nearly whole (s_i near 0: a learned Sigma of low task rank
+# under a small eigenvalue floor) takes a local step up to 1 / RHO_LOW its Lemma-free length, which the server's
+# steps cut back where the tasks' common directions make it too long (measurements: docs/dmtrl-notes.md)
+RHO_LOW = 0.25
+
+
 def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
-    """The 'qp' aggregation's per-task rho_i under a task covariance: ``max(1/2, s_i)``, 1 when Sigma is diagonal.
+    """The 'qp' aggregation's per-task rho_i under a task covariance: ``max(RHO_LOW, s_i)``, 1 when Sigma is diagonal.
 
     ``s_i = 1 / (sigma_ii (Sigma^-1)_ii)`` in (0, 1] is the curvature of task i's
     direction when the other tasks' b follow optimally (the Schur complement) relative
@@ -138,16 +144,16 @@ def coupled_rho(Sigma: np.ndarray) -> np.ndarray:
     if isinstance(Sigma, SigmaFactors):       # Sigma^-1's diagonal from the factors: no m x m inverse
         if Sigma.V.shape[1] == 0:
             return np.ones(Sigma.m)
-        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
+        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), RHO_LOW, 1.0)
     if isinstance(Sigma, GraphSigma):         # Sigma^-1 = S^-1 (L + diag(alpha)) S^-1 is sparse: its diagonal exactly
         if Sigma.is_diagonal():
             return np.ones(Sigma.m)
-        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), 0.5, 1.0)
+        return np.clip(1.0 / (Sigma.diag() * Sigma.inverse_diag()), RHO_LOW, 1.0)
     m = Sigma.shape[0]
     if is_diagonal(Sigma):
         return np.ones(m)
     s = 1.0 / (np.diag(Sigma) * np.diag(np.linalg.inv(Sigma)))
-    return np.clip(s, 0.5, 1.0)
+    return np.clip(s, RHO_LOW, 1.0)
 
 
 def fixed_form(Sigma):

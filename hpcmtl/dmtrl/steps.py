@@ -24,7 +24,7 @@ UNCOUPLED_PASSES = 2       # 'qp': local passes a step for a task nothing couple
 
 
 def coupled_passes(rho: float) -> int:
-    """Local SDCA passes a round for a task with the 'qp' rho ``max(1/2, s_i)`` (:func:`coupled_rho`):
+    """Local SDCA passes a round for a task with the 'qp' rho ``max(1/4, s_i)`` (:func:`coupled_rho`):
     ``floor(1 / (2 (1 - s_i)))`` in ``[1, COUPLED_PASSES_MAX]`` while s_i < 1.  A task nothing couples
     (rho = 1, a diagonal Sigma) takes ``UNCOUPLED_PASSES`` a local step, in a local round's steps and in the
     exchanged rounds that remain (``--exchange dense``, the squared loss's SDCA), so one local step a round
