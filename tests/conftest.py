@@ -347,3 +347,18 @@ def wsteps_certified(result):
     if steps is None:
         steps = result.wsteps_
     return bool(len(steps["converged"]) and np.all(np.asarray(steps["converged"]) == 1))
+
+
+def reuters_subset(shared_data, tmp_path, rows):
+    """Reuters' topics (``--min-docs 200``) cut to each task's first ``rows`` training documents and the columns
+    they use: ``(Xs, ys)``, CSR."""
+    import scipy.sparse as sp
+    from hpcmtl import store
+    full = tmp_path / "reuters.h5"
+    r = run_hpcmtl(["data", "convert", "--format", "reuters", os.path.join(shared_data, "reuters21578"), str(full),
+                    "--min-docs", "200"])
+    assert r.returncode == 0, r.stderr
+    Xs, ys, _ = store.load_tasks(str(full))
+    Xs = [sp.csr_matrix(X[:rows]) for X in Xs]
+    used = np.unique(np.concatenate([X.indices for X in Xs]))
+    return [X[:, used] for X in Xs], [y[:rows] for y in ys]

@@ -145,6 +145,15 @@ def dual_batch(blocks, columns):
             "order": order, "groups": groups}
 
 
+def next_momentum(momentum, restart):
+    """FISTA's next momentum and the extrapolation's weight theta; the gradient restart (O'Donoghue & Candes, in
+    beta: ``restart > 0``) starts them again (1, 0)."""
+    if restart > 0:
+        return 1.0, 0.0
+    following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
+    return following, (momentum - 1.0) / following
+
+
 def smoothed(VT, mu, lam):
     """``(||V||_2^2, f_mu(V), W_mu^T)`` from the smaller Gram matrix of V^T (m x d): with
     ``VT^T VT = Q diag(e) Q^T`` (d x d, when d < m) ``W_mu^T = VT Q diag(w) Q^T / lam``; else with
@@ -229,11 +238,7 @@ def dual_phase(lam, n, terms, primal, budget, target, step=None, stop=None):
             if mu > mu_end:
                 mu = max(0.5 * mu, mu_end)    # a sharper dual: the momentum starts again
                 restart = 1.0
-        if restart > 0:                       # the gradient restart (O'Donoghue & Candes), in beta
-            momentum, theta = 1.0, 0.0
-        else:
-            following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
-            momentum, theta = following, (momentum - 1.0) / following
+        momentum, theta = next_momentum(momentum, restart)
         VT_ext = VT_trial + theta * (VT_trial - VT_beta)
         lin_ext = lin_trial + theta * (lin_trial - lin_beta)
         VT_beta, lin_beta, accept = VT_trial, lin_trial, 1

@@ -138,18 +138,19 @@ class CapacitancePreconditioner:
         each changed task's contribution subtracted and added again, in chunks of CHUNK_ROWS tasks."""
         new = self.block_inverses(code)
         changed = np.flatnonzero(code != self.code)
-        if self.k:
+        if self.k * self.d:
             for start in range(0, changed.size, CHUNK_ROWS):
                 t = changed[start:start + CHUNK_ROWS]
                 e11, e12, e22 = (n[t] - o[t] for n, o in zip(new, self.inv))
-                Z1 = self.rows(0, t)
-                if len(self.D) == 2:
-                    Z2 = self.rows(1, t)
-                    self.G += Z1.T @ (e11[:, None] * Z1 + e12[:, None] * Z2) + Z2.T @ (e12[:, None] * Z1
-                                                                                      + e22[:, None] * Z2)
-                else:
-                    self.G += Z1.T @ (e11[:, None] * Z1)
+                self.add_changes(self.rows(0, t), self.rows(1, t) if len(self.D) == 2 else None, e11, e12, e22)
         self.code, self.inv = code, new
+
+    def add_changes(self, Z1, Z2, e11, e12, e22):
+        """G moved by some changed tasks' rows of Z (``Z2`` None: one direction) and their inverses' changes."""
+        if Z2 is not None:
+            self.G += Z1.T @ (e11[:, None] * Z1 + e12[:, None] * Z2) + Z2.T @ (e12[:, None] * Z1 + e22[:, None] * Z2)
+        else:
+            self.G += Z1.T @ (e11[:, None] * Z1)
 
     def code_of(self, free):
         """Each task's free coordinates from the free mask (N coordinates): bit 0 eta, bit 1 beta."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..engine import Command, Down, Up
 from ..taskdata import float64_chunks
-from .dual_phase import DUAL_STALL, FIRST_STEP, MU_EVERY, START, STEP_TRIAL_AFTER, TRIAL
+from .dual_phase import DUAL_STALL, FIRST_STEP, MU_EVERY, START, STEP_TRIAL_AFTER, TRIAL, next_momentum
 
 # the prox-linear phase runs where the m x m problem in S and m numbers a row are cheap (more tasks: dual_phase)
 MAX_TASKS = 32
@@ -170,11 +170,7 @@ def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, ste
             if best - checked < DUAL_STALL * (primal - best):
                 break
             checked = best
-        if restart > 0:                       # the gradient restart (O'Donoghue & Candes), in beta
-            momentum, theta = 1.0, 0.0
-        else:
-            following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
-            momentum, theta = following, (momentum - 1.0) / following
+        momentum, theta = next_momentum(momentum, restart)
         VT_ext = VT_trial + theta * (VT_trial - VT_beta)
         lin_ext = lin_trial + theta * (lin_trial - lin_beta)
         VT_beta, lin_beta, accept = VT_trial, lin_trial, 1

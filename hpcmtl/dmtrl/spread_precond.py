@@ -30,7 +30,7 @@ import scipy.linalg
 from scipy.linalg.blas import dgemm
 
 from .commands import DMTRLCommand
-from .qp_precond import CAPACITY_MAX, CHUNK_ROWS, CapacitancePreconditioner, capacitance_factor, terms_of
+from .qp_precond import CAPACITY_MAX, CapacitancePreconditioner, capacitance_factor, terms_of
 
 
 def tree_nodes(lo: int, hi: int, a: int, b: int):
@@ -68,22 +68,15 @@ class ChunkCapacitance(CapacitancePreconditioner):
         super().__init__(*args)
         self.G = np.zeros_like(self.G, order="F")       # dgemm's output, updated in place
 
-    def update(self, code):
-        new = self.block_inverses(code)
-        changed = np.flatnonzero(code != self.code)
-        if self.k * self.d:
-            for start in range(0, changed.size, CHUNK_ROWS):
-                t = changed[start:start + CHUNK_ROWS]
-                e11, e12, e22 = (n[t] - o[t] for n, o in zip(new, self.inv))
-                Z1 = self.rows(0, t)
-                if len(self.D) == 2:
-                    Z2 = self.rows(1, t)
-                    Y, X = np.vstack([Z1, Z2]), np.vstack([e11[:, None] * Z1 + e12[:, None] * Z2,
-                                                           e12[:, None] * Z1 + e22[:, None] * Z2])
-                else:
-                    Y, X = Z1, e11[:, None] * Z1
-                dgemm(1.0, Y, X, beta=1.0, c=self.G, trans_a=1, overwrite_c=1)
-        self.code, self.inv = code, new
+    def add_changes(self, Z1, Z2, e11, e12, e22):
+        """G moved in place by one BLAS call (``G += Y^T X``): a chunk changes by a few tasks at a time, where the
+        rank-0 update's products and their temporaries cost several times that call."""
+        if Z2 is not None:
+            Y, X = np.vstack([Z1, Z2]), np.vstack([e11[:, None] * Z1 + e12[:, None] * Z2,
+                                                   e12[:, None] * Z1 + e22[:, None] * Z2])
+        else:
+            Y, X = Z1, e11[:, None] * Z1
+        dgemm(1.0, Y, X, beta=1.0, c=self.G, trans_a=1, overwrite_c=1)
 
 
 def upper_mask(K: int) -> np.ndarray:
