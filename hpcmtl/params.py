@@ -122,8 +122,8 @@ PARAMS = {
     # loss and features
     "loss": Param(tuple(LOSSES), "hinge", "hinge, smoothed-hinge, squared or logistic"),
     "gamma": Param(POSITIVE, 1.0, "smoothed-hinge parameter"),
-    "max_rounds": Param(COUNT, 500, "rounds per W-step; past them a W-step goes on while its gap's rate "
-                                    "reaches --tol within 4x as many (docs/cli.md)"),
+    "max_rounds": Param(COUNT, 500, "rounds per W-step; past them a DMTRL W-step goes on while its "
+                                    "gap's rate reaches --tol within 4x as many (docs/cli.md)"),
     "seed": Param(NONNEGATIVE_INT, 0, "random numbers (coordinate orders, random features)"),
     "rff_dim": Param(NONNEGATIVE_INT, 0, "random Fourier features (0: the features as they are)"),
     "rff_gamma": Param(POSITIVE, 1.0, "RBF kernel width of the random features"),

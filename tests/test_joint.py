@@ -293,7 +293,8 @@ def test_the_hinge_dual_phase_certifies_where_the_w_steps_alone_stall(monkeypatc
     """12 hinge tasks sharing a rank-3 subspace: W-steps with prox steps alone end 6.7e-3 above their best dual
     after 17 W-steps, unconverged.  With the smoothed dual's phase the run certifies --outer-tol 1e-3 in a few
     W-steps, P never rises, every recorded dual bound is below every primal, and P is the model's own hinge
-    objective (bitwise across rank counts and through a resume: tests/test_rank_counts.py, 'hinge dual phase').
+    objective (bitwise across rank counts and through a resume:
+    test_a_smoothed_dual_phase_resumes_bitwise_at_other_rank_counts).
     A phase runs after every W-step but those that lowered P by more than --outer-tol (which no bound could
     certify): after W-step 2 here (P 5.70 -> 4.52), not after 1 (the first has no W-step before it) or 3."""
     from hpcmtl.dmtrl import joint
@@ -668,17 +669,8 @@ def test_a_reuters_subset_certifies_in_half_the_w_steps_with_the_extrapolations(
     there, P's decrease shrinking by about 0.8 a W-step, and the dual phases' bounds follow the W-steps' P.  With
     the extrapolations the default run certifies --outer-tol after 7 W-steps (13 without them, measured), and P
     never increases."""
-    import scipy.sparse as sp
-    from hpcmtl import store
-    from conftest import run_hpcmtl
-    full = tmp_path / "reuters.h5"
-    r = run_hpcmtl(["data", "convert", "--format", "reuters", os.path.join(shared_data, "reuters21578"), str(full),
-                    "--min-docs", "200"])
-    assert r.returncode == 0, r.stderr
-    Xs, ys, _ = store.load_tasks(str(full))
-    Xs = [sp.csr_matrix(X[:500]) for X in Xs]
-    used = np.unique(np.concatenate([X.indices for X in Xs]))
-    Xs, ys = [X[:, used] for X in Xs], [y[:500] for y in ys]
+    from conftest import reuters_subset
+    Xs, ys = reuters_subset(shared_data, tmp_path, 500)
     result = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="hinge", lam=1e-4))
     steps = result.wsteps
     assert result.converged and steps["joint_rel_gap"][-1] <= 2e-4
@@ -773,6 +765,42 @@ def test_a_prox_linear_phase_resumes_bitwise_at_other_rank_counts(tmp_path):
     assert steps["round"][1] <= ck["counters"]["round"] < kill
     assert [w["wstep_dual"] for w in ck["counters"]["wsteps"][:2]] == list(steps["wstep_dual"][:2])
     r = run_hpcmtl(run_args + ["--resume"], n_ranks=2, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = store.read_result(str(killed))
+    assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()
+    for key in ("joint_primal", "joint_dual", "wstep_dual", "apg_iterations"):
+        assert res["wsteps"][key].tobytes() == steps[key].tobytes(), key
+
+
+@pytest.mark.mpi
+def test_a_smoothed_dual_phase_resumes_bitwise_at_other_rank_counts(tmp_path):
+    """The smoothed phase (dual_phase: more tasks than spectral_phase.MAX_TASKS; MAX_TASKS 0 here on the six tasks
+    above): the run at 2 ranks, and the same killed at 3 ranks in the W-step after its first phase and resumed at
+    2, are bitwise the same, the phases' lengths and the own bounds included."""
+    import subprocess
+    import sys
+    from hpcmtl import store
+    from conftest import mpiexec_path
+    Xs, ys = hinge_tasks(6, 20, 200, 0)
+    data, out, killed = tmp_path / "tasks.h5", tmp_path / "ref.h5", tmp_path / "r.h5"
+    store.write_tasks(str(data), Xs, ys)
+    driver = ("import sys; from hpcmtl.dmtrl import joint; joint.MAX_TASKS = 0; from hpcmtl.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+
+    def run(P, out, *extra, env=None):
+        cmd = [mpiexec_path(), "-n", str(P), sys.executable, "-c", driver, "train", "dmtrl", "--train", str(data),
+               "--out", str(out), "--loss", "hinge", "--lam", "1e-3", "--no-intercept", "--quiet", "--force", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, **(env or {})))
+    r = run(2, out)
+    assert r.returncode == 0, r.stderr
+    ref = store.read_result(str(out))
+    steps = ref["wsteps"]
+    phased = np.flatnonzero(steps["apg_iterations"] > 0)
+    assert phased.size and phased[0] + 1 < len(steps["outer"])
+    kill = int(steps["round"][phased[0]]) + 2
+    r = run(3, killed, "--checkpoint-every", "1", env={"HPCMTL_FAULT": f"1:{kill}:kill"})
+    assert r.returncode != 0 and not os.path.exists(killed)
+    r = run(2, killed, "--checkpoint-every", "1", "--resume")
     assert r.returncode == 0, r.stderr
     res = store.read_result(str(killed))
     assert res["model"]["W"].tobytes() == ref["model"]["W"].tobytes()

@@ -266,9 +266,9 @@ class MarginServer:
         history, so a resumed run decides alike."""
         if not self.margin_correction_possible():
             return False
-        if self.wstep_round >= self.round_budget():
-            return True
         rel_gap = (primal - dual) / max(abs(primal), 1e-300)
+        if self.wstep_round >= self.round_budget(rel_gap):      # (this round's row, as the loop will read it)
+            return True
         if rel_gap <= MARGIN_NEAR * self.config.tol:
             return True
         since = self.since_halved(rel_gap)

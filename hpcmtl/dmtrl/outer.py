@@ -274,11 +274,11 @@ BUDGET_WINDOW_SHARE = 0.25
 BUDGET_MOST = 4
 
 
-def round_budget(rounds, rel_gaps, done, tol, max_rounds, gap_every=1):
+def round_budget(rounds, rel_gaps, done, tol, max_rounds):
     """The rounds a W-step may take: ``max_rounds``, or, once it has taken them (``done``), the round at which the
     rate of the smallest of its recorded relative gaps ``rel_gaps`` (at global ``rounds``, the W-step's own, oldest
-    first) over the last :func:`budget_window` rows projects ``tol``, when that is at most ``BUDGET_MOST *
-    max_rounds``.
+    first) over its last ``BUDGET_WINDOW_SHARE * max_rounds`` rounds (at least STALLED_ROWS rows) projects ``tol``,
+    when that is at most ``BUDGET_MOST * max_rounds``.
 
     A W-step's rounds grow with Sigma's conditioning (the late W-steps of a learned Sigma: a coupled dual whose
     per-task blocks the others nearly explain converges linearly at a rate that falls with the eigenvalue floor), so
@@ -288,20 +288,22 @@ def round_budget(rounds, rel_gaps, done, tol, max_rounds, gap_every=1):
     """
     if done < max_rounds:
         return max_rounds
-    window = budget_window(max_rounds, gap_every)
-    if len(rel_gaps) <= window:
+    rounds, rel_gaps = np.asarray(rounds, dtype=np.int64), np.asarray(rel_gaps, dtype=np.float64)
+    # the window is the last BUDGET_WINDOW_SHARE of --max-rounds in rounds, not in rows: past --max-rounds every
+    # round is recorded, so a window of rows (a quarter of --max-rounds / --gap-every) would shrink to that many
+    # rounds there; at least STALLED_ROWS rows (the last row before the window is its start)
+    width = int(BUDGET_WINDOW_SHARE * max_rounds)
+    cut = min(int(np.searchsorted(rounds, rounds[-1] - width, side="right")) - 1 if rounds.size else -1,
+              rel_gaps.size - 1 - STALLED_ROWS)
+    if cut < 0:
         return max_rounds
     # the hinge's gap moves up and down by 2x within tens of rounds (the primal of each alpha): the rate is the
-    # smallest gap's, now against a window before
-    now, then = float(np.min(rel_gaps)), float(np.min(rel_gaps[:len(rel_gaps) - window]))
-    span = int(rounds[-1]) - int(rounds[-1 - window])
+    # smallest gap's, now against the window's start
+    now, then = float(np.min(rel_gaps)), float(np.min(rel_gaps[:cut + 1]))
+    span = int(rounds[-1]) - int(rounds[cut])
     if not (tol > 0 and 0 < now < then and span > 0 and now > tol):
         return max_rounds
     per_round = np.log(now / then) / span               # < 0: the gap's log falls this much a round
     end = done + int(np.ceil(np.log(tol / now) / per_round))
     return end if end <= BUDGET_MOST * max_rounds else max_rounds
 
-
-def budget_window(max_rounds, gap_every=1):
-    """The recorded rows :func:`round_budget` reads the gap's rate over."""
-    return max(STALLED_ROWS, int(BUDGET_WINDOW_SHARE * max_rounds) // max(gap_every, 1))

@@ -259,16 +259,19 @@ class Server(SupportServer, MomentumServer, LocalRoundServer, InteriorServer, Ma
         self.apply_correction()
         return row, converged
 
-    def round_budget(self):
+    def round_budget(self, rel_gap=None):
         """The current W-step's rounds: --max-rounds, or past it as far as its gap's recent rate projects --tol
-        (:func:`.outer.round_budget`, from this W-step's recorded rows)."""
+        (:func:`.outer.round_budget`, from this W-step's recorded rows; ``rel_gap``: this round's, not recorded yet,
+        read as its row, so a check inside the round sees the budget the loop will see after it)."""
         cfg = self.config
         if self.wstep_round < cfg.max_rounds:
             return cfg.max_rounds
         rows = self.history.rows
         start = self.history.first_row(self.outer)
-        return round_budget(rows["round"][start:], rows["rel_gap"][start:], self.wstep_round, cfg.tol, cfg.max_rounds,
-                            cfg.gap_every)
+        rounds, gaps = rows["round"][start:], rows["rel_gap"][start:]
+        if rel_gap is not None:
+            rounds, gaps = rounds + [self.round], gaps + [rel_gap]
+        return round_budget(rounds, gaps, self.wstep_round, cfg.tol, cfg.max_rounds)
 
     def w_step_rounds(self, local):
         cfg = self.config
