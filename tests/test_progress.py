@@ -5,7 +5,6 @@ import math
 import pytest
 
 from hpcmtl import store
-
 from hpcmtl.progress import Progress, describe, fields
 
 from conftest import run_hpcmtl
