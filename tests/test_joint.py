@@ -849,3 +849,33 @@ def test_the_prox_linear_phase_certifies_where_the_smoothed_phase_stalls(monkeyp
     assert not smoothed.converged and smoothed.wsteps["joint_rel_gap"][-1] > 4 * 2e-4
     assert np.all(smoothed.wsteps["joint_dual"] <= P_ref)
     assert smoothed.wsteps["joint_primal"][-1] > P_ref * (1 + 2e-4)
+
+
+def test_the_first_phase_stops_once_its_bound_puts_the_tasks_own_w_within_reach(monkeypatch):
+    """Four hinge tasks of 1,000 rows (lam 1e-3): the tasks' own W (the first W-step's, Sigma = I/m) is 0.7 % above
+    P*, within FIRST_REACH = 100 tolerances.  The first phase aims at that reach, not at --outer-tol (what it is for is
+    the W it recovers; the W-steps close the rest): it stops after 46 of its 200 passes (measured) with the first
+    W-step's joint gap between --outer-tol and 100 times it, and the run still certifies --outer-tol in three W-steps
+    against the slow NumPy reference (the hinge objective at the smoothed hinge's optimum, gamma 1e-3: at least P*).
+    Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and does not
+    certify the first W-step either."""
+    from hpcmtl.dmtrl import joint
+    lam, tol = 1e-3, 2e-4
+    Xs, ys = low_rank_tasks(m=4, d=6, n=1000, rank=4, seed=0, loss="hinge")
+    W_ref = mtrl_optimum(Xs, ys, lam, "smoothed-hinge", gamma=1e-3)
+    P_ref = mtrl_objective(W_ref, Xs, ys, lam, "hinge")
+    config = DMTRLConfig(loss="hinge", lam=lam, outer_tol=tol, fit_intercept=False)
+    result = train(Cluster.serial(), MemoryTasks(Xs, ys), config)
+    steps = result.wsteps
+    assert 0 < steps["apg_iterations"][0] < joint.APG_FIRST / 2
+    assert tol < steps["joint_rel_gap"][0] <= joint.FIRST_REACH * tol
+    assert result.converged and steps["joint_rel_gap"][-1] <= tol and len(steps["outer"]) <= 3
+    assert np.all(steps["joint_dual"] <= P_ref) and steps["joint_dual"][-1] >= P_ref * (1 - tol)
+    assert np.all(np.diff(steps["joint_primal"]) <= 0)
+    primal = mtrl_objective(np.asarray(result.W), Xs, ys, lam, "hinge")
+    assert primal == pytest.approx(steps["joint_primal"][-1], rel=1e-9) and primal <= P_ref * (1 + tol)
+    monkeypatch.setattr(joint, "FIRST_REACH", 1)
+    before = train(Cluster.serial(), MemoryTasks(Xs, ys), DMTRLConfig(loss="hinge", lam=lam, outer_tol=tol, outer=1,
+                                                                      fit_intercept=False))
+    assert before.wsteps["apg_iterations"][0] >= joint.APG_FIRST - 1
+    assert before.wsteps["joint_rel_gap"][0] > tol
