@@ -64,9 +64,10 @@ DUAL_MOVE_SHARE = 0.03
 CLOSING_WSTEPS = 4
 PHASE_STEPS_PER_ROUND = 3
 # the hinge's first dual phase (after the first W-step, the tasks' own) ends once its bound puts that W-step's P within
-# FIRST_REACH times --outer-tol of the optimum, not --outer-tol: what it is for is the W it recovers
-# (:func:`first_phase_target`)
+# FIRST_REACH times --outer-tol of the optimum (relative), at most FIRST_REACH_MOST and at least --outer-tol: what
+# it is for is the W it recovers (:func:`first_phase_target`)
 FIRST_REACH = 100
+FIRST_REACH_MOST = 0.02
 # after this many accepted steps in a row the accelerated phase tries a STEP_FACTOR longer one (backtracking
 # halves it again when the quadratic model fails)
 STEP_TRIAL_AFTER = 10
@@ -516,7 +517,9 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
 
 
 def first_phase_target(outer_tol):
-    """The hinge's first dual phase's target: ``FIRST_REACH * outer_tol``.
+    """The hinge's first dual phase's target: ``FIRST_REACH * outer_tol``, at most FIRST_REACH_MOST (2 %, the
+    default --outer-tol's reach: what the W-steps close for less is a distance to P*, not a multiple of a loose
+    tolerance, and a phase stopped at a gap of 50 % recovers nothing) and at least ``outer_tol``.
 
     The first W-step is the tasks' own (Sigma = I/m, no Omega-step's), and a phase after a later W-step is skipped
     while the W-step before it lowered P by more than --outer-tol (:func:`still_dropping`), which the first cannot
@@ -528,7 +531,7 @@ def first_phase_target(outer_tol):
     closer, a phase iteration with its m-column projection as costly as a W-step's round, and the first phase's 200
     passes most of the run).  A bound is below P*, so a first W-step further than that above P* keeps its whole
     phase.  A first W-step already within --outer-tol is certified by the second W-step's phase instead."""
-    return FIRST_REACH * outer_tol
+    return max(outer_tol, min(FIRST_REACH * outer_tol, FIRST_REACH_MOST))
 
 
 def still_dropping(earlier, primal, dual, outer_tol):
