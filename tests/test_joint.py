@@ -852,13 +852,13 @@ def test_the_prox_linear_phase_certifies_where_the_smoothed_phase_stalls(monkeyp
 
 
 def test_the_first_phase_stops_once_its_bound_puts_the_tasks_own_w_within_reach(monkeypatch):
-    """Four hinge tasks of 1,000 rows (lam 1e-3): the tasks' own W (the first W-step's, Sigma = I/m) is 0.7 % above
-    P*, within FIRST_REACH = 100 tolerances.  The first phase aims at that reach, not at --outer-tol (what it is for is
+    """Four hinge tasks of 1,000 rows (lam 1e-3): the tasks' own W (the first W-step's, Sigma = I/m) is 0.7 % above P*,
+    within FIRST_REACH = 100 tolerances.  The first phase aims at that reach, not at --outer-tol (what it is for is
     the W it recovers; the W-steps close the rest): it stops after 46 of its 200 passes (measured) with the first
     W-step's joint gap between --outer-tol and 100 times it (2 %), and the run still certifies --outer-tol in three
     W-steps against the slow NumPy reference (the hinge objective at the smoothed hinge's optimum, gamma 1e-3: at
-    least P*).  Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and does not
-    certify the first W-step either."""
+    least P*).  Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and
+    does not certify the first W-step either."""
     from hpcmtl.dmtrl import joint
     lam, tol = 1e-3, 2e-4
     Xs, ys = low_rank_tasks(m=4, d=6, n=1000, rank=4, seed=0, loss="hinge")
