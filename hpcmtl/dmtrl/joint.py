@@ -648,12 +648,12 @@ class JointServer:
             flat = np.concatenate([VT.ravel(), [theta, float(accept)]])
             self.command(SpectralCommand.SPECTRAL_PROJECT, payload=flat, width=flat.size, m=self.m)
 
-        def spectral_eval(S, tau):
-            flat = np.concatenate([S.ravel(), [tau, self.config.lam]])
+        def spectral_eval(Ss, tau):
+            flat = np.concatenate([S.ravel() for S in Ss] + [[tau, self.config.lam]])
             raw = self.command(SpectralCommand.SPECTRAL_EVAL, payload=flat, width=flat.size, m=self.m)
             rows = self.per_task(raw)
             check_finite_rows(rows, self.round, self.names, "prox-linear phase's sums", self.outer)
-            return rows
+            return np.split(rows, len(Ss), axis=1)
 
         smooth = get_loss(self.config.loss).smooth
         hinge = self.config.loss == "hinge"

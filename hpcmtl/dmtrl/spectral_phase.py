@@ -16,12 +16,12 @@ for a fixed S the step is one projected gradient step of the fixed-Sigma dual: `
 x . w_i)) - beta_y`` with ``W = V_y S / lam``, the margins of the W that S's W-step points to.  ``phi`` and its
 gradient ``-(M_y + V_y^T V(d) + V(d)^T V_y) / (2 lam)`` need, per row, only ``q_j = y_j x_j^T V_y`` (m numbers):
 one pass over the rows stores them (:data:`SpectralCommand.SPECTRAL_PROJECT`), then each evaluation of phi is a
-pass over q (:data:`SpectralCommand.SPECTRAL_EVAL`, m + 2 numbers a block back), and the m x m problem in S is
-solved on the server by accelerated projected gradient on the spectraplex.  The chosen S's step is then taken
-by DUAL_TERMS (:mod:`.dual_phase`'s worker state: FISTA's momentum, the restart, the same trial arithmetic), whose
-trial's exact D joins the certificate.  S carries the tied eigenvalues' weights exactly, so the step is the
-fixed-Sigma dual's (curvature ``||X||^2 / lam``, no ``1/mu``).  Each iteration costs two passes over the rows and
-m x m algebra: for few tasks (:data:`MAX_TASKS`); more tasks keep the smoothed phase.
+pass over q (:data:`SpectralCommand.SPECTRAL_EVAL`, m + 2 numbers a block back, two S in one exchange), and the
+m x m problem in S is solved on the server by accelerated projected gradient on the spectraplex.  The chosen S's
+step is then taken by DUAL_TERMS (:mod:`.dual_phase`'s worker state: FISTA's momentum, the restart, the same trial
+arithmetic), whose trial's exact D joins the certificate.  S carries the tied eigenvalues' weights exactly, so the
+step is the fixed-Sigma dual's (curvature ``||X||^2 / lam``, no ``1/mu``).  Each iteration costs two passes over the
+rows and m x m algebra: for few tasks (:data:`MAX_TASKS`); more tasks keep the smoothed phase.
 
 Worker half: :class:`SpectralPhaseBlocks`; server half: :func:`spectral_phase`.  Derivation: docs/math.md.
 """
@@ -48,8 +48,9 @@ class SpectralCommand(Command):
     # ext <- trial + theta (trial - beta)); then each block stores q_j = y_j x_j . V_y[:, l] (the rows' scores at V_y's
     # columns, implicitly centered rows as their scores; a block on its support columns reads V_y there)
     SPECTRAL_PROJECT = 45, Down.BCAST, Up.NOTHING, ("width", "m"), "spectral_project"
-    # [S (m x m), row-major, tau, lam] -> per block [sum d, |d|^2, q^T d (m)] with d = clip(ext + tau (1 - q S_:t /
-    # lam), 0, 1) - ext (t the block's task, ext DUAL_TERMS' extrapolated point)
+    # [S_1 .. S_k (m x m each), row-major, tau, lam] -> per block, for each S in turn, [sum d, |d|^2, q^T d (m)] with
+    # d = clip(ext + tau (1 - q S_:t / lam), 0, 1) - ext (t the block's task, ext DUAL_TERMS' extrapolated point):
+    # several S in one exchange (the S-problem's trial and its next extrapolation), each S's sums as alone
     SPECTRAL_EVAL = 46, Down.BCAST, Up.GATHER_ROWS, ("width", "m"), "spectral_eval"
 
 
@@ -78,14 +79,16 @@ class SpectralPhaseBlocks:
     def spectral_eval(self, ctrl, flat):
         m = ctrl.m
         flat = np.asarray(flat, dtype=np.float64)
-        S, tau, lam = flat[:m * m].reshape(m, m), float(flat[m * m]), float(flat[m * m + 1])
+        count = (flat.size - 2) // (m * m)
+        Ss, tau, lam = flat[:count * m * m].reshape(count, m, m), float(flat[-2]), float(flat[-1])
         ext = self.dual_state[1]
-        out = np.zeros((len(self.blocks), m + 2))
+        out = np.zeros((len(self.blocks), count, m + 2))
         for k, (start, stop) in enumerate(self.dual_slices()):
             q, point = self.spectral_q[k], ext[start:stop]
-            d = np.clip(point + tau * (1.0 - q @ S[:, self.blocks[k].task] / lam), 0.0, 1.0) - point
-            out[k, 0], out[k, 1], out[k, 2:] = float(np.sum(d)), float(d @ d), q.T @ d
-        return out
+            for s, S in enumerate(Ss):          # one S at a time: each S's sums the same bits as alone
+                d = np.clip(point + tau * (1.0 - q @ S[:, self.blocks[k].task] / lam), 0.0, 1.0) - point
+                out[k, s, 0], out[k, s, 1], out[k, s, 2:] = float(np.sum(d)), float(d @ d), q.T @ d
+        return out.reshape(len(self.blocks), count * (m + 2))
 
     def dual_slices(self):
         """Each block's slice of DUAL_TERMS' state (its order: :func:`.dual_phase.dual_batch`)."""
@@ -114,9 +117,9 @@ def top_eigenvalue(A):
 def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, step=None, stop=None):
     """Prox-linear ascent of the joint dual from the W-step's alpha (the module docstring).  ``terms`` as for
     :func:`.dual_phase.dual_phase`; ``project(VT, theta, accept)`` commits the last trial (accept) and
-    stores the rows' q at ``V_y``; ``evaluate(S, tau)`` returns
-    per-task sums (m x (m + 2)) of SPECTRAL_EVAL.  Every DUAL_TERMS trial and every projection counts against
-    ``budget`` (passes over the rows).  Ends at the budget, at the first trial with ``(primal - best D) / primal <=
+    stores the rows' q at ``V_y``; ``evaluate(Ss, tau)`` returns SPECTRAL_EVAL's per-task sums (m x (m + 2)) for
+    each S of ``Ss``, in one exchange.  Every DUAL_TERMS trial and every projection counts against ``budget``
+    (passes over the rows).  Ends at the budget, at the first trial with ``(primal - best D) / primal <=
     target``, once MU_EVERY accepted steps raised the bound by less than DUAL_STALL of the gap left, or when
     ``stop()`` says so.  Returns :func:`.dual_phase.dual_phase`'s dict: ``dual`` (the best exact D of the start and
     every trial), ``wts`` (the W^T of the last accepted point's S: ``S V^T / lam``), ``iterations`` (passes),
@@ -182,24 +185,30 @@ def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, ste
 def minimize_phi(evaluate, M, S, tau, lam, inv_n, scale):
     """The step's S: accelerated projected gradient on the spectraplex for ``phi(S) = c(d) - (tr(S M) + 2 tr(S
     V_y^T V(d))) / (2 lam) - |d|^2 / (2 tau)`` (convex: the step's value at S), from S; ``scale`` the gap left
-    (the stopping test's unit).  Returns the S with the lowest phi seen."""
+    (the stopping test's unit).  Each trial goes out with the extrapolation that follows it should it be taken, so
+    an iteration is one exchange with the ranks, not two (a rejected trial or the last one wastes a pass over q,
+    which is cheap next to an exchange's latency).  Returns the S with the lowest phi seen."""
 
-    def phi(S):
-        sums = evaluate(S, tau)
-        c = float(sums[:, 0] @ inv_n)
-        square = float(sums[:, 1] @ inv_n)
-        cross = (sums[:, 2:] * inv_n[:, None]).T         # [l, i]: V_y[:, l] . V(d)[:, i]
-        value = c - (float(np.sum(S * M)) + 2.0 * float(np.sum(S * cross))) / (2.0 * lam) - square / (2.0 * tau)
-        return value, -(M + cross + cross.T) / (2.0 * lam)
+    def phis(*Ss):
+        values = []
+        for sums, S in zip(evaluate(Ss, tau), Ss):
+            c = float(sums[:, 0] @ inv_n)
+            square = float(sums[:, 1] @ inv_n)
+            cross = (sums[:, 2:] * inv_n[:, None]).T         # [l, i]: V_y[:, l] . V(d)[:, i]
+            value = c - (float(np.sum(S * M)) + 2.0 * float(np.sum(S * cross))) / (2.0 * lam) - square / (2.0 * tau)
+            values.append((value, -(M + cross + cross.T) / (2.0 * lam)))
+        return values
 
-    value, grad = phi(S)
+    [(value, grad)] = phis(S)
     best, best_value = S, value
     Y, Y_value, Y_grad, prev, momentum = S, value, grad, S, 1.0
     sigma = 1.0 / max(float(np.linalg.norm(grad)), 1e-300)
     for _ in range(S_ITERATIONS):
+        following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
         while True:
             trial = project_spectraplex(Y - sigma * Y_grad)
-            t_value, t_grad = phi(trial)
+            following_Y = trial + ((momentum - 1.0) / following) * (trial - prev)
+            (t_value, t_grad), following_phi = phis(trial, following_Y)
             move = trial - Y
             if t_value <= Y_value + float(np.sum(Y_grad * move)) + float(np.sum(move * move)) / (2.0 * sigma) + \
                     1e-14 * abs(Y_value) or sigma < 1e-300:
@@ -210,9 +219,7 @@ def minimize_phi(evaluate, M, S, tau, lam, inv_n, scale):
             best, best_value = trial, t_value
             if drop <= S_TOL * scale:
                 break
-        following = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * momentum * momentum))
-        Y = trial + ((momentum - 1.0) / following) * (trial - prev)
-        prev, momentum = trial, following
-        Y_value, Y_grad = phi(Y)
+        Y, prev, momentum = following_Y, trial, following
+        Y_value, Y_grad = following_phi
         sigma *= 1.5
     return best
