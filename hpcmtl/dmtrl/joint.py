@@ -517,20 +517,18 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
 
 
 def first_phase_target(outer_tol):
-    """The hinge's first dual phase's target: ``FIRST_REACH * outer_tol``, at most FIRST_REACH_MOST (2 %, the
-    default --outer-tol's reach: what the W-steps close for less is a distance to P*, not a multiple of a loose
-    tolerance, and a phase stopped at a gap of 50 % recovers nothing) and at least ``outer_tol``.
+    """The hinge's first dual phase's target: ``FIRST_REACH * outer_tol``, at most FIRST_REACH_MOST and at least
+    ``outer_tol``.
 
     The first W-step is the tasks' own (Sigma = I/m, no Omega-step's), and a phase after a later W-step is skipped
     while the W-step before it lowered P by more than --outer-tol (:func:`still_dropping`), which the first cannot
-    tell.  Its phase cannot certify a W far above P*; it pays for itself through the W it recovers for the first
-    Omega-step, worth the most where the tasks' own W is far from the optimum (Synthetic 1 / 2, MDS, Reuters: 7-19 %
-    above P*; their first phases recover a W whose W-step certifies or comes close).  Once its bound puts the first
-    W-step's P within FIRST_REACH tolerances of P* (2 % at the default), the W-steps close the rest at their linear
-    rate for less than the phase's iterations cost (MNIST domains: 0.4 % above P*, each W-step after the first 3-10x
-    closer, a phase iteration with its m-column projection as costly as a W-step's round, and the first phase's 200
-    passes most of the run).  A bound is below P*, so a first W-step further than that above P* keeps its whole
-    phase.  A first W-step already within --outer-tol is certified by the second W-step's phase instead."""
+    tell.  Its phase cannot certify a W far above P*; it pays through the W it recovers for the first Omega-step,
+    worth the most where the tasks' own W is far from the optimum.  Once its bound puts the first W-step's P close
+    to P*, the W-steps close the rest at their linear rate for less than the phase's iterations cost (an iteration,
+    with its m-column projection, costs about what a W-step's round does).  The cap is a distance to P*, not a
+    multiple of a loose tolerance: a phase stopped at a gap of 50 % recovers nothing.  A bound is below P*, so a
+    first W-step further above P* than the target keeps its whole phase; one already within --outer-tol is
+    certified by the second W-step's phase.  The cases behind the constants: docs/math.md."""
     return max(outer_tol, min(FIRST_REACH * outer_tol, FIRST_REACH_MOST))
 
 
