@@ -77,6 +77,9 @@ STEP_TRIAL_AFTER = 10
 # move; a step t along it is an over-relaxation (SQUAREM's idea for EM and MM iterations), kept only where its
 # P is lower, so P never increases
 EXTRAPOLATIONS = (1.0, 2.0, 4.0, 8.0, 16.0)
+# the hinge's phase ends once the W it recovers puts the next W-step's P within this share of --outer-tol of the
+# bound (settled_by; the rest is the W-step's own tolerance and room to spare, as APG_TARGET)
+SETTLE_SHARE = 0.5
 
 
 class JointCommand(Command):
@@ -459,8 +462,11 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         # phase's is FIRST_REACH times that (first_phase_target)
         target = outer_tol if earlier else first_phase_target(outer_tol)
         if spectral is not None:
+            settles = SettleCheck(evaluate, n, lam, eig_floor, outer_state.floor, out["joint_primal"], kept, outer_tol)
             phase = spectral_phase(lam, n, dual, *spectral, out["joint_primal"], budget, target, outer_state.apg_step,
-                                   stop)
+                                   stop, settles)
+            if settles.best_wt is not None:       # a W the phase passed, as a candidate beside its last
+                phase["wts"].append(settles.best_wt)
         else:
             phase = dual_phase(lam, n, dual, out["joint_primal"], budget, target, outer_state.apg_step, stop)
         outer_state.apg_step = phase["step"]
@@ -470,8 +476,7 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
         bounds.append(phase["dual"])
         # the next W-step's P is at most P + the floor's majorizer excess at the W its Sigma comes from: the
         # candidate (the prox steps' best, or a W the dual recovered) with the lowest such bound (one collective)
-        floor = float(np.clip(FLOOR_PER_GAP * (out["joint_primal"] - max(bounds)) / abs(out["joint_primal"]),
-                              eig_floor, min(FLOOR_START, outer_state.floor or FLOOR_START)))
+        floor = next_floor(out["joint_primal"], max(bounds), eig_floor, outer_state.floor)
         recovered = phase["wts"]
         sums, _ = evaluate(recovered)
         singular = [np.linalg.svd(wt, compute_uv=False) for wt in [wts[best]] + recovered]
@@ -514,6 +519,42 @@ def joint_step(outer_state, loss_name, lam, eig_floor, n, WT, BT, evaluate, grad
                               min(FLOOR_START, outer_state.floor or FLOOR_START)))
     outer_state.floor = floor
     return out, chosen
+
+
+class SettleCheck:
+    """The hinge's phase's question ``settles(W^T, D)``: whether the next W-step, on the Omega-step of W at the floor
+    the phase's bound D sets, is certified to SETTLE_SHARE of ``outer_tol`` by the bounds (the W-step's ``kept`` and
+    D).  That W-step's P is at most ``P(W)`` plus the floor's majorizer excess (its objective at W; the trace norm
+    squared is at most ``tr(W Omega W^T)`` for a trace-one Sigma), so once that sum is that close to the bound the
+    phase has done its part: raising the bound to certify the W-step just ended may take it hundreds of passes
+    more, where the recovered W is that close already.  One JOINT_TERMS collective (a pass over the rows) and W's
+    singular values a question.  The W asked about with the lowest such sum is kept (``best_wt``): the W a phase
+    recovers moves up and down with its momentum, and its last one may be well above a W it passed."""
+
+    def __init__(self, evaluate, n, lam, eig_floor, last_floor, primal, kept, outer_tol):
+        self.evaluate, self.n, self.lam, self.eig_floor, self.last_floor = evaluate, n, lam, eig_floor, last_floor
+        self.primal, self.kept, self.outer_tol = primal, kept, outer_tol
+        self.best_wt, self.best_value = None, np.inf
+
+    def __call__(self, wt, dual):
+        bound = max(self.kept, dual)
+        sums, _ = self.evaluate([wt])
+        singular = np.linalg.svd(wt, compute_uv=False)
+        p = float(np.sum(sums[:, 0] / self.n)) + 0.5 * self.lam * float(singular.sum()) ** 2
+        floor = next_floor(self.primal, bound, self.eig_floor, self.last_floor)
+        value = p + majorizer_excess(singular, self.n.size, self.lam, floor)
+        if not np.isfinite(value):
+            return False
+        if value < self.best_value:
+            self.best_wt, self.best_value = wt, value
+        return value - bound <= SETTLE_SHARE * self.outer_tol * abs(p)
+
+
+def next_floor(primal, bound, eig_floor, last_floor):
+    """The Omega-step's floor after the hinge's phase: FLOOR_PER_GAP times the joint relative gap, at least
+    --eig-floor, at most FLOOR_START and the last floor."""
+    return float(np.clip(FLOOR_PER_GAP * (primal - bound) / abs(primal), eig_floor,
+                         min(FLOOR_START, last_floor or FLOOR_START)))
 
 
 def first_phase_target(outer_tol):

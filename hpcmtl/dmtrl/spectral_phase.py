@@ -31,7 +31,7 @@ import numpy as np
 
 from ..engine import Command, Down, Up
 from ..taskdata import float64_chunks
-from .dual_phase import DUAL_STALL, FIRST_STEP, MU_EVERY, START, STEP_TRIAL_AFTER, TRIAL, next_momentum
+from .dual_phase import DUAL_STALL, FIRST_STEP, MU_EVERY, START, TRIAL, next_momentum
 
 # the prox-linear phase runs where the m x m problem in S and m numbers a row are cheap (more tasks: dual_phase)
 MAX_TASKS = 32
@@ -40,6 +40,13 @@ MAX_TASKS = 32
 S_ITERATIONS = 60
 S_TOL = 1e-4
 PROJECT, EVALUATE = 0, 1
+# tau doubles after this many accepted steps in a row.  The curvature along the phase's path falls as it leaves the
+# W-step's alpha (the first moves are along the rows' common direction: a tau that fails there holds 10-20x longer
+# later), so tau must climb back quickly after the backtracking at the start; a doubling that fails costs one trial
+STEP_GROW_AFTER = 2
+# every this many accepted steps the phase asks whether the W its last accepted point recovers settles the outer loop
+# (its P and Omega-step close the gap: hpcmtl.dmtrl.joint); the question costs a pass over the rows
+SETTLE_EVERY = 10
 
 
 class SpectralCommand(Command):
@@ -114,14 +121,15 @@ def top_eigenvalue(A):
     return max(float(np.linalg.eigvalsh(0.5 * (A + A.T))[-1]), 0.0)
 
 
-def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, step=None, stop=None):
+def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, step=None, stop=None, settles=None):
     """Prox-linear ascent of the joint dual from the W-step's alpha (the module docstring).  ``terms`` as for
     :func:`.dual_phase.dual_phase`; ``project(VT, theta, accept)`` commits the last trial (accept) and
     stores the rows' q at ``V_y``; ``evaluate(Ss, tau)`` returns SPECTRAL_EVAL's per-task sums (m x (m + 2)) for
     each S of ``Ss``, in one exchange.  Every DUAL_TERMS trial and every projection counts against ``budget``
     (passes over the rows).  Ends at the budget, at the first trial with ``(primal - best D) / primal <=
-    target``, once MU_EVERY accepted steps raised the bound by less than DUAL_STALL of the gap left, or when
-    ``stop()`` says so.  Returns :func:`.dual_phase.dual_phase`'s dict: ``dual`` (the best exact D of the start and
+    target``, once MU_EVERY accepted steps raised the bound by less than DUAL_STALL of the gap left, when
+    ``settles(W^T, best D)`` (asked every SETTLE_EVERY accepted steps: one pass over the rows) says the W the last
+    accepted point recovers certifies the next W-step, or when ``stop()`` says so.  Returns :func:`.dual_phase.dual_phase`'s dict: ``dual`` (the best exact D of the start and
     every trial), ``wts`` (the W^T of the last accepted point's S: ``S V^T / lam``), ``iterations`` (passes),
     ``step`` (tau, the next phase's first)."""
     inv_n = 1.0 / n
@@ -162,12 +170,12 @@ def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, ste
         cross = VT_ext @ (VT_trial - VT_ext).T            # V_y^T V(d), m x m
         model = lin_trial - top_eigenvalue(M + cross + cross.T) / (2.0 * lam) - square / (2.0 * tau)
         if not (np.isfinite(exact) and exact >= model - 1e-12 * abs(model)):
-            tau *= 0.5                        # backtracking: V(d)'s own term exceeded |d|^2 / tau
+            tau *= backtrack(VT_trial, M + cross + cross.T, square, tau, lam) if np.isfinite(exact) else 0.5
             accept, run = 0, 0
             continue
         accepted += 1
         run += 1
-        if run == STEP_TRIAL_AFTER:
+        if run == STEP_GROW_AFTER:
             tau, run = 2.0 * tau, 0
         if accepted % MU_EVERY == 0:
             if best - checked < DUAL_STALL * (primal - best):
@@ -179,7 +187,22 @@ def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, ste
         VT_beta, lin_beta, accept = VT_trial, lin_trial, 1
         S_best, VT_last = S, VT_trial
         projected = False
+        if settles is not None and accepted % SETTLE_EVERY == 0:
+            k += 1                                # the question's pass over the rows
+            if settles(S_best @ VT_last / lam, best):
+                break
     return {"dual": float(best), "wts": [S_best @ VT_last / lam], "iterations": k, "step": tau}
+
+
+def backtrack(VT_trial, model_matrix, square, tau, lam):
+    """The factor a failed trial's tau shrinks by: 1/2, or less when the trial's own curvature says so.  The model
+    failed because ``(lambda_max(V_trial^T V_trial) - lambda_max(model_matrix)) / (2 lam)`` (V(d)'s own term)
+    exceeded ``|d|^2 / (2 tau)`` by a ratio r; d grows linearly with tau off the box's faces, so that term falls like
+    tau^2 and ``|d|^2 / tau`` like tau: tau / r is about where the model holds.  Halving would take log2(r) trials
+    to get there (from the first phase's FIRST_STEP, 14 on MNIST-domains), each one an S-problem and a pass."""
+    excess = (top_eigenvalue(VT_trial @ VT_trial.T) - top_eigenvalue(model_matrix)) / (2.0 * lam)
+    ratio = excess / (square / (2.0 * tau)) if square > 0 else 0.0
+    return min(0.5, 1.0 / ratio) if ratio > 0 and np.isfinite(ratio) else 0.5
 
 
 def minimize_phi(evaluate, M, S, tau, lam, inv_n, scale):
