@@ -78,7 +78,7 @@ STEP_TRIAL_AFTER = 10
 # P is lower, so P never increases
 EXTRAPOLATIONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 # the hinge's phase ends once the W it recovers puts the next W-step's P within this share of --outer-tol of the
-# bound (settled_by; the rest is the W-step's own tolerance and room to spare, as APG_TARGET)
+# bound (SettleCheck; the rest is the W-step's own tolerance and room to spare, as APG_TARGET)
 SETTLE_SHARE = 0.5
 
 

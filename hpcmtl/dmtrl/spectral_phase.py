@@ -129,8 +129,9 @@ def spectral_phase(lam, n, terms, project, evaluate, primal, budget, target, ste
     (passes over the rows).  Ends at the budget, at the first trial with ``(primal - best D) / primal <=
     target``, once MU_EVERY accepted steps raised the bound by less than DUAL_STALL of the gap left, when
     ``settles(W^T, best D)`` (asked every SETTLE_EVERY accepted steps: one pass over the rows) says the W the last
-    accepted point recovers certifies the next W-step, or when ``stop()`` says so.  Returns :func:`.dual_phase.dual_phase`'s dict: ``dual`` (the best exact D of the start and
-    every trial), ``wts`` (the W^T of the last accepted point's S: ``S V^T / lam``), ``iterations`` (passes),
+    accepted point recovers certifies the next W-step (:class:`.joint.SettleCheck`), or when ``stop()`` says so.
+    Returns :func:`.dual_phase.dual_phase`'s dict: ``dual`` (the best exact D of the start and every trial), ``wts``
+    (the W^T of the last accepted point's S: ``S V^T / lam``), ``iterations`` (passes, the questions' included),
     ``step`` (tau, the next phase's first)."""
     inv_n = 1.0 / n
     m = n.size
