@@ -856,9 +856,9 @@ def test_the_first_phase_stops_once_its_bound_puts_the_tasks_own_w_within_reach(
     within FIRST_REACH = 100 tolerances.  The first phase aims at that reach, not at --outer-tol (what it is for is
     the W it recovers; the W-steps close the rest): it stops after 40 of its 200 passes (measured) with the first
     W-step's joint gap between --outer-tol and 100 times it (2 %), and the run still certifies --outer-tol in four
-    W-steps against the slow NumPy reference (the third one's phase ends at the 146 passes closing_budget gives it,
-    2.02e-4 from P: the settle questions it asked, which did not settle, count against that budget) (the hinge objective at the smoothed hinge's optimum, gamma 1e-3: at
-    least P*).  Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and
+    W-steps against the slow NumPy reference (the hinge objective at the smoothed hinge's optimum, gamma 1e-3: at
+    least P*); the third W-step's phase ends at the 146 passes closing_budget gives it, 2.02e-4 from P (the settle
+    questions it asked, which did not settle, count against that budget).  Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and
     does not certify the first W-step either."""
     from hpcmtl.dmtrl import joint
     lam, tol = 1e-3, 2e-4
