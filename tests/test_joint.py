@@ -858,8 +858,8 @@ def test_the_first_phase_stops_once_its_bound_puts_the_tasks_own_w_within_reach(
     W-step's joint gap between --outer-tol and 100 times it (2 %), and the run still certifies --outer-tol in four
     W-steps against the slow NumPy reference (the hinge objective at the smoothed hinge's optimum, gamma 1e-3: at
     least P*); the third W-step's phase ends at the 146 passes closing_budget gives it, 2.02e-4 from P (the settle
-    questions it asked, which did not settle, count against that budget).  Aiming at --outer-tol (FIRST_REACH 1, the rule before) the same phase spends its whole budget and
-    does not certify the first W-step either."""
+    questions it asked, which did not settle, count against that budget).  Aiming at --outer-tol (FIRST_REACH 1,
+    the rule before) the same phase spends its whole budget and does not certify the first W-step either."""
     from hpcmtl.dmtrl import joint
     lam, tol = 1e-3, 2e-4
     Xs, ys = low_rank_tasks(m=4, d=6, n=1000, rank=4, seed=0, loss="hinge")
