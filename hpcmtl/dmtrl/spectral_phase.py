@@ -200,7 +200,7 @@ def backtrack(VT_trial, model_matrix, square, tau, lam):
     failed because ``(lambda_max(V_trial^T V_trial) - lambda_max(model_matrix)) / (2 lam)`` (V(d)'s own term)
     exceeded ``|d|^2 / (2 tau)`` by a ratio r; d grows linearly with tau off the box's faces, so that term falls like
     tau^2 and ``|d|^2 / tau`` like tau: tau / r is about where the model holds.  Halving would take log2(r) trials
-    to get there (from the first phase's FIRST_STEP, 14 on MNIST-domains), each one an S-problem and a pass."""
+    to get there (from the first phase's FIRST_STEP), each one an S-problem and a pass."""
     excess = (top_eigenvalue(VT_trial @ VT_trial.T) - top_eigenvalue(model_matrix)) / (2.0 * lam)
     ratio = excess / (square / (2.0 * tau)) if square > 0 else 0.0
     return min(0.5, 1.0 / ratio) if ratio > 0 and np.isfinite(ratio) else 0.5
